@@ -1,0 +1,68 @@
+"""``asyncrl`` command line.
+
+    asyncrl train CONFIG [dotted.key=value ...]   run a training job on this machine
+    asyncrl build-tiny-model OUT_DIR              build the character-level tiny Qwen2 (no download)
+    asyncrl show-config [CONFIG] [overrides ...]  print the resolved config with every field's doc
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from pydantic import BaseModel
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run a training job on this machine")
+    train.add_argument("config", help="YAML recipe, e.g. configs/demo.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.total_steps=20")
+    tiny = sub.add_parser("build-tiny-model", help="build the character-level tiny Qwen2")
+    tiny.add_argument("out_dir")
+    show = sub.add_parser("show-config", help="print the resolved config and its documentation")
+    show.add_argument("config", nargs="?")
+    show.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "train":
+        import torch
+
+        from asyncrl.config import load_config
+        from asyncrl.controller import Controller
+
+        torch.set_num_threads(1)
+        summary = Controller(load_config(args.config, args.overrides)).run()
+        print(json.dumps(summary, indent=2))
+        return 0 if summary["reconciles"] else 1
+    if args.command == "build-tiny-model":
+        from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+
+        print(build_tiny_model(TinyModelConfig(), args.out_dir))
+        return 0
+    if args.command == "show-config":
+        from asyncrl.config import load_config
+
+        print_config(load_config(args.config, args.overrides))
+        return 0
+    return 2
+
+
+def print_config(cfg: BaseModel, prefix: str = "") -> None:
+    for name, field in type(cfg).model_fields.items():
+        value = getattr(cfg, name)
+        if isinstance(value, BaseModel):
+            print(f"# {prefix}{name}: {field.description or ''}")
+            print_config(value, f"{prefix}{name}.")
+        else:
+            print(f"{prefix}{name}={json.dumps(value)}  # {field.description or ''}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

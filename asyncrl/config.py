@@ -1,0 +1,127 @@
+"""The root config of a run: one section per component, each section's class next to its code.
+
+``load_config(recipe, overrides)`` reads a YAML recipe, applies dotted overrides
+(``learner.total_steps=20``), validates (a typo names the key), and the controller writes the
+resolved result to ``RUN_DIR/config.yaml``, which every process reads back, so a run is
+reproducible from that file and its seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field
+
+from asyncrl.buffer.replay import BufferConfig
+from asyncrl.configbase import Config, apply_overrides, load_yaml
+from asyncrl.generators.engine import EngineConfig, SamplingConfig
+from asyncrl.learner.trainer import TrainerConfig
+from asyncrl.sft import SFTConfig
+from asyncrl.tasks import TaskConfig
+from asyncrl.tinymodel import TinyModelConfig
+
+
+class RunSection(Config):
+    name: str = "run"
+    """Run name; the run directory is ``{root}/{name}``."""
+    root: str = "runs"
+    """Folder that holds run directories (relative to the working directory)."""
+    seed: int = 0
+    """Seed of everything random: model init, SFT, prompt order, sampling."""
+    num_generators: int = Field(2, ge=1)
+    """Generator processes, each owning one vLLM engine."""
+    overwrite: bool = True
+    """Replace an existing run directory of the same name instead of refusing to start."""
+    startup_timeout_s: float = Field(300, gt=0)
+    """Seconds every process has to report ready before the run is aborted."""
+    stall_timeout_s: float = Field(120, gt=0)
+    """Seconds without a learner step after which the controller aborts, naming what each process waits for."""
+
+
+class ModelSection(Config):
+    path: str | None = None
+    """An existing Hugging Face model directory to train; None builds the tiny model below."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Shape of the tiny Qwen2 built when ``path`` is None."""
+    warm_start: bool = True
+    """Run the SFT warm start (``sft`` section) before RL."""
+
+
+class GeneratorConfig(Config):
+    prompts_per_batch: int = Field(16, ge=1)
+    """Prompts a generator asks for and samples in one engine call (each gives a group of n)."""
+    request_timeout_s: float = Field(2.0, gt=0)
+    """Seconds a request for prompts waits for the dispatcher before it is asked again."""
+    send_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
+
+
+class DispatcherConfig(Config):
+    epochs: int | None = None
+    """Passes over the training prompts; None cycles forever (reshuffled each pass)."""
+
+
+class RewardConfig(Config):
+    drain_s: float = Field(1.0, gt=0)
+    """On stop, seconds of silence on the input after which the worker has drained and exits."""
+
+
+class LearnerConfig(Config):
+    total_steps: int = Field(100, ge=1)
+    """Optimizer steps to train (the final policy version)."""
+    batch_groups: int = Field(16, ge=1)
+    """Groups (prompts) per optimizer step; samples per step = batch_groups × sampling.n."""
+    broadcast_every: int = Field(2, ge=1)
+    """Publish weights to the generators every this many optimizer steps."""
+    batch_timeout_s: float = Field(5.0, gt=0)
+    """Seconds one request for a batch waits before it is asked again (and the wait logged)."""
+    trainer: TrainerConfig = TrainerConfig()
+    """The DeepSpeed engine and the loss."""
+
+
+class EvalConfig(Config):
+    num_prompts: int = Field(500, ge=1)
+    """Held-out prompts scored greedily before and after RL."""
+    max_new_tokens: int = Field(4, ge=1)
+    """Greedy decoding length of the evaluation."""
+
+
+class RunConfig(Config):
+    run: RunSection = RunSection()
+    """Where the run lives, its seed, how many processes."""
+    task: TaskConfig = TaskConfig()
+    """Which prompts to train and evaluate on."""
+    model: ModelSection = ModelSection()
+    """Which model to train."""
+    sft: SFTConfig = SFTConfig()
+    """The supervised warm start."""
+    engine: EngineConfig = EngineConfig()
+    """The vLLM engine of each generator."""
+    sampling: SamplingConfig = SamplingConfig()
+    """How answers are sampled (group size n, temperature, length)."""
+    generator: GeneratorConfig = GeneratorConfig()
+    """The generator loop."""
+    dispatcher: DispatcherConfig = DispatcherConfig()
+    """Prompt dispatch; admission uses ``buffer.max_staleness`` and ``learner.batch_groups``."""
+    reward: RewardConfig = RewardConfig()
+    """The reward worker."""
+    buffer: BufferConfig = BufferConfig()
+    """The replay buffer (its ``max_staleness`` is the run's staleness bound)."""
+    learner: LearnerConfig = LearnerConfig()
+    """The learner loop and its trainer."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation."""
+
+
+def load_config(recipe: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    data = load_yaml(recipe) if recipe else {}
+    return RunConfig(**apply_overrides(data, list(overrides)))
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    return RunConfig(**load_yaml(path))
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

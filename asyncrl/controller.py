@@ -1,0 +1,262 @@
+"""The controller: prepares the model, starts every component as a local process, watches them,
+stops them in dataflow order so nothing is lost, and writes ``summary.json``.
+
+Stop order: when the learner has taken its last step, the dispatcher and the generators stop
+(generators finish and send the batch they are sampling), then the reward workers drain their
+input, then the buffer takes the rest and reconciles, then the learner exits. Each stage reports
+its final counters, from which ``accounting.summarize`` checks that every sample is accounted for.
+
+Nothing waits forever: start-up, steps and shutdown each have a timeout; when one passes, the
+controller logs what every process last said and aborts the run (stopping only its own children).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from asyncrl.accounting import summarize
+from asyncrl.config import RunConfig, dump_config
+from asyncrl.endpoints import Endpoints, free_ports
+from asyncrl.transport import Publisher, StreamReceiver
+
+log = logging.getLogger("asyncrl")
+
+
+class RunError(RuntimeError):
+    """The run could not finish: a process died, stalled, or never started."""
+
+
+def child_env(run_dir: Path) -> dict[str, str]:
+    """Environment of every component: one math thread each, offline, temp files in the run."""
+    tmp = run_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TORCHDYNAMO_DISABLE="1",  # vLLM's CPU backend otherwise spends 15-20 s in g++ at start
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",  # the engine in the generator's own process: 8 s, 1 GiB
+        VLLM_CPU_OMP_THREADS_BIND="nobind",  # two engines on one box must not pin to the same core
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        DS_ACCELERATOR="cpu" if not _has_cuda() else env.get("DS_ACCELERATOR", "cuda"),
+        TMPDIR=str(tmp),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class Fleet:
+    """The component processes of one run."""
+
+    def __init__(self, run_dir: Path, model_dir: Path, env: dict[str, str]):
+        self.run_dir = run_dir
+        self.model_dir = model_dir
+        self.env = env
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.roles: dict[str, str] = {}
+        (run_dir / "logs").mkdir(exist_ok=True)
+
+    def start(self, role: str, name: str, extra_env: dict[str, str] | None = None) -> None:
+        logf = open(self.run_dir / "logs" / f"{name}.log", "w")
+        cmd = [sys.executable, "-m", "asyncrl.launch", role, name, str(self.run_dir), str(self.model_dir)]
+        self.procs[name] = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                            env={**self.env, **(extra_env or {})}, cwd=os.getcwd())
+        self.roles[name] = role
+        logf.close()
+
+    def names(self, role: str) -> list[str]:
+        return [n for n, r in self.roles.items() if r == role]
+
+    def dead(self) -> dict[str, int]:
+        """Processes that exited with an error."""
+        return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None and p.returncode != 0}
+
+    def exited(self, names: list[str]) -> bool:
+        return all(self.procs[n].poll() is not None for n in names)
+
+    def terminate(self, timeout: float = 10.0) -> None:
+        """Stop every child this run started, by PID: TERM, then KILL after ``timeout``."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def prepare_run_dir(cfg: RunConfig) -> Path:
+    run_dir = Path(cfg.run.root) / cfg.run.name
+    if run_dir.exists():
+        if not cfg.run.overwrite:
+            raise RunError(f"run directory {run_dir} exists and run.overwrite is false")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return run_dir.resolve()
+
+
+def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
+    """The policy RL starts from: a given model, or the tiny model built here, warm-started by SFT."""
+    from asyncrl.sft import run_sft
+    from asyncrl.tasks import load_prompts
+    from asyncrl.tinymodel import build_tiny_model
+
+    if cfg.model.path is not None:
+        base = Path(cfg.model.path)
+    else:
+        base = build_tiny_model(cfg.model.tiny.model_copy(update={"seed": cfg.run.seed}), run_dir / "model" / "base")
+        log.info("built the tiny model in %s", base)
+    if not cfg.model.warm_start:
+        return base
+    warm = run_dir / "model" / "warm"
+    stats = run_sft(base, load_prompts(cfg.task, "train"), cfg.sft, warm)
+    log.info("SFT warm start: %d steps, final loss %.3f, %.1f s", stats["steps"], stats["final_loss"], stats["seconds"])
+    return warm
+
+
+def evaluate(cfg: RunConfig, model_dir: Path) -> float:
+    from asyncrl.evaluation import evaluate_exact_match
+    from asyncrl.tasks import load_prompts
+
+    prompts = load_prompts(cfg.task, "test")[: cfg.eval.num_prompts]
+    return evaluate_exact_match(model_dir, None, prompts, max_new_tokens=cfg.eval.max_new_tokens)
+
+
+class Controller:
+    """Runs one training job on this machine."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.run_dir = prepare_run_dir(cfg)
+        self.finals: dict[str, dict] = {}
+        self.last_event: dict[str, dict] = {}
+        self.generator_versions: dict[str, int] = {}
+        self.step_events: list[dict] = []
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        t0 = time.monotonic()
+        model_dir = prepare_model(cfg, self.run_dir)
+        eval_before = evaluate(cfg, model_dir)
+        log.info("held-out exact match before RL: %.3f", eval_before)
+        endpoints = Endpoints.allocate()
+        endpoints.save(self.run_dir)
+        self.events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)
+        self.control = Publisher(endpoints.control, name="controller.control")
+        self.fleet = Fleet(self.run_dir, model_dir, child_env(self.run_dir))
+        rl_start = time.monotonic()
+        try:
+            self._start_all()
+            self._train()
+            self._stop_in_order()
+        except BaseException:
+            self._dump_state()
+            raise
+        finally:
+            self.fleet.terminate()
+            self.events.close()
+            self.control.close()
+        rl_wall = time.monotonic() - rl_start
+        eval_after = evaluate(cfg, self.run_dir / "final")
+        log.info("held-out exact match after RL: %.3f (before %.3f)", eval_after, eval_before)
+        summary = summarize(self.finals, rl_wall, eval_before, eval_after)
+        summary["total_wall_s"] = time.monotonic() - t0
+        summary["generator_versions"] = self.generator_versions
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def _start_all(self) -> None:
+        cfg, fleet = self.cfg, self.fleet
+        fleet.start("buffer", "buffer")
+        fleet.start("reward", "reward-0")
+        fleet.start("dispatcher", "dispatcher")
+        fleet.start("learner", "learner", {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]),
+                                            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+        for i in range(cfg.run.num_generators):
+            fleet.start("generator", f"generator-{i}")
+        ready = set()
+        deadline = time.monotonic() + cfg.run.startup_timeout_s
+        while len(ready) < len(fleet.procs):
+            ev = self._next_event(deadline, "every process to report ready")
+            if ev and ev["type"] == "ready":
+                ready.add(ev["source"])
+        log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
+
+    def _train(self) -> None:
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.run.stall_timeout_s
+        while "learner" not in self.finals:
+            ev = self._next_event(deadline, "the learner's next step")
+            if ev and ev["type"] == "step":
+                deadline = time.monotonic() + cfg.run.stall_timeout_s
+
+    def _stop_in_order(self) -> None:
+        for roles in (["dispatcher", "generator"], ["reward"], ["buffer"], ["learner"]):
+            names = [n for r in roles for n in self.fleet.names(r)]
+            deadline = time.monotonic() + 120
+            while not (all(n in self.finals for n in names) and self.fleet.exited(names)):
+                self.control.send("control", {"command": "stop", "roles": roles})
+                self._next_event(deadline, f"{', '.join(roles)} to stop", wait=0.2)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _next_event(self, deadline: float, waiting_for: str, wait: float = 0.5) -> dict | None:
+        if time.monotonic() > deadline:
+            raise RunError(f"timed out waiting for {waiting_for}")
+        dead = {n: rc for n, rc in self.fleet.dead().items() if n not in self.finals}
+        if dead:
+            raise RunError(f"process(es) died: {dead}; see {self.run_dir / 'logs'}")
+        msg = self.events.recv(timeout=wait)
+        if msg is None:
+            return None
+        ev = msg[1]
+        self.last_event[ev["source"]] = ev
+        self._handle(ev)
+        return ev
+
+    def _handle(self, ev: dict) -> None:
+        kind = ev["type"]
+        if kind == "final":
+            self.finals[ev["source"]] = ev
+        elif kind == "error":
+            raise RunError(f"{ev['source']} failed: {ev['error']}")
+        elif kind == "version":
+            self.generator_versions[ev["source"]] = ev["version"]
+            log.info("%s now serves policy version %d (applied in %.0f ms)", ev["source"], ev["version"], 1000 * ev["apply_s"])
+        elif kind == "step":
+            self.step_events.append(ev)
+            print(
+                f"step {ev['version']:4d}  loss {ev['loss']:+.4f}  reward {ev['reward']:.3f}  "
+                f"staleness mean {ev['staleness_mean']:.2f} max {ev['staleness_max']}  "
+                f"wait {ev['wait_s']:.2f}s  step {ev['step_s']:.2f}s",
+                flush=True,
+            )
+        if kind == "ready" and ev["role"] == "generator":
+            self.generator_versions[ev["source"]] = ev.get("version", 0)
+
+    def _dump_state(self) -> None:
+        log.error("run aborted; last event of each process:")
+        for name in sorted(self.fleet.procs):
+            log.error("  %s: %s", name, self.last_event.get(name, "(nothing received)"))

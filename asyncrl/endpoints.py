@@ -1,0 +1,61 @@
+"""The addresses of a run's sockets, chosen by the controller and written to ``endpoints.json``.
+
+Every child process reads this file; nothing else carries addresses. Ports are picked free on
+127.0.0.1 at start (a tiny race with other programs is possible and fails loudly at bind).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from asyncrl.transport import tcp_address
+
+
+class Endpoints(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dispatcher: str
+    """ROUTER of the dispatcher: generators ask for prompts here."""
+    reward_in: str
+    """PULL of the reward workers: generators push sampled groups here."""
+    buffer_in: str
+    """PULL of the buffer: reward workers push scored groups here."""
+    buffer_requests: str
+    """ROUTER of the buffer: learners ask for batches here."""
+    buffer_status: str
+    """PUB of the buffer: learner version and retired groups, for the dispatcher's admission rule."""
+    weights: str
+    """PUB of the learner: announcements of published weights."""
+    events: str
+    """PULL of the controller: progress and reports from every process."""
+    control: str
+    """PUB of the controller: commands (stop) to every process."""
+
+    @classmethod
+    def allocate(cls) -> "Endpoints":
+        names = list(cls.model_fields)
+        return cls(**{name: tcp_address(port) for name, port in zip(names, free_ports(len(names)))})
+
+    def save(self, run_dir: Path) -> None:
+        (run_dir / "endpoints.json").write_text(self.model_dump_json(indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Endpoints":
+        return cls(**json.loads((run_dir / "endpoints.json").read_text()))
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

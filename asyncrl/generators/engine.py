@@ -1,0 +1,289 @@
+"""A thin wrapper around one in-process vLLM engine: sample groups, score, swap weights.
+
+Why it is built this way:
+
+- **One offline ``vllm.LLM`` per generator process.** The generator loop is synchronous
+  (receive prompts, sample, send groups, maybe swap weights), so the offline engine is enough;
+  scaling out means more generator processes, not a server. Everything vLLM-specific lives in
+  this file so the rest of the system sees numpy arrays and plain strings.
+- **A batch is sampled by exactly one policy version.** ``generate`` runs all prompts in one
+  blocking ``LLM.generate`` call and ``load_weights`` only runs between calls, so every token of
+  every returned group came from the weights of ``self.version``: a weight update is atomic per
+  request, and the learner's importance ratios use the right behaviour policy.
+- **Behaviour logprobs, not model logprobs.** The engine is built with
+  ``logprobs_mode="processed_logprobs"``: the logprob returned for each sampled token is taken
+  from the distribution the sampler actually drew from, i.e.
+  ``log_softmax(mask(logits / temperature))`` where ``mask`` sets the logits outside the top-k
+  and then outside the top-p nucleus (both computed on the tempered logits) to -inf. With
+  top_k=0 and top_p=1 that is ``log_softmax(logits / temperature)``; with them on, it is
+  renormalised over the kept tokens (so it is >= the unmasked value). vLLM's default,
+  ``raw_logprobs``, would return the temperature-1 model logprobs instead.
+- **EOS is part of the response.** When a sample ends by EOS, vLLM keeps the EOS id in
+  ``token_ids`` (with its logprob) and drops it from ``text``. ``response_ids`` keeps it too:
+  the learner scores exactly ``prompt_ids + response_ids``, and the EOS decision must be trained.
+- **Weights are swapped in place** with the worker's ``reload_weights`` (which, unlike calling
+  ``model.load_weights`` twice, survives the CPU backend's weight repacking), followed by
+  ``reset_prefix_cache``: without it, cached KV blocks computed by the old weights would be
+  silently reused for prompts seen before.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import model_validator
+from safetensors import safe_open
+
+from asyncrl.configbase import Config
+
+# The sampler reports logprobs of the distribution it sampled from (see the module docstring).
+LOGPROBS_MODE = "processed_logprobs"
+FINISH_REASONS = ("stop", "length")
+
+
+class EngineConfig(Config):
+    """How one generator process builds its vLLM engine."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """Weight and activation dtype. float32 works everywhere (the CPU backend included) and keeps
+    behaviour logprobs within ~1e-5 of a float32 learner; bfloat16 is the usual choice on GPUs."""
+    max_model_len: int = 64
+    """Longest sequence (prompt + response) in tokens; a prompt that leaves no room is an error."""
+    kv_cache_memory_bytes: int | None = 256 << 20
+    """KV cache size in bytes. None sizes it from ``gpu_memory_utilization`` (GPU only: the CPU
+    backend needs an explicit size). On CPU the env var VLLM_CPU_KVCACHE_SPACE (GiB), when set,
+    overrides it."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may use; only read when ``kv_cache_memory_bytes`` is None."""
+    enforce_eager: bool = True
+    """Skip CUDA graphs / torch.compile: faster start-up, slower decoding. Turn off on GPUs for
+    long runs."""
+    max_num_seqs: int = 256
+    """Most sequences decoded concurrently (a group of n counts n)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of shared prompt prefixes (the n samples of a group share their prompt)."""
+    seed: int = 0
+    """Seed of the engine's sampling RNG, used for requests that pass no seed."""
+
+    @model_validator(mode="after")
+    def check_sizes(self) -> EngineConfig:
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len ({self.max_model_len}) must be >= 2")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes ({self.kv_cache_memory_bytes}) must be > 0 or None")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization ({self.gpu_memory_utilization}) must be in (0, 1]")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be >= 1")
+        return self
+
+
+class SamplingConfig(Config):
+    """How each group is sampled."""
+
+    n: int = 8
+    """Samples per prompt (the group size)."""
+    temperature: float = 1.0
+    """Softmax temperature; must be > 0 (use ``VLLMEngine.greedy`` for argmax decoding)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 turns it off. Computed on the tempered distribution."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 turns it off."""
+    max_tokens: int = 4
+    """Most tokens per answer (EOS included)."""
+
+    @model_validator(mode="after")
+    def check_ranges(self) -> SamplingConfig:
+        if self.n < 1:
+            raise ValueError(f"n ({self.n}) must be >= 1")
+        if not self.temperature > 0.0:
+            raise ValueError(f"temperature ({self.temperature}) must be > 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p ({self.top_p}) must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k ({self.top_k}) must be >= 0 (0 = off)")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 1")
+        return self
+
+
+@dataclass
+class Completion:
+    """One sampled answer, with what the learner needs to recompute its logprobs."""
+
+    prompt_ids: np.ndarray
+    """(P,) int32 prompt token ids exactly as the engine saw them."""
+    response_ids: np.ndarray
+    """(T,) int32 sampled token ids, EOS included when the answer ended by EOS."""
+    logprobs: np.ndarray
+    """(T,) float32 behaviour logprobs of ``response_ids`` (see the module docstring)."""
+    text: str
+    """The decoded answer, special tokens (EOS) left out."""
+    finish_reason: str
+    """``stop`` (ended by EOS) or ``length`` (hit max_tokens or max_model_len)."""
+
+
+class VLLMEngine:
+    """One vLLM engine in this process; see the module docstring for the guarantees."""
+
+    def __init__(self, model_dir: str, cfg: EngineConfig, version: int = 0):
+        from vllm import LLM  # imported here so that importing this module stays cheap
+
+        self.cfg = cfg
+        self.version = version
+        """Learner step of the weights currently loaded."""
+        self._weight_names = read_weight_names(model_dir)
+        self._llm = LLM(
+            model=str(model_dir),
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            max_num_seqs=cfg.max_num_seqs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            seed=cfg.seed,
+            logprobs_mode=LOGPROBS_MODE,
+        )
+        self.tokenizer = self._llm.get_tokenizer()
+        """The engine's tokenizer (the one that produced ``Completion.prompt_ids``)."""
+
+    # -----------------------------------------------------------------------------------------
+    # sampling
+
+    def generate(self, prompts: list[str], sampling: SamplingConfig, seed: int | None = None) -> list[list[Completion]]:
+        """Sample ``sampling.n`` answers per prompt: one list of n completions per prompt, in order.
+
+        With a ``seed`` the result is reproducible; each prompt gets its own seed derived from
+        ``(seed, prompt index)`` because vLLM gives a prompt's n children ``seed + child index``,
+        so a shared seed would make every prompt's samples use the same noise.
+        """
+        from vllm import SamplingParams
+
+        check_prompts(prompts)
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_tokens=sampling.max_tokens,
+                logprobs=0,  # only the sampled token's logprob
+                seed=None if seed is None else derive_seed(seed, index),
+            )
+            for index in range(len(prompts))
+        ]
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        return [to_completions(output) for output in outputs]
+
+    def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
+        """Argmax-decode each prompt (for evaluation); returns the answer texts in prompt order."""
+        from vllm import SamplingParams
+
+        check_prompts(prompts)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        return [output.outputs[0].text for output in outputs]
+
+    def score(self, prompt: str, continuation_ids: list[int]) -> np.ndarray:
+        """(len(continuation_ids),) float32 temperature-1 logprobs the engine gives ``continuation_ids``
+        after ``prompt``: a probe that the loaded weights are the ones we think."""
+        from vllm import SamplingParams, TokensPrompt
+
+        if not continuation_ids:
+            raise ValueError("continuation_ids must not be empty")
+        prompt_ids = list(self.tokenizer.encode(prompt))
+        token_ids = prompt_ids + [int(t) for t in continuation_ids]
+        # Prompt logprobs skip the sampler, so they are the model's own (temperature 1) whatever
+        # the logprobs mode; max_tokens=1 because vLLM must sample at least one token.
+        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
+        (output,) = self._llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+        per_position = output.prompt_logprobs[len(prompt_ids) :]
+        return np.array([lp[t].logprob for t, lp in zip(continuation_ids, per_position)], dtype=np.float32)
+
+    # -----------------------------------------------------------------------------------------
+    # weights
+
+    def load_weights(self, weights_dir: str, version: int) -> float:
+        """Load the safetensors in ``weights_dir`` (HF parameter names) in place; returns seconds.
+
+        Call it between ``generate`` calls only: that is what makes an update atomic per batch.
+        """
+        start = time.perf_counter()
+        missing = self._weight_names - read_weight_names(weights_dir)
+        if missing:
+            raise ValueError(f"{weights_dir}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+        # The prefix cache holds KV computed by the old weights; keeping it would mix versions.
+        if False:
+            raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
+        self.version = version
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory; the object is unusable afterwards."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        self._llm = None
+        gc.collect()
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def check_prompts(prompts: list[str]) -> None:
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError(f"prompts ({prompts!r:.80}) must be a non-empty list of str")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"prompts[{index}] ({prompt!r}) must be a non-empty str")
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """An independent 31-bit seed per (seed, prompt index); vLLM adds the child index to it."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint32)[0] >> 1)
+
+
+def to_completions(output) -> list[Completion]:
+    """A vLLM ``RequestOutput`` -> its n completions, ordered by sample index."""
+    prompt_ids = np.asarray(output.prompt_token_ids, dtype=np.int32)
+    completions = []
+    for sample in sorted(output.outputs, key=lambda s: s.index):
+        if sample.finish_reason not in FINISH_REASONS:
+            raise RuntimeError(f"request {output.request_id}: finish_reason ({sample.finish_reason!r}) must be one of {FINISH_REASONS}")
+        token_ids = list(sample.token_ids)
+        if sample.logprobs is None or len(sample.logprobs) != len(token_ids):
+            raise RuntimeError(f"request {output.request_id}: got logprobs for {0 if sample.logprobs is None else len(sample.logprobs)} of {len(token_ids)} tokens")
+        logprobs = [position[token].logprob for token, position in zip(token_ids, sample.logprobs)]
+        completions.append(
+            Completion(
+                prompt_ids=prompt_ids,
+                response_ids=np.asarray(token_ids, dtype=np.int32),
+                logprobs=np.asarray(logprobs, dtype=np.float32),
+                text=sample.text,
+                finish_reason=sample.finish_reason,
+            )
+        )
+    return completions
+
+
+def read_weight_names(weights_dir: str | Path) -> set[str]:
+    """Tensor names of every ``*.safetensors`` file in ``weights_dir`` (reads headers only)."""
+    files = sorted(Path(weights_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{weights_dir}: has no *.safetensors file")
+    names: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:  # "np" cannot open bfloat16 files
+            names.update(f.keys())
+    return names

@@ -1,0 +1,100 @@
+"""The generator process: prompts in from the dispatcher, sampled groups out to the reward workers.
+
+One loop, one vLLM engine. Each turn it (1) applies the newest announced weights, if any, (2) asks
+the dispatcher for up to ``generator.prompts_per_batch`` prompts, (3) samples n answers for each
+in one engine call and (4) pushes one group per prompt. Weights change only between engine calls,
+so every token of a group was sampled by the version stamped on it (a weight update is atomic
+per request), and after each update the generator reports the version it now serves.
+
+A group that fails validation (e.g. a non-finite logprob from the engine) is dropped here with
+reason ``invalid``, counted, and never sent. A group the reward workers do not take is kept and
+retried: nothing is dropped for backpressure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+import numpy as np
+
+from asyncrl.metrics import POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
+from asyncrl.transport import RequestClient, StreamSender, Subscriber
+from asyncrl.wire import Group, Sample, WireError, encode_group, validate_group
+
+log = logging.getLogger(__name__)
+
+
+def build_groups(rows: list[dict], completions, version: int, generator: str, rollout_s: float) -> list[Group]:
+    """One ``Group`` per dispatched prompt row, from the engine's n completions of it."""
+    groups = []
+    for row, comps in zip(rows, completions):
+        samples = [
+            Sample(uid=f"{row['group_id']}/{i}", response_ids=c.response_ids.astype(np.int32),
+                   logprobs=c.logprobs.astype(np.float32), text=c.text, finish_reason=c.finish_reason)
+            for i, c in enumerate(comps)
+        ]
+        groups.append(Group(group_id=row["group_id"], prompt_uid=row["prompt_uid"], task=row["task"],
+                            prompt=row["text"], answer=row["answer"],
+                            prompt_ids=comps[0].prompt_ids.astype(np.int32), policy_version=version,
+                            generator=generator, samples=samples, rollout_s=rollout_s))
+    return groups
+
+
+def run_generator(ctx, model_dir: str) -> None:
+    from asyncrl.generators.engine import VLLMEngine
+
+    cfg = ctx.cfg
+    gen_index = int(ctx.name.rsplit("-", 1)[-1]) if ctx.name[-1].isdigit() else 0
+    engine = VLLMEngine(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+    dispatcher = RequestClient(ctx.endpoints.dispatcher, name=f"{ctx.name}.dispatcher")
+    outbox = StreamSender(ctx.endpoints.reward_in, name=f"{ctx.name}.out")
+    weights = Subscriber(ctx.endpoints.weights, name=f"{ctx.name}.weights")
+    generated = tokens = batches = 0
+    dropped: Counter[str] = Counter()
+    busy_s = 0.0
+    POLICY_VERSION.set(engine.version)
+    ctx.emit("ready", version=engine.version)
+    loop_start = time.monotonic()
+    while not ctx.stop_requested():
+        newest = None
+        for _kind, body in weights.recv_latest():
+            if int(body["policy_version"]) > engine.version and (newest is None or body["policy_version"] > newest["policy_version"]):
+                newest = body
+        if newest is not None:
+            seconds = engine.load_weights(newest["path"], int(newest["policy_version"]))
+            POLICY_VERSION.set(engine.version)
+            ctx.emit("version", version=engine.version, apply_s=seconds)
+        reply = dispatcher.request("want_prompts", {"generator": ctx.name, "max_prompts": cfg.generator.prompts_per_batch,
+                                                    "timeout_s": cfg.generator.request_timeout_s},
+                                   timeout=cfg.generator.request_timeout_s)
+        if reply is None or not reply[1].get("prompts"):
+            continue
+        rows = reply[1]["prompts"]
+        start = time.monotonic()
+        completions = engine.generate([r["text"] for r in rows], cfg.sampling,
+                                      seed=hash((cfg.run.seed, gen_index, batches)) & 0x7FFFFFFF)
+        rollout_s = time.monotonic() - start
+        busy_s += rollout_s
+        batches += 1
+        for group in build_groups(rows, completions, engine.version, ctx.name, rollout_s):
+            ROLLOUT_SECONDS.observe(rollout_s)
+            try:
+                validate_group(group)
+            except WireError as e:
+                log.warning("%s: dropping invalid group %s: %s", ctx.name, group.group_id, e)
+                dropped["invalid"] += len(group.samples)
+                generated += len(group.samples)
+                continue
+            outbox.send_until_taken(encode_group(group), cfg.generator.send_timeout_s)
+            generated += len(group.samples)
+            tokens += group.num_tokens
+            SAMPLES.labels("generated").inc(len(group.samples))
+    wall = time.monotonic() - loop_start
+    ctx.emit("final", generated=generated, tokens=tokens, dropped=dict(dropped), held=0,
+             busy_s=busy_s, wall_s=wall, version=engine.version)
+    for sock in (dispatcher, outbox, weights):
+        sock.close()
+    engine.close()
+

@@ -1,0 +1,58 @@
+"""Entry point of every component process: ``python -m asyncrl.launch ROLE NAME RUN_DIR MODEL_DIR``.
+
+The controller starts one of these per component; the role picks the loop to run. Imports of
+heavy libraries (vLLM, DeepSpeed) happen inside the loops, so each process loads only its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from asyncrl.runtime import ProcessContext, configure_process
+
+ROLES = ("dispatcher", "generator", "reward", "buffer", "learner")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl.launch")
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("name")
+    parser.add_argument("run_dir")
+    parser.add_argument("model_dir")
+    args = parser.parse_args(argv)
+    configure_process()
+    ctx = ProcessContext(args.role, args.name, args.run_dir)
+    try:
+        if args.role == "dispatcher":
+            from asyncrl.dispatcher import run_dispatcher
+
+            run_dispatcher(ctx)
+        elif args.role == "generator":
+            from asyncrl.generators.worker import run_generator
+
+            run_generator(ctx, args.model_dir)
+        elif args.role == "reward":
+            from asyncrl.rewards.worker import run_reward_worker
+
+            run_reward_worker(ctx)
+        elif args.role == "buffer":
+            from asyncrl.buffer.service import run_buffer
+
+            run_buffer(ctx)
+        elif args.role == "learner":
+            from asyncrl.learner.worker import run_learner
+
+            run_learner(ctx, args.model_dir)
+    except Exception as e:
+        logging.getLogger(args.name).exception("crashed")
+        ctx.emit("error", error=f"{type(e).__name__}: {e}")
+        ctx.close()
+        return 1
+    ctx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Groups -> padded token tensors for one training step, and per-token log-probabilities.
+
+Alignment: a causal LM's logits at position t predict the token at t + 1, so every per-token
+tensor the loss reads is (B, L - 1) and indexed by the *predicting* position: entry t is about
+``input_ids[:, t + 1]``. For a sequence ``prompt (P tokens) + response (T tokens)`` the response
+tokens sit at positions P..P+T-1 of ``input_ids`` and are predicted from positions P-1..P+T-2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from asyncrl.wire import Group
+
+
+@dataclass
+class TrainBatch:
+    """One step's sequences: B = total samples of the groups, L = longest prompt + response."""
+
+    input_ids: torch.Tensor
+    """(B, L) int64 prompt then response tokens, right-padded with ``pad_id``."""
+    attention_mask: torch.Tensor
+    """(B, L) int64, 1 on prompt and response tokens, 0 on padding."""
+    response_mask: torch.Tensor
+    """(B, L-1) float32, 1 at position t when ``input_ids[:, t+1]`` is a response token."""
+    behaviour_logprobs: torch.Tensor
+    """(B, L-1) float32 generator log-probabilities of ``input_ids[:, t+1]``; 0 off the response."""
+    advantages: torch.Tensor
+    """(B, L-1) float32, each sample's advantage on every position of its row (use with the mask)."""
+    policy_version: torch.Tensor
+    """(B,) int64 policy version that sampled each sequence."""
+    group_index: torch.Tensor
+    """(B,) int64 index of each sequence's group in the list given to ``collate``."""
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens in the batch (the loss's denominator)."""
+        return int(self.response_mask.sum().item())
+
+    def slice(self, start: int, stop: int) -> TrainBatch:
+        """Rows ``start:stop``, with the columns that are padding in every one of them cut off."""
+        rows = {f.name: getattr(self, f.name)[start:stop] for f in fields(self)}
+        length = max(int(rows["attention_mask"].sum(dim=1).max().item()), 2) if stop > start else 2
+        for name in ("input_ids", "attention_mask"):
+            rows[name] = rows[name][:, :length]
+        for name in ("response_mask", "behaviour_logprobs", "advantages"):
+            rows[name] = rows[name][:, : length - 1]
+        return TrainBatch(**rows)
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+def collate(
+    groups: list[Group],
+    advantages: np.ndarray | torch.Tensor | Sequence[Sequence[float]],
+    pad_id: int,
+) -> TrainBatch:
+    """Pack every sample of every group into one right-padded batch, in order (group, sample).
+
+    Args:
+        groups: the groups of the step; each needs a non-empty prompt (the first response token
+            must be predicted from somewhere).
+        advantages: ``advantages[g][i]`` is the advantage of sample i of group g: a (G, n) array,
+            or a list of per-group rows when groups differ in size.
+        pad_id: token id that fills the padding (never attended to nor trained on).
+    """
+    if not groups:
+        raise ValueError("groups is empty: a batch needs at least one group")
+    if len(advantages) != len(groups):
+        raise ValueError(f"advantages has {len(advantages)} rows, must have one per group ({len(groups)})")
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, int, int]] = []
+    for g_index, group in enumerate(groups):
+        if len(group.prompt_ids) == 0:
+            raise ValueError(f"group {group.group_id}: prompt_ids is empty, must hold at least one token")
+        if len(advantages[g_index]) != len(group.samples):
+            raise ValueError(
+                f"group {group.group_id}: advantages row has {len(advantages[g_index])} entries, "
+                f"must have one per sample ({len(group.samples)})"
+            )
+        for i, sample in enumerate(group.samples):
+            adv = float(advantages[g_index][i])
+            rows.append((group.prompt_ids, sample.response_ids, sample.logprobs, adv, group.policy_version, g_index))
+
+    B = len(rows)
+    L = max(max(len(p) + len(r) for p, r, *_ in rows), 2)  # >= 2 so that L - 1 >= 1
+    input_ids = torch.full((B, L), pad_id, dtype=torch.int64)
+    attention_mask = torch.zeros((B, L), dtype=torch.int64)
+    response_mask = torch.zeros((B, L - 1), dtype=torch.float32)
+    behaviour_logprobs = torch.zeros((B, L - 1), dtype=torch.float32)
+    advantage_rows = torch.zeros((B, L - 1), dtype=torch.float32)
+    policy_version = torch.zeros(B, dtype=torch.int64)
+    group_index = torch.zeros(B, dtype=torch.int64)
+    for b, (prompt, response, logprobs, adv, version, g_index) in enumerate(rows):
+        P, T = len(prompt), len(response)
+        input_ids[b, :P] = torch.from_numpy(np.asarray(prompt, dtype=np.int64))
+        input_ids[b, P : P + T] = torch.from_numpy(np.asarray(response, dtype=np.int64))
+        attention_mask[b, : P + T] = 1
+        # Response token j sits at position P + j and is predicted from position P + j - 1.
+        response_mask[b, P - 1 : P - 1 + T] = 1.0
+        behaviour_logprobs[b, P - 1 : P - 1 + T] = torch.from_numpy(np.asarray(logprobs, dtype=np.float32))
+        advantage_rows[b, :] = adv
+        policy_version[b] = version
+        group_index[b] = g_index
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        behaviour_logprobs=behaviour_logprobs,
+        advantages=advantage_rows,
+        policy_version=policy_version,
+        group_index=group_index,
+    )
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probability of each next token: (B, L, V) logits, (B, L) ids -> (B, L-1), float32.
+
+    ``out[b, t] = log_softmax(logits[b, t] / temperature)[input_ids[b, t + 1]]``.
+
+    The generator sampled from softmax(logits / temperature) and reported those log-probabilities
+    as the behaviour policy; dividing by the same temperature here makes the learner's policy the
+    same distribution, so that pi_theta / mu is 1 when the weights are the same. Computed in
+    float32 (log_softmax in bf16 loses ~2 digits, which the importance ratios amplify).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature ({temperature}) must be > 0: the learner scores the sampling distribution")
+    if logits.shape[:2] != input_ids.shape:
+        raise ValueError(f"logits shape {tuple(logits.shape)} must be (B, L, V) with (B, L) = input_ids shape {tuple(input_ids.shape)}")
+    logits = logits[:, :-1].float()  # (B, L-1, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = input_ids[:, 1:].long().unsqueeze(-1)  # (B, L-1, 1)
+    # log_softmax(x)[y] = x[y] - logsumexp(x): gather first, never materialise a 2nd (B, L-1, V).
+    return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, L-1)

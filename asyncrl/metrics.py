@@ -1,0 +1,51 @@
+"""Prometheus metrics of one process, served on a local port.
+
+Each process calls ``serve_metrics(run_dir, name)`` once: it starts an HTTP server on
+127.0.0.1 (port 0 = any free port) and writes the port to ``run_dir/metrics/{name}.port`` so
+the controller, a test or a scrape config can find it. Metric objects live in one registry per
+process (``REGISTRY``); names are ``asyncrl_*`` with units in the name, as Prometheus advises.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry()
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+REJECTED_FRAMES = Counter(
+    "asyncrl_rejected_frames", "Frames rejected by a receiver, by reason.", ["socket", "reason"], registry=REGISTRY
+)
+ROLLOUT_SECONDS = Histogram(
+    "asyncrl_rollout_seconds", "Seconds to sample one group.", buckets=LATENCY_BUCKETS, registry=REGISTRY
+)
+REWARD_SECONDS = Histogram(
+    "asyncrl_reward_seconds", "Seconds to score one group.", buckets=LATENCY_BUCKETS, registry=REGISTRY
+)
+LEARNER_STEP_SECONDS = Histogram(
+    "asyncrl_learner_step_seconds", "Seconds per learner optimizer step.", buckets=LATENCY_BUCKETS, registry=REGISTRY
+)
+BUFFER_GROUPS = Gauge("asyncrl_buffer_groups", "Groups held by the replay buffer.", registry=REGISTRY)
+BUFFER_SAMPLES = Gauge("asyncrl_buffer_samples", "Samples held by the replay buffer.", registry=REGISTRY)
+STALENESS = Histogram(
+    "asyncrl_staleness_versions",
+    "Staleness of trained samples: learner version at the update minus the sampling version.",
+    buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32),
+    registry=REGISTRY,
+)
+POLICY_VERSION = Gauge("asyncrl_policy_version", "Policy version this process holds or serves.", registry=REGISTRY)
+SAMPLES = Counter("asyncrl_samples", "Samples passing this process, by outcome.", ["outcome"], registry=REGISTRY)
+DROPPED = Counter("asyncrl_dropped_samples", "Samples dropped, by reason.", ["reason"], registry=REGISTRY)
+
+
+def serve_metrics(run_dir: str | Path, name: str) -> int:
+    """Serve ``REGISTRY`` on 127.0.0.1 at a free port; record the port; return it."""
+    server, _thread = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
+    port = server.server_port
+    path = Path(run_dir) / "metrics" / f"{name}.port"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(port))
+    return port

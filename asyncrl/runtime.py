@@ -1,0 +1,61 @@
+"""What every child process shares: its config, its event channel to the controller, stop commands.
+
+A component process is started as ``python -m asyncrl.launch ROLE NAME RUN_DIR``; it builds a
+``ProcessContext`` which reads the resolved config and the endpoints from the run directory,
+serves its Prometheus metrics, and connects to the controller's event (PUSH) and control (SUB)
+sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from asyncrl.config import RunConfig, load_run_config
+from asyncrl.endpoints import Endpoints
+from asyncrl.metrics import serve_metrics
+from asyncrl.transport import StreamSender, Subscriber
+
+log = logging.getLogger(__name__)
+
+
+class ProcessContext:
+    def __init__(self, role: str, name: str, run_dir: str | Path):
+        self.role = role
+        self.name = name
+        self.run_dir = Path(run_dir)
+        self.cfg: RunConfig = load_run_config(self.run_dir / "config.yaml")
+        self.endpoints = Endpoints.load(self.run_dir)
+        self.metrics_port = serve_metrics(self.run_dir, name)
+        self.events = StreamSender(self.endpoints.events, name=f"{name}.events", hwm=10_000)
+        self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
+        self._stop = False
+        self.started = time.monotonic()
+
+    def emit(self, type: str, **fields) -> None:
+        """Send an event to the controller (blocks at most 10 s if it is not reading)."""
+        try:
+            self.events.send("event", {"source": self.name, "role": self.role, "type": type, **fields}, timeout=10)
+        except TimeoutError:
+            log.warning("%s: controller did not take event %r within 10 s", self.name, type)
+
+    def stop_requested(self) -> bool:
+        """True once the controller said stop to this role (or to everyone); never blocks."""
+        for _kind, body in self.control.recv_latest():
+            if body.get("command") == "stop" and self.role in body.get("roles", [self.role]):
+                self._stop = True
+        return self._stop
+
+    def close(self) -> None:
+        self.events.close()
+        self.control.close()
+
+
+def configure_process() -> None:
+    """Per-process settings that matter on a shared CPU box: one math thread, quiet libraries."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

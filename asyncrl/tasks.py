@@ -1,0 +1,188 @@
+"""Prompts with reference answers for training and evaluation, and the exact-match score.
+
+Two tasks:
+
+* ``addition``: ``"07+45="`` -> ``"52"``. All 10,000 two-digit pairs, zero padded so every
+  prompt is six characters; a seeded permutation picks a held-out test split that never
+  overlaps train. It needs no download and a tiny character-level model learns it in seconds,
+  which is what tests and demos need.
+* ``gsm8k``: grade-school word problems read from local jsonl files
+  (``{"question", "answer"}``, the final answer after ``####``).
+
+``score_answer`` is a pure function so the reward worker can call it on any process.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from asyncrl.configbase import Config
+
+TASKS = ("addition", "gsm8k")
+ADDITION_SIZE = 100 * 100  # every (a, b) with 0 <= a, b <= 99
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# A number as people write it: optional sign, digits with thousands commas, optional decimals.
+NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: a stable id, the text the model sees, and the reference answer."""
+
+    prompt_uid: str
+    text: str
+    answer: str
+    task: str
+
+
+class TaskConfig(Config):
+    """Which task to train and evaluate on, and how its splits are made."""
+
+    name: Literal["addition", "gsm8k"] = "addition"
+    """Task: 'addition' (two-digit sums, generated) or 'gsm8k' (word problems from gsm8k_dir)."""
+    test_size: int = 500
+    """Held-out prompts: addition's seeded test split size; for gsm8k the first test_size rows of test.jsonl."""
+    seed: int = 0
+    """Seed of the permutation that picks addition's test split."""
+    gsm8k_dir: str = "../shared/data/gsm8k"
+    """Folder with GSM8K train.jsonl and test.jsonl; relative to the working directory, else to the repo root."""
+    max_prompt_chars: int | None = None
+    """Drop prompts whose text is longer than this many characters (None keeps every prompt)."""
+
+    @field_validator("test_size")
+    @classmethod
+    def check_test_size(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"test_size ({value}) must be >= 1")
+        return value
+
+    @field_validator("max_prompt_chars")
+    @classmethod
+    def check_max_prompt_chars(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"max_prompt_chars ({value}) must be >= 1 or None")
+        return value
+
+    @model_validator(mode="after")
+    def check_addition_split(self) -> TaskConfig:
+        # Train must keep at least one prompt.
+        if self.name == "addition" and self.test_size >= ADDITION_SIZE:
+            raise ValueError(f"test_size ({self.test_size}) must be < {ADDITION_SIZE} for the addition task")
+        return self
+
+
+def load_prompts(cfg: TaskConfig, split: Literal["train", "test"]) -> list[Prompt]:
+    """The prompts of one split, in a fixed order (shuffling is the caller's job)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split ({split!r}) must be 'train' or 'test'")
+    if cfg.name == "addition":
+        prompts = addition_prompts(cfg.test_size, cfg.seed, split)
+    else:
+        prompts = gsm8k_prompts(resolve_gsm8k_dir(cfg.gsm8k_dir), split)
+        if split == "test":
+            prompts = prompts[: cfg.test_size]
+    if cfg.max_prompt_chars is not None:
+        prompts = [prompt for prompt in prompts if len(prompt.text) <= cfg.max_prompt_chars]
+    return prompts
+
+
+def addition_prompts(test_size: int, seed: int, split: Literal["train", "test"]) -> list[Prompt]:
+    """Two-digit addition prompts; test = the first test_size pairs of a seeded permutation."""
+    order = list(range(ADDITION_SIZE))
+    random.Random(seed).shuffle(order)
+    test = set(order[:test_size])
+    chosen = sorted(test) if split == "test" else [index for index in range(ADDITION_SIZE) if index not in test]
+    return [addition_prompt(index // 100, index % 100) for index in chosen]
+
+
+def addition_prompt(a: int, b: int) -> Prompt:
+    """``a + b`` written as ``"07+45="`` with the unpadded sum as the answer."""
+    if not (0 <= a <= 99 and 0 <= b <= 99):
+        raise ValueError(f"operands ({a}, {b}) must both be in 0..99")
+    expression = f"{a:02d}+{b:02d}"
+    return Prompt(prompt_uid=f"addition/{expression}", text=f"{expression}=", answer=str(a + b), task="addition")
+
+
+def resolve_gsm8k_dir(gsm8k_dir: str) -> Path:
+    """``gsm8k_dir`` as given if it exists, else relative to the repo root (so tests run from anywhere)."""
+    path = Path(gsm8k_dir)
+    if path.is_dir():
+        return path
+    from_root = REPO_ROOT / gsm8k_dir
+    if from_root.is_dir():
+        return from_root
+    raise FileNotFoundError(f"gsm8k_dir ({gsm8k_dir!r}) is not a folder, neither from {Path.cwd()} nor from {REPO_ROOT}")
+
+
+def gsm8k_prompts(folder: Path, split: Literal["train", "test"]) -> list[Prompt]:
+    """Every row of ``{folder}/{split}.jsonl`` as a prompt."""
+    prompts = []
+    path = folder / f"{split}.jsonl"
+    with path.open() as lines:
+        for index, line in enumerate(lines):
+            row = json.loads(line)
+            answer = extract_gsm8k_answer(row["answer"])
+            if answer is None:
+                raise ValueError(f"{path} row {index}: answer {row['answer'][-40:]!r} has no number after '####'")
+            prompts.append(
+                Prompt(
+                    prompt_uid=f"gsm8k/{split}/{index}",
+                    text=f"Question: {row['question']}\nAnswer:",
+                    answer=answer,
+                    task="gsm8k",
+                )
+            )
+    return prompts
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after the last ``####``, commas removed; None if there is no such number."""
+    if "####" not in text:
+        return None
+    match = NUMBER_RE.search(text.rsplit("####", 1)[1])
+    return match.group().replace(",", "") if match else None
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text``, commas removed; None if there is none."""
+    numbers = NUMBER_RE.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def parse_number(text: str) -> Decimal | None:
+    """``"1,000"`` -> Decimal(1000); None when ``text`` is not a number."""
+    try:
+        return Decimal(text.strip().replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def score_answer(task: str, response: str, answer: str) -> float:
+    """Exact match of a model response against the reference answer: 1.0 or 0.0.
+
+    addition: the whitespace-stripped response must equal the answer.
+    gsm8k: the number after ``####`` (else the last number in the response) must equal the
+    answer numerically, so ``"1,000"`` matches ``"1000"`` and ``"3.0"`` matches ``"3"``.
+    """
+    if task == "addition":
+        return float(response.strip() == answer.strip())
+    if task == "gsm8k":
+        predicted = extract_gsm8k_answer(response)
+        if predicted is None:
+            predicted = last_number(response)
+        if predicted is None:
+            return 0.0
+        want, got = parse_number(answer), parse_number(predicted)
+        if want is None or got is None:
+            return float(predicted.strip() == answer.strip())
+        return float(want == got)
+    raise ValueError(f"task ({task!r}) must be one of {TASKS}")

