@@ -45,6 +45,10 @@ class _Socket:
         self.sock.setsockopt(zmq.LINGER, 10_000 if kind in (zmq.PUSH, zmq.DEALER) else 1000)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.setsockopt(zmq.RCVHWM, hwm)
+        if kind in (zmq.PUSH, zmq.DEALER):
+            # Queue only to connected peers: with no receiver a send waits (and times out)
+            # instead of silently piling frames onto a connection that may never come up.
+            self.sock.setsockopt(zmq.IMMEDIATE, 1)
         if max_message_bytes is not None:
             self.sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.max_message_bytes = max_message_bytes

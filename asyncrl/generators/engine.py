@@ -67,6 +67,9 @@ class EngineConfig(Config):
     """Most sequences decoded concurrently (a group of n counts n)."""
     enable_prefix_caching: bool = True
     """Reuse the KV of shared prompt prefixes (the n samples of a group share their prompt)."""
+    block_size: int | None = None
+    """KV cache block size in tokens; None is the backend's default (128 on CPU, 16 on CUDA).
+    Only whole blocks are prefix-cached, so prompts shorter than a block never hit the cache."""
     seed: int = 0
     """Seed of the engine's sampling RNG, used for requests that pass no seed."""
 
@@ -78,6 +81,8 @@ class EngineConfig(Config):
             raise ValueError(f"kv_cache_memory_bytes ({self.kv_cache_memory_bytes}) must be > 0 or None")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization ({self.gpu_memory_utilization}) must be in (0, 1]")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size ({self.block_size}) must be >= 1 or None")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be >= 1")
         return self
@@ -147,6 +152,7 @@ class VLLMEngine:
             enforce_eager=cfg.enforce_eager,
             max_num_seqs=cfg.max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            block_size=cfg.block_size,
             seed=cfg.seed,
             logprobs_mode=LOGPROBS_MODE,
         )
@@ -165,7 +171,7 @@ class VLLMEngine:
         """
         from vllm import SamplingParams
 
-        check_prompts(prompts)
+        requests = self.tokenize_prompts(prompts)
         params = [
             SamplingParams(
                 n=sampling.n,
@@ -178,19 +184,36 @@ class VLLMEngine:
             )
             for index in range(len(prompts))
         ]
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
         return [to_completions(output) for output in outputs]
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
         """Argmax-decode each prompt (for evaluation); returns the answer texts in prompt order."""
         from vllm import SamplingParams
 
-        check_prompts(prompts)
         if max_tokens < 1:
             raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
         params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        outputs = self._llm.generate(self.tokenize_prompts(prompts), params, use_tqdm=False)
         return [output.outputs[0].text for output in outputs]
+
+    def tokenize_prompts(self, prompts: list[str]) -> list[dict]:
+        """Prompts -> vLLM ``TokensPrompt``s, tokenized as vLLM would (special tokens added).
+
+        Tokenizing here lets a too-long prompt fail with a ValueError that names it, before
+        anything runs, instead of a vLLM error that aborts the whole batch.
+        """
+        from vllm import TokensPrompt
+
+        check_prompts(prompts)
+        requests = []
+        for index, prompt in enumerate(prompts):
+            token_ids = list(self.tokenizer.encode(prompt))
+            # vLLM must be able to sample at least one token after the prompt.
+            if len(token_ids) >= self.cfg.max_model_len:
+                raise ValueError(f"prompts[{index}] has {len(token_ids)} tokens; it must have fewer than max_model_len ({self.cfg.max_model_len})")
+            requests.append(TokensPrompt(prompt_token_ids=token_ids))
+        return requests
 
     def score(self, prompt: str, continuation_ids: list[int]) -> np.ndarray:
         """(len(continuation_ids),) float32 temperature-1 logprobs the engine gives ``continuation_ids``
@@ -200,7 +223,11 @@ class VLLMEngine:
         if not continuation_ids:
             raise ValueError("continuation_ids must not be empty")
         prompt_ids = list(self.tokenizer.encode(prompt))
+        if not prompt_ids:
+            raise ValueError(f"prompt ({prompt!r}) must encode to at least one token")
         token_ids = prompt_ids + [int(t) for t in continuation_ids]
+        if len(token_ids) >= self.cfg.max_model_len:
+            raise ValueError(f"prompt + continuation ({len(token_ids)} tokens) must be shorter than max_model_len ({self.cfg.max_model_len})")
         # Prompt logprobs skip the sampler, so they are the model's own (temperature 1) whatever
         # the logprobs mode; max_tokens=1 because vLLM must sample at least one token.
         params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
@@ -222,7 +249,7 @@ class VLLMEngine:
             raise ValueError(f"{weights_dir}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
         self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
         # The prefix cache holds KV computed by the old weights; keeping it would mix versions.
-        if False:
+        if not self._llm.reset_prefix_cache():
             raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
         self.version = version
         return time.perf_counter() - start

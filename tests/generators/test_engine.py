@@ -87,7 +87,7 @@ def engine(models, tmp_path_factory):
     old_tmpdir = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("vllm_tmp"))
     tempfile.tempdir = None
-    eng = VLLMEngine(str(models["a"]), EngineConfig(max_model_len=64, seed=0), version=3)
+    eng = VLLMEngine(str(models["a"]), EngineConfig(max_model_len=64, block_size=32, seed=0), version=3)
     yield eng
     eng.close()
     if old_tmpdir is None:
@@ -186,6 +186,14 @@ def test_greedy_is_deterministic_and_matches_hf_argmax(engine, hf_a, models):
     assert first[0] == tok.decode(ids[len(tok.encode(PROMPTS[0])) :])
 
 
+def test_too_long_prompt_is_rejected_by_name(engine):
+    with pytest.raises(ValueError, match=r"prompts\[1\] has 64 tokens; it must have fewer than max_model_len \(64\)"):
+        engine.generate(["ok", "x" * 64], SamplingConfig(n=2))
+    # A prompt that fits but leaves less room than max_tokens is cut at max_model_len.
+    for c in engine.generate(["x" * 60], SamplingConfig(n=4, max_tokens=10), seed=0)[0]:
+        assert len(c.response_ids) <= 4 and (c.finish_reason == "length" or c.response_ids[-1] == engine.tokenizer.eos_token_id)
+
+
 def test_configs_reject_bad_values():
     with pytest.raises(ValueError, match=r"temperature \(0.0\) must be > 0"):
         SamplingConfig(temperature=0.0)
@@ -208,11 +216,13 @@ def test_load_weights_swaps_weights_in_place(engine, models, hf_a, tmp_path):
     bare.mkdir()
     save_file({k: v.contiguous() for k, v in hf_b.state_dict().items()}, str(bare / "model.safetensors"))
 
-    prompt = "12+3="
+    # Longer than one 32-token KV block, so that the prefix cache can hold it.
+    prompt = "What is 12+3? Think, then answer: 12+3="
     prompt_ids = engine.tokenizer.encode(prompt)
     continuation = engine.tokenizer.encode("45") + [engine.tokenizer.eos_token_id]
     before = engine.score(prompt, continuation)
     np.testing.assert_allclose(before, hf_logprobs(hf_a, prompt_ids, continuation), atol=ATOL)
+    assert len(prompt_ids) > 32
     engine.generate([prompt], SamplingConfig(n=2, max_tokens=4), seed=0)  # fills the prefix cache
 
     seconds = engine.load_weights(str(bare), version=4)

@@ -1,0 +1,20 @@
+# The two commands: `make demo` (train the demo end to end) and `make test` (run the tests).
+# Both create .venv first when it is missing or out of date (scripts/setup.sh).
+PY := .venv/bin/python
+export OMP_NUM_THREADS := 1
+
+.PHONY: setup demo test test-fast bench clean
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m asyncrl.cli train configs/demo.yaml $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

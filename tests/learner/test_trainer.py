@@ -1,0 +1,199 @@
+"""PolicyTrainer on a tiny model: every ZeRO stage, one optimizer step per call, weights out.
+
+All engines share one gloo process group in this process (DeepSpeed allows re-initialising
+engines on it). Each stage trains with micro batches of 5 sequences (16 per batch: 5+5+5+1)
+and must land on the same weights as a plain-torch AdamW step on the whole batch at once.
+"""
+
+import math
+import os
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from asyncrl.learner.advantages import grpo_advantages  # noqa: E402
+from asyncrl.learner.batch import collate, token_logprobs  # noqa: E402
+from asyncrl.learner.losses import decoupled_ppo_loss  # noqa: E402
+from asyncrl.learner.trainer import PolicyTrainer, TrainerConfig  # noqa: E402
+from asyncrl.wire import Group, Sample  # noqa: E402
+
+LR = 1e-3
+GRAD_CLIP = 0.5  # the test batch's gradient norm is ~1, so clipping is exercised
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    try:
+        from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+
+        return build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128), out)
+    except ImportError:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        torch.manual_seed(0)
+        config = Qwen2Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=32, max_position_embeddings=64, tie_word_embeddings=False,
+        )
+        Qwen2ForCausalLM(config).save_pretrained(out)
+        return out
+
+
+def make_groups(vocab_size, policy_version=0, num_groups=4, group_size=4, seed=0):
+    rng = np.random.default_rng(seed)
+    groups = []
+    for g in range(num_groups):
+        samples = []
+        for i in range(group_size):
+            T = int(rng.integers(3, 8))
+            samples.append(
+                Sample(
+                    uid=f"g{g}/{i}",
+                    response_ids=rng.integers(3, vocab_size, size=T).astype(np.int32),
+                    # ~ uniform sampler, a little off the tiny model: weights near but not at 1
+                    logprobs=(-np.log(vocab_size) + 0.2 * rng.standard_normal(T)).astype(np.float32),
+                    text="",
+                    finish_reason="stop",
+                    reward=float(i % 2) if g % 2 == 0 else float(i == 0),  # never a constant group
+                )
+            )
+        prompt = rng.integers(3, vocab_size, size=int(rng.integers(2, 6))).astype(np.int32)
+        groups.append(Group(f"g{g}", f"p{g}", "t", "", "", prompt, policy_version, "gen", samples))
+    return groups
+
+
+@pytest.fixture(scope="module")
+def hf_state(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def groups(hf_state):
+    return make_groups(hf_state[0].config.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def reference_weights(model_dir, groups):
+    """Two plain-torch AdamW steps on the whole batch at once: what every stage must reproduce.
+
+    Returns the weights after them and the two gradient norms (before clipping).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
+    rewards = np.array([[s.reward for s in g.samples] for g in groups])
+    batch = collate(groups, grpo_advantages(rewards), pad_id=0)
+    grad_norms = []
+    for _ in range(2):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        lp = token_logprobs(logits, batch.input_ids)
+        loss, _ = decoupled_ppo_loss(lp, lp.detach(), batch.behaviour_logprobs, batch.advantages, batch.response_mask)
+        optimizer.zero_grad()
+        loss.backward()
+        grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item())
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, grad_norms
+
+
+def config(stage, **overrides):
+    return TrainerConfig(zero_stage=stage, lr=LR, grad_clip=GRAD_CLIP, micro_batch_size=5, **overrides)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_two_steps_at_each_zero_stage(stage, model_dir, hf_state, groups, reference_weights):
+    trainer = PolicyTrainer(model_dir, config(stage))
+    assert trainer.version == 0
+    before = trainer.full_state_dict()
+    hf_model, hf_weights = hf_state
+    assert list(before) == list(hf_weights)  # same HF names, same order
+    for name, tensor in before.items():
+        assert tensor.shape == hf_weights[name].shape and tensor.dtype == torch.float32 and tensor.device.type == "cpu"
+        torch.testing.assert_close(tensor, hf_weights[name])
+
+    first = trainer.train_step(groups)
+    assert trainer.version == 1 and first["version"] == 1
+    assert first["staleness"] == [0] * 16  # sampled by version 0, trained at version 0
+    after_one = trainer.full_state_dict()
+    assert any(not torch.equal(after_one[k], before[k]) for k in before), "weights did not change"
+
+    second = trainer.train_step(groups)
+    assert trainer.version == 2
+    assert second["staleness"] == [1] * 16 and second["staleness_max"] == 1
+    for stats in (first, second):
+        assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+        assert stats["sequences"] == 16 and stats["tokens"] == sum(g.num_tokens for g in groups)
+        assert stats["seconds"] > 0 and stats["clipfrac"] == 0.0
+        assert 0.5 < stats["behaviour_weight_mean"] < 2.0
+
+    # 4 micro batches per call, accumulated into ONE optimizer step per call: the gradient is the
+    # full batch's token-mean gradient (same norm) and the weights equal two full-batch steps of
+    # plain torch (up to float reduction order)
+    weights, grad_norms = reference_weights
+    assert [first["grad_norm"], second["grad_norm"]] == pytest.approx(grad_norms, rel=1e-4)
+    after_two = trainer.full_state_dict()
+    for name, tensor in after_two.items():
+        torch.testing.assert_close(tensor, weights[name], atol=1e-4, rtol=0)
+    assert trainer.engine.global_steps == 2
+
+
+def test_behaviour_weights_are_one_when_behaviour_is_the_model(model_dir, hf_state, groups):
+    temperature = 0.7
+    model, _ = hf_state
+    own = []
+    for group in groups:
+        samples = []
+        for s in group.samples:
+            ids = torch.from_numpy(np.concatenate([group.prompt_ids, s.response_ids]).astype(np.int64))[None]
+            with torch.no_grad():
+                lp = token_logprobs(model(input_ids=ids).logits, ids, temperature)[0, len(group.prompt_ids) - 1 :]
+            samples.append(Sample(s.uid, s.response_ids, lp.numpy().astype(np.float32), "", "stop", s.reward))
+        own.append(Group(group.group_id, group.prompt_uid, "t", "", "", group.prompt_ids, 0, "gen", samples))
+    trainer = PolicyTrainer(model_dir, config(0, temperature=temperature))
+    stats = trainer.train_step(own)
+    assert stats["behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["behaviour_weight_max"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["behaviour_capped_frac"] == 0.0
+    assert stats["behaviour_approx_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_bf16_zero3_step_and_save_pretrained_roundtrip(model_dir, groups, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer = PolicyTrainer(model_dir, config(3, dtype="bf16"))
+    stats = trainer.train_step(groups)
+    assert math.isfinite(stats["loss"]) and trainer.version == 1
+    weights = trainer.full_state_dict()
+    assert all(t.dtype == torch.float32 for t in weights.values())
+
+    out = trainer.save_pretrained(tmp_path / "v1")
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert next(loaded.parameters()).dtype == torch.float32
+    loaded_weights = loaded.state_dict()
+    assert list(loaded_weights) == list(weights)
+    for name, tensor in weights.items():
+        torch.testing.assert_close(loaded_weights[name], tensor, atol=0, rtol=0)
+    if (model_dir / "tokenizer.json").exists():
+        assert AutoTokenizer.from_pretrained(out).pad_token_id == AutoTokenizer.from_pretrained(model_dir).pad_token_id
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match=r"zero_stage \(4\) must be 0, 1, 2 or 3"):
+        TrainerConfig(zero_stage=4)
+    with pytest.raises(ValueError, match=r"micro_batch_size \(0\) must be >= 1"):
+        TrainerConfig(micro_batch_size=0)
+    with pytest.raises(ValueError, match="loss"):
+        TrainerConfig(loss="ppo")
+    with pytest.raises(ValueError, match="extra"):
+        TrainerConfig(learning_rate=1e-3)

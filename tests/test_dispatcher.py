@@ -1,0 +1,38 @@
+import pytest
+
+from asyncrl.dispatcher import Admission, PromptCursor
+from asyncrl.tasks import Prompt
+
+
+def test_admission_follows_the_staleness_budget():
+    a = Admission(batch_groups=4, max_staleness=1)
+    assert a.capacity() == 8  # (1 + 0 + 1) * 4
+    a.dispatched = 8
+    assert a.capacity() == 0
+    a.update(version=1, dropped_groups=0)
+    assert a.capacity() == 4  # (1 + 1 + 1) * 4 - 8
+    a.update(version=1, dropped_groups=2)
+    assert a.capacity() == 6  # dropped groups free their slots
+    a.update(version=0, dropped_groups=1)  # stale status messages never move it backwards
+    assert a.capacity() == 6
+
+
+def test_no_staleness_bound_means_no_admission_limit():
+    assert Admission(batch_groups=4, max_staleness=None).capacity() > 10**6
+
+
+def test_admission_rejects_a_bad_batch_size():
+    with pytest.raises(ValueError, match=r"batch_groups \(0\) must be >= 1"):
+        Admission(batch_groups=0, max_staleness=1)
+
+
+def test_cursor_covers_every_prompt_each_epoch_in_a_seeded_order():
+    prompts = [Prompt(f"p{i}", f"{i}", "0", "addition") for i in range(5)]
+    c = PromptCursor(prompts, seed=3, epochs=2)
+    first = c.take(5)
+    second = c.take(5)
+    assert sorted(p.prompt_uid for p in first) == sorted(p.prompt_uid for p in prompts)
+    assert sorted(p.prompt_uid for p in second) == sorted(p.prompt_uid for p in prompts)
+    assert c.take(1) == []  # two epochs done
+    again = PromptCursor(prompts, seed=3, epochs=2).take(5)
+    assert [p.prompt_uid for p in again] == [p.prompt_uid for p in first]

@@ -1,0 +1,79 @@
+import msgpack
+import pytest
+
+from asyncrl import wire
+from asyncrl.transport import (
+    Publisher,
+    ReplyServer,
+    RequestClient,
+    StreamReceiver,
+    StreamSender,
+    Subscriber,
+)
+from tests.factories import make_group
+
+
+def test_push_pull_carries_groups_and_skips_bad_frames():
+    rx = StreamReceiver("tcp://127.0.0.1:*", name="test.rx")
+    tx = StreamSender(rx.address, name="test.tx")
+    tx.send_frame(b"not msgpack")
+    tx.send_frame(msgpack.packb({"schema": 999, "kind": "group"}))
+    tx.send_frame(wire.encode_group(make_group("good")))
+    kind, body = rx.recv(timeout=5)
+    assert kind == "group" and body["group"].group_id == "good"
+    assert rx.rejected == 2
+    assert rx.recv(timeout=0.05) is None
+    tx.close()
+    rx.close()
+
+
+def test_send_times_out_when_no_receiver_takes_frames():
+    tx = StreamSender("tcp://127.0.0.1:1", name="test.nobody")  # connects lazily; no peer ever
+    with pytest.raises(TimeoutError):
+        tx.send("event", {"x": 1}, timeout=0.2)
+    tx.close()
+
+
+def test_oversized_frames_are_refused_by_the_socket():
+    rx = StreamReceiver("tcp://127.0.0.1:*", name="test.small", max_message_bytes=1024)
+    tx = StreamSender(rx.address, name="test.big")
+    tx.send("event", {"blob": b"x" * 4096})
+    assert rx.recv(timeout=0.5) is None  # ZeroMQ dropped the peer instead of buffering 4 KiB
+    tx.close()
+    rx.close()
+
+
+def test_request_reply_matches_replies_to_requests():
+    server = ReplyServer("tcp://127.0.0.1:*", name="test.server")
+    client = RequestClient(server.address, name="test.client")
+    assert client.request("want_prompts", {"max_prompts": 1}, timeout=0.2) is None  # unanswered: times out
+    stale = server.recv(timeout=1)
+    import threading
+
+    def answer():
+        who, kind, body = server.recv(timeout=5)
+        server.reply(stale[0], "prompts", {"prompts": ["late"]}, stale[2]["request_id"])  # late reply, ignored
+        server.reply(who, "prompts", {"prompts": ["fresh"]}, body["request_id"])
+
+    t = threading.Thread(target=answer)
+    t.start()
+    kind, body = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
+    t.join()
+    assert kind == "prompts" and body["prompts"] == ["fresh"]
+    client.close()
+    server.close()
+
+
+def test_publisher_reaches_subscribers_that_joined():
+    import time
+
+    pub = Publisher("tcp://127.0.0.1:*", name="test.pub")
+    sub = Subscriber(pub.address, name="test.sub")
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:  # a slow joiner misses early messages: repeat
+        pub.send("weights", {"policy_version": 3, "path": "/x"})
+        got = sub.recv(timeout=0.05)
+    assert got == ("weights", {"policy_version": 3, "path": "/x"})
+    pub.close()
+    sub.close()
