@@ -8,9 +8,11 @@ accumulated), one optimizer step, ``version += 1``. ``full_state_dict()`` and
 One optimizer step per call, whatever the batch size: the DeepSpeed config has
 ``gradient_accumulation_steps = 1`` and ``train_micro_batch_size_per_gpu = micro_batch_size``, and
 ``train_step`` owns the accumulation boundary itself: before each micro batch's backward it calls
-``engine.set_gradient_accumulation_boundary(is_last_micro_batch)`` (so ZeRO reduces and partitions
-gradients only after the last one), calls ``engine.backward(loss, scale_wrt_gas=False)``, and calls
-``engine.step()`` once at the end. Each micro batch's loss is its token-sum divided by the token
+``engine.set_gradient_accumulation_boundary(is_last_micro_batch)``, calls
+``engine.backward(loss, scale_wrt_gas=False)``, and calls ``engine.step()`` once at the end. The
+boundary flag tells ZeRO-1/2 when to move the summed gradients into the optimizer's partitions
+(and a multi-rank ZeRO-0 when to all-reduce); marking every micro batch a boundary makes stages
+1 and 2 drift from a full-batch step, which ``tests/learner/test_trainer.py`` catches. Each micro batch's loss is its token-sum divided by the token
 count of the *whole* batch, so the accumulated gradient is exactly that of the batch's token-mean
 loss, independent of how the batch is cut into micro batches.
 """
@@ -242,7 +244,8 @@ class PolicyTrainer:
         for index, lo in enumerate(bounds):
             micro = batch.slice(lo, min(lo + cfg.micro_batch_size, num_rows)).to(self.device)
             micro_tokens = micro.num_tokens
-            # ZeRO reduces (stage 1/2) and partitions (2/3) gradients only on the boundary.
+            # Only the last micro batch is an accumulation boundary: ZeRO-1/2 hand the summed
+            # gradients to the optimizer partitions there, not after every micro batch.
             self.engine.set_gradient_accumulation_boundary(index == len(bounds) - 1)
             out = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False)
             logprobs = token_logprobs(out.logits, micro.input_ids, cfg.temperature)  # (b, l-1)

@@ -49,7 +49,9 @@ def build_fallback_model(out_dir: Path, seed: int) -> Path:
     backend = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", clean_up_tokenization_spaces=False
+    )
     tok.save_pretrained(out_dir)
     config = Qwen2Config(
         hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,

@@ -1,0 +1,74 @@
+"""Start real component processes without the controller: the test plays the controller."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from asyncrl.config import RunConfig, dump_config
+from asyncrl.endpoints import Endpoints
+from asyncrl.transport import Publisher, StreamReceiver
+
+
+class Harness:
+    def __init__(self, run_dir: Path, cfg: RunConfig):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        self.endpoints = Endpoints.allocate()
+        self.endpoints.save(run_dir)
+        self.events = StreamReceiver(self.endpoints.events, name="harness.events")
+        self.control = Publisher(self.endpoints.control, name="harness.control")
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.seen: list[dict] = []
+
+    def start(self, role: str, name: str, model_dir: str = "none") -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        log = open(self.run_dir / f"{name}.log", "w")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.launch", role, name, str(self.run_dir), model_dir],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_for(self, source: str, type: str, timeout: float = 60) -> dict:
+        for ev in self.seen:
+            if ev["source"] == source and ev["type"] == type:
+                return ev
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                assert p.poll() in (None, 0), f"{name} died: {(self.run_dir / f'{name}.log').read_text()[-2000:]}"
+            msg = self.events.recv(timeout=0.2)
+            if msg is None:
+                continue
+            self.seen.append(msg[1])
+            if msg[1]["source"] == source and msg[1]["type"] == type:
+                return msg[1]
+        raise TimeoutError(f"no {type!r} event from {source} within {timeout} s")
+
+    def stop(self, roles: list[str], names: list[str], timeout: float = 30) -> dict[str, dict]:
+        finals = {}
+        deadline = time.monotonic() + timeout
+        while len(finals) < len(names) and time.monotonic() < deadline:
+            self.control.send("control", {"command": "stop", "roles": roles})
+            for n in names:
+                if n not in finals:
+                    try:
+                        finals[n] = self.wait_for(n, "final", timeout=0.3)
+                    except TimeoutError:
+                        pass
+        assert len(finals) == len(names), f"no final report from {set(names) - set(finals)}"
+        return finals
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.events.close()
+        self.control.close()
