@@ -1,8 +1,10 @@
 """The controller: prepares the model, starts every component as a local process, watches them,
 stops them in dataflow order so nothing is lost, and writes ``summary.json``.
 
-Stop order: when the learner has taken its last step, the dispatcher and the generators stop
-(generators finish and send the batch they are sampling), then the reward workers drain their
+Start: every process reports ready, then the controller says go and the dispatcher starts handing
+out prompts. Stop order: when the learner has taken its last step, the dispatcher stops, every
+generator finishes the batch it is sampling and loads the final weights (so each reports serving
+the final version), the generators stop, then the reward workers drain their
 input, then the buffer takes the rest and reconciles, then the learner exits. Each stage reports
 its final counters, from which ``accounting.summarize`` checks that every sample is accounted for.
 
@@ -203,6 +205,9 @@ class Controller:
             if ev and ev["type"] == "ready":
                 ready.add(ev["source"])
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
+        for _ in range(10):  # PUB: repeat, so that no subscriber misses it
+            self.control.send("control", {"command": "go"})
+            time.sleep(0.01)
 
     def _train(self) -> None:
         cfg = self.cfg
@@ -213,12 +218,29 @@ class Controller:
                 deadline = time.monotonic() + cfg.run.stall_timeout_s
 
     def _stop_in_order(self) -> None:
-        for roles in (["dispatcher", "generator"], ["reward"], ["buffer"], ["learner"]):
-            names = [n for r in roles for n in self.fleet.names(r)]
-            deadline = time.monotonic() + 120
-            while not (all(n in self.finals for n in names) and self.fleet.exited(names)):
-                self.control.send("control", {"command": "stop", "roles": roles})
-                self._next_event(deadline, f"{', '.join(roles)} to stop", wait=0.2)
+        self._stop(["dispatcher"])
+        self._await_final_weights()
+        for roles in (["generator"], ["reward"], ["buffer"], ["learner"]):
+            self._stop(roles)
+
+    def _stop(self, roles: list[str], timeout: float = 120) -> None:
+        names = [n for r in roles for n in self.fleet.names(r)]
+        deadline = time.monotonic() + timeout
+        while not (all(n in self.finals for n in names) and self.fleet.exited(names)):
+            self.control.send("control", {"command": "stop", "roles": roles})
+            self._next_event(deadline, f"{', '.join(roles)} to stop", wait=0.2)
+
+    def _await_final_weights(self, timeout: float = 60) -> None:
+        """With no more prompts, every generator picks up the last published version."""
+        final = self.finals["learner"]["version"]
+        deadline = time.monotonic() + timeout
+        names = self.fleet.names("generator")
+        while any(self.generator_versions.get(n, -1) < final for n in names):
+            if time.monotonic() > deadline:
+                log.warning("generators still serve %s, not version %d, after %.0f s",
+                            self.generator_versions, final, timeout)
+                return
+            self._next_event(deadline + 1, "generators to load the final weights", wait=0.2)
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ become a training step, so they free their slot). The groups in flight can then 
 most s versions after the version current when they were admitted, so generators never run
 further ahead than the buffer's staleness gate would accept.
 
-Generators pull: each asks for up to k prompts; a request that cannot be served yet is held until
+Dispatch starts when the controller says go (every process is ready). Generators pull: each asks for up to k prompts; a request that cannot be served yet is held until
 capacity opens (a new learner version) or until its deadline passes, after which it is dropped
 unanswered because the generator has stopped waiting for it.
 """
@@ -108,6 +108,9 @@ def run_dispatcher(ctx) -> None:
     status = Subscriber(ctx.endpoints.buffer_status, name="dispatcher.buffer_status")
     pending: list[_Pending] = []
     ctx.emit("ready")
+    # Hold every request until the whole fleet is up, so no generator runs ahead alone.
+    while not ctx.go_given() and not ctx.stop_requested():
+        time.sleep(0.05)
     while not ctx.stop_requested():
         for _kind, body in status.recv_latest():
             admission.update(int(body["learner_version"]), int(body["dropped_groups"]))

@@ -32,6 +32,7 @@ class ProcessContext:
         self.events = StreamSender(self.endpoints.events, name=f"{name}.events", hwm=10_000)
         self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
         self._stop = False
+        self._go = False
         self.started = time.monotonic()
 
     def emit(self, type: str, **fields) -> None:
@@ -43,10 +44,22 @@ class ProcessContext:
 
     def stop_requested(self) -> bool:
         """True once the controller said stop to this role (or to everyone); never blocks."""
-        for _kind, body in self.control.recv_latest():
-            if body.get("command") == "stop" and self.role in body.get("roles", [self.role]):
-                self._stop = True
+        self._poll_control()
         return self._stop
+
+    def go_given(self) -> bool:
+        """True once the controller said go (every process is ready); never blocks."""
+        self._poll_control()
+        return self._go
+
+    def _poll_control(self) -> None:
+        for _kind, body in self.control.recv_latest():
+            if self.role not in body.get("roles", [self.role]):
+                continue
+            if body.get("command") == "stop":
+                self._stop = True
+            elif body.get("command") == "go":
+                self._go = True
 
     def close(self) -> None:
         self.events.close()

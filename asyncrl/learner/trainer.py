@@ -162,7 +162,8 @@ class PolicyTrainer:
     """
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig):
-        # Before any zero.Init: these imports register hooks that must not see partitioned params.
+        # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
+        # while zero.Init has patched module construction.
         import torch._dynamo  # noqa: F401
         import deepspeed
         from transformers import AutoConfig, AutoModelForCausalLM
