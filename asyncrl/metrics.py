@@ -2,7 +2,8 @@
 
 Each process calls ``serve_metrics(run_dir, name)`` once: it starts an HTTP server on
 127.0.0.1 (port 0 = any free port) and writes the port to ``run_dir/metrics/{name}.port`` so
-the controller, a test or a scrape config can find it. Metric objects live in one registry per
+the controller, a test or a scrape config can find it; at exit it writes its last values to
+``run_dir/metrics/{name}.prom``. Metric objects live in one registry per
 process (``REGISTRY``); names are ``asyncrl_*`` with units in the name, as Prometheus advises.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 REGISTRY = CollectorRegistry()
 
@@ -49,3 +50,11 @@ def serve_metrics(run_dir: str | Path, name: str) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(port))
     return port
+
+
+def write_metrics_snapshot(run_dir: str | Path, name: str) -> Path:
+    """Write the registry in the text exposition format to ``run_dir/metrics/{name}.prom``
+    (at exit, so the last values outlive the process and its port)."""
+    path = Path(run_dir) / "metrics" / f"{name}.prom"
+    path.write_bytes(generate_latest(REGISTRY))
+    return path

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig, load_run_config
 from asyncrl.endpoints import Endpoints
-from asyncrl.metrics import serve_metrics
+from asyncrl.metrics import serve_metrics, write_metrics_snapshot
 from asyncrl.transport import StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class ProcessContext:
                 self._go = True
 
     def close(self) -> None:
+        write_metrics_snapshot(self.run_dir, self.name)
         self.events.close()
         self.control.close()
 

@@ -218,8 +218,9 @@ def test_load_weights_swaps_weights_in_place(engine, models, hf_a, tmp_path):
     bare.mkdir()
     save_file({k: v.contiguous() for k, v in hf_b.state_dict().items()}, str(bare / "model.safetensors"))
 
-    # Longer than one 32-token KV block, so that the prefix cache can hold it.
-    prompt = "What is 12+3? Think, then answer: 12+3="
+    # Longer than one 32-token KV block, so that the prefix cache can hold it (no whitespace:
+    # transformers loads a qwen2 dir's tokenizer as Qwen2Tokenizer, which drops it).
+    prompt = "0123456789" * 3 + "12+3="
     prompt_ids = engine.tokenizer.encode(prompt)
     continuation = engine.tokenizer.encode("45") + [engine.tokenizer.eos_token_id]
     before = engine.score(prompt, continuation)

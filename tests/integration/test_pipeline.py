@@ -36,3 +36,12 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
     assert (run_dir / "config.yaml").exists()
     for name in ("buffer", "reward-0", "dispatcher", "learner", "generator-0", "generator-1"):
         assert (run_dir / "metrics" / f"{name}.port").exists()
+    metrics = {name: (run_dir / "metrics" / f"{name}.prom").read_text()
+               for name in ("buffer", "reward-0", "learner", "generator-0")}
+    assert "asyncrl_learner_step_seconds_count 4.0" in metrics["learner"]
+    assert "asyncrl_policy_version 4.0" in metrics["learner"]
+    assert 'asyncrl_staleness_versions_count 64.0' in metrics["learner"]
+    assert "asyncrl_rollout_seconds_count" in metrics["generator-0"]
+    assert "asyncrl_policy_version 4.0" in metrics["generator-0"]
+    assert "asyncrl_reward_seconds_count" in metrics["reward-0"]
+    assert "asyncrl_buffer_groups" in metrics["buffer"]
