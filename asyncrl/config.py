@@ -15,8 +15,11 @@ from pydantic import Field
 
 from asyncrl.buffer.replay import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
+from asyncrl.dispatcher import DispatcherConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
-from asyncrl.learner.trainer import TrainerConfig
+from asyncrl.generators.worker import GeneratorConfig
+from asyncrl.learner.config import LearnerConfig
+from asyncrl.rewards.worker import RewardConfig
 from asyncrl.sft import SFTConfig
 from asyncrl.tasks import TaskConfig
 from asyncrl.tinymodel import TinyModelConfig
@@ -46,38 +49,6 @@ class ModelSection(Config):
     """Shape of the tiny Qwen2 built when ``path`` is None."""
     warm_start: bool = True
     """Run the SFT warm start (``sft`` section) before RL."""
-
-
-class GeneratorConfig(Config):
-    prompts_per_batch: int = Field(16, ge=1)
-    """Prompts a generator asks for and samples in one engine call (each gives a group of n)."""
-    request_timeout_s: float = Field(2.0, gt=0)
-    """Seconds a request for prompts waits for the dispatcher before it is asked again."""
-    send_timeout_s: float = Field(30.0, gt=0)
-    """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
-
-
-class DispatcherConfig(Config):
-    epochs: int | None = None
-    """Passes over the training prompts; None cycles forever (reshuffled each pass)."""
-
-
-class RewardConfig(Config):
-    drain_s: float = Field(1.0, gt=0)
-    """On stop, seconds of silence on the input after which the worker has drained and exits."""
-
-
-class LearnerConfig(Config):
-    total_steps: int = Field(100, ge=1)
-    """Optimizer steps to train (the final policy version)."""
-    batch_groups: int = Field(16, ge=1)
-    """Groups (prompts) per optimizer step; samples per step = batch_groups × sampling.n."""
-    broadcast_every: int = Field(2, ge=1)
-    """Publish weights to the generators every this many optimizer steps."""
-    batch_timeout_s: float = Field(5.0, gt=0)
-    """Seconds one request for a batch waits before it is asked again (and the wait logged)."""
-    trainer: TrainerConfig = TrainerConfig()
-    """The DeepSpeed engine and the loss."""
 
 
 class EvalConfig(Config):

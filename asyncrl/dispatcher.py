@@ -23,9 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asyncrl.configbase import Config
 from asyncrl.tasks import Prompt
 
 log = logging.getLogger(__name__)
+
+
+class DispatcherConfig(Config):
+    epochs: int | None = None
+    """Passes over the training prompts; None cycles forever (reshuffled each pass)."""
 
 
 class Admission:

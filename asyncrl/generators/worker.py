@@ -18,12 +18,23 @@ import time
 from collections import Counter
 
 import numpy as np
+from pydantic import Field
 
+from asyncrl.configbase import Config
 from asyncrl.metrics import POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
 from asyncrl.transport import RequestClient, StreamSender, Subscriber
 from asyncrl.wire import Group, Sample, WireError, encode_group, validate_group
 
 log = logging.getLogger(__name__)
+
+
+class GeneratorConfig(Config):
+    prompts_per_batch: int = Field(16, ge=1)
+    """Prompts a generator asks for and samples in one engine call (each gives a group of n)."""
+    request_timeout_s: float = Field(2.0, gt=0)
+    """Seconds a request for prompts waits for the dispatcher before it is asked again."""
+    send_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
 
 
 def build_groups(rows: list[dict], completions, version: int, generator: str, rollout_s: float) -> list[Group]:

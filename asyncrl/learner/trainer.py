@@ -26,101 +26,19 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import field_validator
 
-from asyncrl.configbase import Config
 from asyncrl.learner.advantages import grpo_advantages
 from asyncrl.learner.batch import TrainBatch, collate, token_logprobs
+from asyncrl.learner.config import TrainerConfig
 from asyncrl.learner.losses import LOSSES
 from asyncrl.wire import Group
 
 # Files of a Hugging Face model dir that ``save_pretrained`` writes itself instead of copying.
 _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
 _WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-class TrainerConfig(Config):
-    """Optimisation settings of the policy learner."""
-
-    zero_stage: int = 0
-    """DeepSpeed ZeRO stage: 0 (plain data parallel), 1 (optimizer states partitioned), 2 (+ gradients), 3 (+ parameters)."""
-    lr: float = 1e-4
-    """AdamW learning rate (constant; no schedule)."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW (beta1, beta2)."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value before the step; 0 disables clipping."""
-    dtype: Literal["fp32", "bf16"] = "fp32"
-    """Training precision: fp32, or bf16 weights/activations with fp32 master weights in the optimizer."""
-    loss: str = "decoupled_ppo"
-    """Policy loss, a name in ``asyncrl.learner.losses.LOSSES``."""
-    clip_coef: float = 0.2
-    """PPO clip epsilon around the proximal policy."""
-    behaviour_weight_cap: float | None = 5.0
-    """Truncate the staleness importance weight pi_prox / mu at this value (>= 1); None: no truncation."""
-    scale_advantages_by_std: bool = True
-    """GRPO advantages divided by the group's reward std (True) or only centred (False, Dr. GRPO)."""
-    temperature: float = 1.0
-    """Sampling temperature of the generators: logits are divided by it so pi_theta is the sampled distribution."""
-    micro_batch_size: int = 64
-    """Sequences per forward/backward; a bigger batch is accumulated over micro batches into one optimizer step."""
-    seed: int = 0
-    """Seed of torch's RNG at start-up (dropout, if the model has any)."""
-
-    @field_validator("zero_stage")
-    @classmethod
-    def _check_zero_stage(cls, v: int) -> int:
-        if v not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage ({v}) must be 0, 1, 2 or 3")
-        return v
-
-    @field_validator("lr", "temperature", "clip_coef")
-    @classmethod
-    def _check_positive(cls, v: float, info) -> float:
-        if not v > 0:
-            raise ValueError(f"{info.field_name} ({v}) must be > 0")
-        return v
-
-    @field_validator("weight_decay", "grad_clip")
-    @classmethod
-    def _check_non_negative(cls, v: float, info) -> float:
-        if not v >= 0:
-            raise ValueError(f"{info.field_name} ({v}) must be >= 0")
-        return v
-
-    @field_validator("betas")
-    @classmethod
-    def _check_betas(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if not all(0 <= b < 1 for b in v):
-            raise ValueError(f"betas ({v}) must each be in [0, 1)")
-        return v
-
-    @field_validator("behaviour_weight_cap")
-    @classmethod
-    def _check_cap(cls, v: float | None) -> float | None:
-        if v is not None and v < 1:
-            raise ValueError(f"behaviour_weight_cap ({v}) must be >= 1 or None")
-        return v
-
-    @field_validator("micro_batch_size")
-    @classmethod
-    def _check_micro_batch_size(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"micro_batch_size ({v}) must be >= 1")
-        return v
-
-    @field_validator("loss")
-    @classmethod
-    def _check_loss(cls, v: str) -> str:
-        if v not in LOSSES:
-            raise ValueError(f"loss ({v!r}) must be one of {sorted(LOSSES)}")
-        return v
 
 
 def _free_port() -> int:
@@ -164,8 +82,8 @@ class PolicyTrainer:
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig):
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
-        import torch._dynamo  # noqa: F401
         import deepspeed
+        import torch._dynamo  # noqa: F401
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.cfg = cfg

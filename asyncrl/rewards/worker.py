@@ -14,12 +14,20 @@ from __future__ import annotations
 import logging
 import time
 
+from pydantic import Field
+
+from asyncrl.configbase import Config
 from asyncrl.metrics import REWARD_SECONDS, SAMPLES
 from asyncrl.rewards.rules import score_group
 from asyncrl.transport import StreamReceiver, StreamSender
 from asyncrl.wire import encode_group
 
 log = logging.getLogger(__name__)
+
+
+class RewardConfig(Config):
+    drain_s: float = Field(1.0, gt=0)
+    """On stop, seconds of silence on the input after which the worker has drained and exits."""
 
 
 def run_reward_worker(ctx) -> None:

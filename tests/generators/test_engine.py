@@ -41,8 +41,7 @@ def build_model(out_dir: Path, seed: int) -> Path:
 
 
 def build_fallback_model(out_dir: Path, seed: int) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers import Regex
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     chars = ["<pad>", "<eos>", "<unk>", *[chr(c) for c in range(32, 127)], "\n"]
