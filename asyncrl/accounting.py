@@ -29,7 +29,9 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float, eval_a
     # What left one process and did not reach the next, per link: 0 after a drained stop; a
     # positive number is a loss (or a frame still in a socket), a negative one a duplicate.
     unaccounted = {
-        "generators->rewards": generated - sum(dropped_by(g) for g in gens) - sum(g["held"] for g in gens)
+        "generators->rewards": generated
+        - sum(dropped_by(g) for g in gens)
+        - sum(g["held"] for g in gens)
         - sum(r["received"] for r in rewards),
         "rewards->buffer": sum(r["forwarded"] for r in rewards) - buffer["inserted"],
         "buffer->learner": buffer["sampled"] - learner["trained"],

@@ -1,8 +1,8 @@
 """``asyncrl`` command line.
 
-    asyncrl train CONFIG [dotted.key=value ...]   run a training job on this machine
-    asyncrl build-tiny-model OUT_DIR              build the character-level tiny Qwen2 (no download)
-    asyncrl show-config [CONFIG] [overrides ...]  print the resolved config with every field's doc
+asyncrl train CONFIG [dotted.key=value ...]   run a training job on this machine
+asyncrl build-tiny-model OUT_DIR              build the character-level tiny Qwen2 (no download)
+asyncrl show-config [CONFIG] [overrides ...]  print the resolved config with every field's doc
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pydantic import BaseModel
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run a training job on this machine")
     train.add_argument("config", help="YAML recipe, e.g. configs/demo.yaml")

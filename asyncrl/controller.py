@@ -77,8 +77,9 @@ class Fleet:
     def start(self, role: str, name: str, extra_env: dict[str, str] | None = None) -> None:
         logf = open(self.run_dir / "logs" / f"{name}.log", "w")
         cmd = [sys.executable, "-m", "asyncrl.launch", role, name, str(self.run_dir), str(self.model_dir)]
-        self.procs[name] = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                                            env={**self.env, **(extra_env or {})}, cwd=os.getcwd())
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env={**self.env, **(extra_env or {})}, cwd=os.getcwd()
+        )
         self.roles[name] = role
         logf.close()
 
@@ -194,8 +195,17 @@ class Controller:
         fleet.start("buffer", "buffer")
         fleet.start("reward", "reward-0")
         fleet.start("dispatcher", "dispatcher")
-        fleet.start("learner", "learner", {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]),
-                                            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+        fleet.start(
+            "learner",
+            "learner",
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_ports(1)[0]),
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1",
+            },
+        )
         for i in range(cfg.run.num_generators):
             fleet.start("generator", f"generator-{i}")
         ready = set()
@@ -237,8 +247,9 @@ class Controller:
         names = self.fleet.names("generator")
         while any(self.generator_versions.get(n, -1) < final for n in names):
             if time.monotonic() > deadline:
-                log.warning("generators still serve %s, not version %d, after %.0f s",
-                            self.generator_versions, final, timeout)
+                log.warning(
+                    "generators still serve %s, not version %d, after %.0f s", self.generator_versions, final, timeout
+                )
                 return
             self._next_event(deadline + 1, "generators to load the final weights", wait=0.2)
 
@@ -266,7 +277,12 @@ class Controller:
             raise RunError(f"{ev['source']} failed: {ev['error']}")
         elif kind == "version":
             self.generator_versions[ev["source"]] = ev["version"]
-            log.info("%s now serves policy version %d (applied in %.0f ms)", ev["source"], ev["version"], 1000 * ev["apply_s"])
+            log.info(
+                "%s now serves policy version %d (applied in %.0f ms)",
+                ev["source"],
+                ev["version"],
+                1000 * ev["apply_s"],
+            )
         elif kind == "step":
             self.step_events.append(ev)
             print(

@@ -126,9 +126,13 @@ def run_dispatcher(ctx) -> None:
             if kind == "want_prompts":
                 margin = 0.25  # answer only requests whose generator is surely still waiting
                 pending.append(
-                    _Pending(client, body.get("request_id"), str(body.get("generator")),
-                             max(1, int(body.get("max_prompts", 1))),
-                             time.monotonic() + float(body.get("timeout_s", 1.0)) - margin)
+                    _Pending(
+                        client,
+                        body.get("request_id"),
+                        str(body.get("generator")),
+                        max(1, int(body.get("max_prompts", 1))),
+                        time.monotonic() + float(body.get("timeout_s", 1.0)) - margin,
+                    )
                 )
         now = time.monotonic()
         pending = [p for p in pending if p.deadline > now]
@@ -137,8 +141,15 @@ def run_dispatcher(ctx) -> None:
             prompts = cursor.take(min(p.max_prompts, admission.capacity()))
             rows = []
             for prompt in prompts:
-                rows.append({"group_id": f"g{admission.dispatched:08d}", "prompt_uid": prompt.prompt_uid,
-                             "text": prompt.text, "answer": prompt.answer, "task": prompt.task})
+                rows.append(
+                    {
+                        "group_id": f"g{admission.dispatched:08d}",
+                        "prompt_uid": prompt.prompt_uid,
+                        "text": prompt.text,
+                        "answer": prompt.answer,
+                        "task": prompt.task,
+                    }
+                )
                 admission.dispatched += 1
             server.reply(p.client, "prompts", {"prompts": rows}, p.request_id)
     ctx.emit("final", dispatched=admission.dispatched, epoch=cursor.epoch, index=cursor.index)

@@ -36,7 +36,7 @@ class Endpoints(BaseModel):
     """PUB of the controller: commands (stop) to every process."""
 
     @classmethod
-    def allocate(cls) -> "Endpoints":
+    def allocate(cls) -> Endpoints:
         names = list(cls.model_fields)
         return cls(**{name: tcp_address(port) for name, port in zip(names, free_ports(len(names)))})
 
@@ -44,7 +44,7 @@ class Endpoints(BaseModel):
         (run_dir / "endpoints.json").write_text(self.model_dump_json(indent=2))
 
     @classmethod
-    def load(cls, run_dir: Path) -> "Endpoints":
+    def load(cls, run_dir: Path) -> Endpoints:
         return cls(**json.loads((run_dir / "endpoints.json").read_text()))
 
 

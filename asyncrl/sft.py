@@ -26,14 +26,19 @@ IGNORE_INDEX = -100  # label value that torch's cross-entropy (and HF's loss) sk
 
 
 class SFTConfig(Config):
-    """Supervised warm start. The defaults take the tiny addition model to ~30% held-out accuracy."""
+    """Supervised warm start.
 
-    steps: int = 300
+    The defaults stop the tiny addition model (seed 0) mid-way through its jump from ~5% to
+    ~80% held-out accuracy: 30% after 450 steps (24% at 400, 47% at 500), which leaves RL
+    room to improve and enough correct samples to learn from.
+    """
+
+    steps: int = 450
     """Optimizer steps."""
-    batch_size: int = 64
+    batch_size: int = 32
     """Prompts per step."""
-    lr: float = 3e-3
-    """Peak AdamW learning rate."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate (3e-3 and above stall the tiny addition model near 5% accuracy)."""
     warmup_steps: int = 20
     """Steps of linear warmup from 0 to lr; a cosine decay to min_lr_ratio * lr follows."""
     min_lr_ratio: float = 0.1

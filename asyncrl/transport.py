@@ -101,7 +101,6 @@ class StreamSender(_Socket):
                     raise TimeoutError(f"{self.name}: no receiver took a frame within {timeout} s") from None
                 self.sock.poll(int(min(left, 0.1) * 1000), zmq.POLLOUT)
 
-
     def send_until_taken(self, frame: bytes, warn_every: float = 30.0) -> None:
         """Send, waiting as long as backpressure lasts; log every ``warn_every`` s what waits."""
         while True:
@@ -148,9 +147,7 @@ class Publisher(_Socket):
 class Subscriber(_Socket):
     """SUB to every message of a publisher (no topic filtering: messages are small and few)."""
 
-    def __init__(
-        self, address: str, name: str, hwm: int = 100, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    ):
+    def __init__(self, address: str, name: str, hwm: int = 100, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         super().__init__(zmq.SUB, address, False, name, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
 
@@ -177,7 +174,9 @@ class RequestClient(_Socket):
     after its timeout is matched by ``request_id`` and discarded.
     """
 
-    def __init__(self, address: str, name: str, hwm: int = DEFAULT_HWM, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(
+        self, address: str, name: str, hwm: int = DEFAULT_HWM, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ):
         super().__init__(zmq.DEALER, address, False, name, hwm, max_message_bytes)
         self._next_id = 0
 

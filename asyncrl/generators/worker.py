@@ -42,14 +42,29 @@ def build_groups(rows: list[dict], completions, version: int, generator: str, ro
     groups = []
     for row, comps in zip(rows, completions):
         samples = [
-            Sample(uid=f"{row['group_id']}/{i}", response_ids=c.response_ids.astype(np.int32),
-                   logprobs=c.logprobs.astype(np.float32), text=c.text, finish_reason=c.finish_reason)
+            Sample(
+                uid=f"{row['group_id']}/{i}",
+                response_ids=c.response_ids.astype(np.int32),
+                logprobs=c.logprobs.astype(np.float32),
+                text=c.text,
+                finish_reason=c.finish_reason,
+            )
             for i, c in enumerate(comps)
         ]
-        groups.append(Group(group_id=row["group_id"], prompt_uid=row["prompt_uid"], task=row["task"],
-                            prompt=row["text"], answer=row["answer"],
-                            prompt_ids=comps[0].prompt_ids.astype(np.int32), policy_version=version,
-                            generator=generator, samples=samples, rollout_s=rollout_s))
+        groups.append(
+            Group(
+                group_id=row["group_id"],
+                prompt_uid=row["prompt_uid"],
+                task=row["task"],
+                prompt=row["text"],
+                answer=row["answer"],
+                prompt_ids=comps[0].prompt_ids.astype(np.int32),
+                policy_version=version,
+                generator=generator,
+                samples=samples,
+                rollout_s=rollout_s,
+            )
+        )
     return groups
 
 
@@ -71,21 +86,30 @@ def run_generator(ctx, model_dir: str) -> None:
     while not ctx.stop_requested():
         newest = None
         for _kind, body in weights.recv_latest():
-            if int(body["policy_version"]) > engine.version and (newest is None or body["policy_version"] > newest["policy_version"]):
+            if int(body["policy_version"]) > engine.version and (
+                newest is None or body["policy_version"] > newest["policy_version"]
+            ):
                 newest = body
         if newest is not None:
             seconds = engine.load_weights(newest["path"], int(newest["policy_version"]))
             POLICY_VERSION.set(engine.version)
             ctx.emit("version", version=engine.version, apply_s=seconds)
-        reply = dispatcher.request("want_prompts", {"generator": ctx.name, "max_prompts": cfg.generator.prompts_per_batch,
-                                                    "timeout_s": cfg.generator.request_timeout_s},
-                                   timeout=cfg.generator.request_timeout_s)
+        reply = dispatcher.request(
+            "want_prompts",
+            {
+                "generator": ctx.name,
+                "max_prompts": cfg.generator.prompts_per_batch,
+                "timeout_s": cfg.generator.request_timeout_s,
+            },
+            timeout=cfg.generator.request_timeout_s,
+        )
         if reply is None or not reply[1].get("prompts"):
             continue
         rows = reply[1]["prompts"]
         start = time.monotonic()
-        completions = engine.generate([r["text"] for r in rows], cfg.sampling,
-                                      seed=hash((cfg.run.seed, gen_index, batches)) & 0x7FFFFFFF)
+        completions = engine.generate(
+            [r["text"] for r in rows], cfg.sampling, seed=hash((cfg.run.seed, gen_index, batches)) & 0x7FFFFFFF
+        )
         rollout_s = time.monotonic() - start
         busy_s += rollout_s
         batches += 1
@@ -103,9 +127,16 @@ def run_generator(ctx, model_dir: str) -> None:
             tokens += group.num_tokens
             SAMPLES.labels("generated").inc(len(group.samples))
     wall = time.monotonic() - loop_start
-    ctx.emit("final", generated=generated, tokens=tokens, dropped=dict(dropped), held=0,
-             busy_s=busy_s, wall_s=wall, version=engine.version)
+    ctx.emit(
+        "final",
+        generated=generated,
+        tokens=tokens,
+        dropped=dict(dropped),
+        held=0,
+        busy_s=busy_s,
+        wall_s=wall,
+        version=engine.version,
+    )
     for sock in (dispatcher, outbox, weights):
         sock.close()
     engine.close()
-

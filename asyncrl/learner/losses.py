@@ -16,7 +16,7 @@ stale the data; the importance weight pi_prox / mu corrects for the data coming 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

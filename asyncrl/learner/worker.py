@@ -36,13 +36,20 @@ def run_learner(ctx, model_dir: str) -> None:
     while trainer.version < cfg.learner.total_steps and not ctx.stop_requested():
         publisher.announce()
         wait_start = time.monotonic()
-        reply = buffer.request("want_batch", {"num_groups": cfg.learner.batch_groups, "policy_version": trainer.version,
-                                              "timeout_s": cfg.learner.batch_timeout_s},
-                               timeout=cfg.learner.batch_timeout_s)
+        reply = buffer.request(
+            "want_batch",
+            {
+                "num_groups": cfg.learner.batch_groups,
+                "policy_version": trainer.version,
+                "timeout_s": cfg.learner.batch_timeout_s,
+            },
+            timeout=cfg.learner.batch_timeout_s,
+        )
         groups = reply[1]["groups"] if reply is not None else []
         if not groups:
-            log.info("learner: waiting for a batch of %d groups at version %d",
-                     cfg.learner.batch_groups, trainer.version)
+            log.info(
+                "learner: waiting for a batch of %d groups at version %d", cfg.learner.batch_groups, trainer.version
+            )
             continue
         wait_s = time.monotonic() - wait_start
         stats = trainer.train_step(groups)
@@ -58,15 +65,28 @@ def run_learner(ctx, model_dir: str) -> None:
         if trainer.version % cfg.learner.broadcast_every == 0 or trainer.version == cfg.learner.total_steps:
             publisher.publish(trainer.full_state_dict(), trainer.version)
         rewards = [s.reward for g in groups for s in g.samples]
-        ctx.emit("step", version=trainer.version, loss=stats["loss"], reward=sum(rewards) / len(rewards),
-                 samples=n, wait_s=wait_s, step_s=stats["seconds"],
-                 staleness_mean=sum(stats["staleness"]) / len(stats["staleness"]),
-                 staleness_max=max(stats["staleness"]),
-                 **{k: v for k, v in stats.items() if k in ("clipfrac", "behaviour_weight_mean", "approx_kl")})
+        ctx.emit(
+            "step",
+            version=trainer.version,
+            loss=stats["loss"],
+            reward=sum(rewards) / len(rewards),
+            samples=n,
+            wait_s=wait_s,
+            step_s=stats["seconds"],
+            staleness_mean=sum(stats["staleness"]) / len(stats["staleness"]),
+            staleness_max=max(stats["staleness"]),
+            **{k: v for k, v in stats.items() if k in ("clipfrac", "behaviour_weight_mean", "approx_kl")},
+        )
     wall = time.monotonic() - loop_start
     trainer.save_pretrained(ctx.run_dir / "final")
-    ctx.emit("final", trained=trained, version=trainer.version, staleness_hist={str(k): v for k, v in sorted(staleness_hist.items())},
-             busy_s=busy_s, wall_s=wall)
+    ctx.emit(
+        "final",
+        trained=trained,
+        version=trainer.version,
+        staleness_hist={str(k): v for k, v in sorted(staleness_hist.items())},
+        busy_s=busy_s,
+        wall_s=wall,
+    )
     # Keep announcing the last version until the controller stops us, so every generator hears it.
     while not ctx.stop_requested():
         publisher.announce()

@@ -53,7 +53,6 @@ def run_reward_worker(ctx) -> None:
         outbox.send_until_taken(encode_group(group), ctx.cfg.generator.send_timeout_s)  # backpressure: wait, never drop
         forwarded += len(group.samples)
         SAMPLES.labels("scored").inc(len(group.samples))
-    ctx.emit("final", received=received, forwarded=forwarded, held=received - forwarded,
-             rejected_frames=inbox.rejected)
+    ctx.emit("final", received=received, forwarded=forwarded, held=received - forwarded, rejected_frames=inbox.rejected)
     inbox.close()
     outbox.close()

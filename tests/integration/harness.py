@@ -30,7 +30,10 @@ class Harness:
         log = open(self.run_dir / f"{name}.log", "w")
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "asyncrl.launch", role, name, str(self.run_dir), model_dir],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
     def wait_for(self, source: str, type: str, timeout: float = 60) -> dict:
         for ev in self.seen:

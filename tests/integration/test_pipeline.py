@@ -11,11 +11,22 @@ from asyncrl.controller import Controller
 
 @pytest.mark.slow
 def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
-    cfg = load_config("configs/demo.yaml", [
-        f"run.root={tmp_path}", "run.name=it", "learner.total_steps=4", "learner.broadcast_every=2",
-        "learner.batch_groups=4", "generator.prompts_per_batch=4", "sampling.n=4", "buffer.max_staleness=2",
-        "sft.steps=20", "eval.num_prompts=20", "learner.trainer.zero_stage=3",
-    ])
+    cfg = load_config(
+        "configs/demo.yaml",
+        [
+            f"run.root={tmp_path}",
+            "run.name=it",
+            "learner.total_steps=4",
+            "learner.broadcast_every=2",
+            "learner.batch_groups=4",
+            "generator.prompts_per_batch=4",
+            "sampling.n=4",
+            "buffer.max_staleness=2",
+            "sft.steps=20",
+            "eval.num_prompts=20",
+            "learner.trainer.zero_stage=3",
+        ],
+    )
     summary = Controller(cfg).run()
     run_dir = tmp_path / "it"
     assert json.loads((run_dir / "summary.json").read_text()) == summary
@@ -25,8 +36,9 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
     assert summary["generator_versions"] and all(v == 4 for v in summary["generator_versions"].values())
     # every sample ends in exactly one place, and nothing is lost between processes
     assert summary["reconciles"], summary
-    assert summary["generated"] == (summary["trained"] + sum(summary["dropped"].values())
-                                    + summary["buffered_at_end"] + summary["in_flight_at_end"])
+    assert summary["generated"] == (
+        summary["trained"] + sum(summary["dropped"].values()) + summary["buffered_at_end"] + summary["in_flight_at_end"]
+    )
     assert all(v == 0 for v in summary["unaccounted_by_link"].values()), summary
     assert summary["trained"] == 4 * 4 * 4  # steps x groups x n
     assert sum(summary["staleness_hist"].values()) == summary["trained"]
@@ -36,11 +48,13 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
     assert (run_dir / "config.yaml").exists()
     for name in ("buffer", "reward-0", "dispatcher", "learner", "generator-0", "generator-1"):
         assert (run_dir / "metrics" / f"{name}.port").exists()
-    metrics = {name: (run_dir / "metrics" / f"{name}.prom").read_text()
-               for name in ("buffer", "reward-0", "learner", "generator-0")}
+    metrics = {
+        name: (run_dir / "metrics" / f"{name}.prom").read_text()
+        for name in ("buffer", "reward-0", "learner", "generator-0")
+    }
     assert "asyncrl_learner_step_seconds_count 4.0" in metrics["learner"]
     assert "asyncrl_policy_version 4.0" in metrics["learner"]
-    assert 'asyncrl_staleness_versions_count 64.0' in metrics["learner"]
+    assert "asyncrl_staleness_versions_count 64.0" in metrics["learner"]
     assert "asyncrl_rollout_seconds_count" in metrics["generator-0"]
     assert "asyncrl_policy_version 4.0" in metrics["generator-0"]
     assert "asyncrl_reward_seconds_count" in metrics["reward-0"]

@@ -1,0 +1,93 @@
+"""Prompts of both tasks, their splits, and the exact-match score."""
+
+import pytest
+
+from asyncrl.tasks import TaskConfig, extract_gsm8k_answer, load_prompts, score_answer
+
+
+def test_addition_splits_partition_all_pairs():
+    cfg = TaskConfig()
+    train, test = load_prompts(cfg, "train"), load_prompts(cfg, "test")
+    assert len(test) == 500 and len(train) == 9500
+    uids = {p.prompt_uid for p in train} | {p.prompt_uid for p in test}
+    assert len(uids) == 10_000
+
+
+def test_addition_prompt_format():
+    prompts = {p.prompt_uid: p for p in load_prompts(TaskConfig(test_size=1), "train")}
+    prompts.update({p.prompt_uid: p for p in load_prompts(TaskConfig(test_size=1), "test")})
+    prompt = prompts["addition/07+45"]
+    assert (prompt.text, prompt.answer, prompt.task) == ("07+45=", "52", "addition")
+    assert prompts["addition/99+99"].answer == "198" and prompts["addition/00+00"].answer == "0"
+
+
+def test_addition_test_split_depends_on_seed_only():
+    test = lambda seed: [p.prompt_uid for p in load_prompts(TaskConfig(seed=seed), "test")]  # noqa: E731
+    assert test(0) == test(0)
+    assert test(0) != test(1)
+
+
+def test_gsm8k_prompts():
+    cfg = TaskConfig(name="gsm8k", test_size=20)
+    test = load_prompts(cfg, "test")
+    assert len(test) == 20
+    first = test[0]
+    assert first.prompt_uid == "gsm8k/test/0" and first.task == "gsm8k"
+    assert first.text.startswith("Question: ") and first.text.endswith("\nAnswer:")
+    assert first.answer == "18"
+    assert all(p.answer.lstrip("-").isdigit() for p in test)
+
+
+def test_max_prompt_chars_drops_long_prompts():
+    prompts = load_prompts(TaskConfig(name="gsm8k", max_prompt_chars=200), "train")
+    assert prompts and all(len(p.text) <= 200 for p in prompts)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [({"test_size": 0}, "test_size (0)"), ({"test_size": 10_000}, "test_size (10000)"), ({"max_prompt_chars": 0}, "max_prompt_chars (0)")],
+)
+def test_config_rejects_bad_values(fields, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TaskConfig(**fields)
+
+
+def test_config_rejects_unknown_keys_and_tasks():
+    with pytest.raises(ValueError):
+        TaskConfig(nmae="addition")
+    with pytest.raises(ValueError):
+        TaskConfig(name="mnist")
+
+
+def test_missing_gsm8k_dir_names_the_path():
+    with pytest.raises(FileNotFoundError, match="no/such/dir"):
+        load_prompts(TaskConfig(name="gsm8k", gsm8k_dir="no/such/dir"), "train")
+
+
+def test_extract_gsm8k_answer():
+    assert extract_gsm8k_answer("so 9 * 2 = 18\n#### 18") == "18"
+    assert extract_gsm8k_answer("#### 1 #### 1,000 dollars") == "1000"
+    assert extract_gsm8k_answer("#### -3.5") == "-3.5"
+    assert extract_gsm8k_answer("the answer is 18") is None
+    assert extract_gsm8k_answer("#### none") is None
+
+
+def test_score_addition():
+    assert score_answer("addition", " 52\n", "52") == 1.0
+    assert score_answer("addition", "5 2", "52") == 0.0
+    assert score_answer("addition", "520", "52") == 0.0
+    assert score_answer("addition", "", "52") == 0.0
+
+
+def test_score_gsm8k():
+    assert score_answer("gsm8k", "3 + 4 = 7 so #### 1,000", "1000") == 1.0
+    assert score_answer("gsm8k", "She pays $3.0 in total.", "3") == 1.0
+    assert score_answer("gsm8k", "#### 18 then 20", "18") == 1.0  # the #### number wins over the last one
+    assert score_answer("gsm8k", "it is 17", "18") == 0.0
+    assert score_answer("gsm8k", "no idea", "18") == 0.0
+    assert score_answer("gsm8k", "#### -5", "-5") == 1.0
+
+
+def test_score_unknown_task():
+    with pytest.raises(ValueError, match="'chess'"):
+        score_answer("chess", "1", "1")
