@@ -120,7 +120,9 @@ def resolve_gsm8k_dir(gsm8k_dir: str) -> Path:
     from_root = REPO_ROOT / gsm8k_dir
     if from_root.is_dir():
         return from_root
-    raise FileNotFoundError(f"gsm8k_dir ({gsm8k_dir!r}) is not a folder, neither from {Path.cwd()} nor from {REPO_ROOT}")
+    raise FileNotFoundError(
+        f"gsm8k_dir ({gsm8k_dir!r}) is not a folder, neither from {Path.cwd()} nor from {REPO_ROOT}"
+    )
 
 
 def gsm8k_prompts(folder: Path, split: Literal["train", "test"]) -> list[Prompt]:

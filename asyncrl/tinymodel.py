@@ -2,7 +2,7 @@
 
 Tests, CI and the CPU demo need a real Hugging Face checkpoint (loadable by transformers,
 vLLM and DeepSpeed) without downloading one. Qwen2 is an architecture every one of those
-supports; at the defaults it has ~1.0 M parameters, so it trains in seconds on a CPU.
+supports; at the defaults it has 1.05 M parameters, so it trains in seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.configbase import Config
 from asyncrl.tokenizer import build_char_tokenizer
+
+SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")
 
 
 class TinyModelConfig(Config):
@@ -37,7 +39,7 @@ class TinyModelConfig(Config):
 
     @model_validator(mode="after")
     def check_shape(self) -> TinyModelConfig:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings"):
+        for name in SIZE_FIELDS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
         if self.hidden_size % self.num_heads:

@@ -1,19 +1,25 @@
 """A character-level tokenizer, built locally, for the tiny test and demo models.
 
 There is no internet on CI machines, so no pretrained tokenizer can be fetched. One token
-per character keeps the vocabulary tiny (~100 ids), which keeps the tiny model near 1 M
-parameters, and makes arithmetic tasks easy to learn (every digit is its own token).
-The result is an ordinary ``PreTrainedTokenizerFast`` saved with ``save_pretrained``, so
-``AutoTokenizer.from_pretrained(dir)`` and vLLM load it like any other tokenizer.
+per character keeps the vocabulary tiny, which keeps the tiny model near 1 M parameters,
+and makes arithmetic easy to learn (every digit is its own token).
+
+It is a byte-level BPE with no merges, built as a ``Qwen2Tokenizer``, because transformers 5
+loads *any* checkpoint whose config says ``model_type: qwen2`` as a ``Qwen2Tokenizer``
+(whatever ``tokenizer_config.json`` names), and that class rebuilds the pipeline (NFC, the
+Qwen split regex, byte-level pre-tokenizer, BPE over ``tokenizer.json``'s vocab). A plain
+WordLevel tokenizer saved next to a Qwen2 model therefore came back silently dropping spaces
+and newlines. Built this way, the tokenizer we save and the one ``AutoTokenizer`` and vLLM
+load are the same. With no merges, each ASCII character is one token; any other character
+is its UTF-8 bytes (so every string round-trips and ``<unk>`` is never produced).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
@@ -21,46 +27,50 @@ UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
 
+def byte_symbols() -> dict[int, str]:
+    """GPT-2's byte -> printable-unicode map that byte-level BPE vocabularies are written in.
+
+    Printable bytes stand for themselves; the rest (space, newline, controls, 0x7f-0xff
+    gaps) are shifted to U+0100 onwards, e.g. space -> "Ġ", newline -> "Ċ".
+    """
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols = {byte: chr(byte) for byte in kept}
+    shifted = (byte for byte in range(256) if byte not in symbols)
+    for offset, byte in enumerate(shifted):
+        symbols[byte] = chr(256 + offset)
+    return symbols
+
+
 def char_vocabulary() -> list[str]:
-    """Special tokens, then every printable ASCII char from space to ``~``, then newline."""
-    printable = [chr(code) for code in range(ord(" "), ord("~") + 1)]
-    return [*SPECIAL_TOKENS, *printable, "\n"]
+    """Vocabulary in id order: specials, printable ASCII (space..~), newline, then every other byte.
+
+    Ids 0-98 are the character set (<pad>=0, <eos>=1, <unk>=2, " "=3, ..., "~"=97, "\\n"=98);
+    ids 99-258 are the remaining bytes, only used by non-ASCII text such as GSM8K's "’".
+    """
+    symbols = byte_symbols()
+    order = [*range(ord(" "), ord("~") + 1), ord("\n")]
+    order += [byte for byte in range(256) if byte not in order]
+    return [*SPECIAL_TOKENS, *(symbols[byte] for byte in order)]
 
 
 def build_char_tokenizer(out_dir: str | Path) -> PreTrainedTokenizerFast:
-    """Build the character tokenizer, save it to ``out_dir`` and return it."""
+    """Build the character tokenizer, save it to ``out_dir`` and return it (no BOS, no chat template)."""
     vocab = {token: index for index, token in enumerate(char_vocabulary())}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    # Every character (newline included: "." would skip it) becomes its own pre-token.
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    # Fuse joins the tokens with no separator, so decode(encode(s)) == s exactly.
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD_TOKEN,
-        eos_token=EOS_TOKEN,
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
         unk_token=UNK_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
         clean_up_tokenization_spaces=False,
-        model_max_length=1 << 20,
     )
     save_tokenizer(tokenizer, out_dir)
     return tokenizer
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> None:
-    """``save_pretrained`` into ``out_dir`` (created if missing), naming a portable tokenizer class."""
+    """``save_pretrained`` into ``out_dir``, creating it if missing."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
-    name_tokenizer_class(out / "tokenizer_config.json")
-
-
-def name_tokenizer_class(config_path: Path) -> None:
-    """Record the class as ``PreTrainedTokenizerFast``, the name every transformers version knows.
-
-    transformers 5 writes ``TokenizersBackend``, which transformers 4 (and tools that read the
-    config themselves) cannot resolve; in 5 ``PreTrainedTokenizerFast`` is an alias of it.
-    """
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")

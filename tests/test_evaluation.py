@@ -72,3 +72,14 @@ def test_rejects_bad_arguments(memorized):
         evaluate_exact_match(model_dir, None, prompts, max_new_tokens=0)
     with pytest.raises(ValueError, match=r"tokenizer \(None\)"):
         evaluate_exact_match(model, None, prompts)
+
+
+@pytest.mark.slow
+def test_default_sft_leaves_partial_accuracy(tmp_path):
+    """The demo's calibration: default SFT of the seed-0 model lands mid-way (28% measured)."""
+    torch.set_num_threads(1)
+    base = build_tiny_model(TinyModelConfig(), tmp_path / "base")
+    task = TaskConfig()
+    run_sft(base, load_prompts(task, "train"), SFTConfig(), tmp_path / "sft")
+    accuracy = evaluate_exact_match(tmp_path / "sft", None, load_prompts(task, "test"))
+    assert 0.15 <= accuracy <= 0.45, accuracy

@@ -45,7 +45,11 @@ def test_max_prompt_chars_drops_long_prompts():
 
 @pytest.mark.parametrize(
     "fields, message",
-    [({"test_size": 0}, "test_size (0)"), ({"test_size": 10_000}, "test_size (10000)"), ({"max_prompt_chars": 0}, "max_prompt_chars (0)")],
+    [
+        ({"test_size": 0}, "test_size (0)"),
+        ({"test_size": 10_000}, "test_size (10000)"),
+        ({"max_prompt_chars": 0}, "max_prompt_chars (0)"),
+    ],
 )
 def test_config_rejects_bad_values(fields, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

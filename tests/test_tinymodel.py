@@ -10,19 +10,25 @@ from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
 
 def test_builds_a_reloadable_checkpoint(tmp_path):
     out = build_tiny_model(TinyModelConfig(), tmp_path / "tiny")
-    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         assert (out / name).is_file(), name
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.dtype == torch.float32
-    assert model.config.vocab_size == len(tokenizer) == 99
+    assert model.config.vocab_size == len(tokenizer) == 259
     assert not model.config.tie_word_embeddings
     assert (model.config.pad_token_id, model.config.eos_token_id) == (tokenizer.pad_token_id, tokenizer.eos_token_id)
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
     n_params = sum(p.numel() for p in model.parameters())
     assert 800_000 <= n_params <= 1_100_000, n_params
     logits = model(input_ids=torch.tensor([tokenizer("07+45=")["input_ids"]])).logits
-    assert logits.shape == (1, 6, 99)
+    assert logits.shape == (1, 6, 259)
 
 
 def test_same_seed_same_weights(tmp_path):
