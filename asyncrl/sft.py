@@ -13,14 +13,16 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import field_validator, model_validator
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.configbase import Config
 from asyncrl.tasks import Prompt
-from asyncrl.tokenizer import save_tokenizer
+
+if TYPE_CHECKING:  # torch and transformers load lazily: reading a config must stay cheap
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100  # label value that torch's cross-entropy (and HF's loss) skips
 
@@ -106,6 +108,8 @@ def sft_batch(
     Prompt and answer are tokenized apart, as a generator sees them (prompt ids, then
     sampled ids), so the boundary is the same as at RL time for any tokenizer.
     """
+    import torch
+
     if not prompts:
         raise ValueError("prompts (0 given) must hold at least one prompt")
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
@@ -155,6 +159,11 @@ def run_sft(model_dir: str | Path, prompts: list[Prompt], cfg: SFTConfig, out_di
 
     Returns {"steps", "final_loss" (mean of the last 10 steps), "seconds"}.
     """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncrl.tokenizer import save_tokenizer
+
     if not prompts:
         raise ValueError("prompts (0 given) must hold at least one prompt")
     started = time.perf_counter()

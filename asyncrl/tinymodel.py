@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from pydantic import model_validator
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.configbase import Config
-from asyncrl.tokenizer import build_char_tokenizer
 
 SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")
 
@@ -51,6 +48,11 @@ class TinyModelConfig(Config):
 
 def build_tiny_model(cfg: TinyModelConfig, out_dir: str | Path) -> Path:
     """Write tokenizer + randomly initialised float32 weights to ``out_dir`` and return it."""
+    import torch  # lazily: reading a config must not load torch and transformers
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asyncrl.tokenizer import build_char_tokenizer
+
     out = Path(out_dir)
     tokenizer = build_char_tokenizer(out)
     config = Qwen2Config(
