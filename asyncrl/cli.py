@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.total_steps=20")
     tiny = sub.add_parser("build-tiny-model", help="build the character-level tiny Qwen2")
     tiny.add_argument("out_dir")
+    tiny.add_argument("--warm-start", action="store_true", help="then fine-tune it on the addition task (SFT)")
+    tiny.add_argument("--config", help="YAML recipe whose model.tiny, task and sft sections to use")
     show = sub.add_parser("show-config", help="print the resolved config and its documentation")
     show.add_argument("config", nargs="?")
     show.add_argument("overrides", nargs="*")
@@ -44,9 +46,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=2))
         return 0 if summary["reconciles"] else 1
     if args.command == "build-tiny-model":
-        from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+        from pathlib import Path
 
-        print(build_tiny_model(TinyModelConfig(), args.out_dir))
+        from asyncrl.config import load_config
+        from asyncrl.sft import run_sft
+        from asyncrl.tasks import load_prompts
+        from asyncrl.tinymodel import build_tiny_model
+
+        cfg = load_config(args.config, [])
+        out = Path(args.out_dir)
+        if not args.warm_start:
+            print(build_tiny_model(cfg.model.tiny, out))
+            return 0
+        base = build_tiny_model(cfg.model.tiny, out / "base")
+        stats = run_sft(base, load_prompts(cfg.task, "train"), cfg.sft, out / "warm")
+        print(json.dumps({"base": str(base), "warm": str(out / "warm"), **stats}))
         return 0
     if args.command == "show-config":
         from asyncrl.config import load_config
