@@ -1,18 +1,21 @@
 """The dispatcher: hands training prompts to generators, within a staleness budget.
 
-Admission (AReaL's rule). With B groups per optimizer step, max staleness s and learner version v,
-a new prompt is admitted only while
+Admission (AReaL's rule). With B groups per optimizer step, max staleness s and v the policy
+version that will sample the prompt, a new prompt is admitted only while
 
     accepted + running < (s + v + 1) · B
 
 where ``accepted + running`` counts groups dispatched and not dropped (dropped groups never
-become a training step, so they free their slot). The groups in flight can then be trained at
-most s versions after the version current when they were admitted, so generators never run
-further ahead than the buffer's staleness gate would accept.
+become a training step, so they free their slot). Taken in order, the i-th group is trained at
+learner version ⌊i / B⌋ ≤ s + v, so its staleness stays within s and the buffer's gate has
+nothing to drop. v is the version the *requesting generator serves* (it says so in its request),
+not the learner's: a generator lags the learner by up to the broadcast period, and admitting
+against the learner's version let a third of the demo's samples go stale before training.
 
-Dispatch starts when the controller says go (every process is ready). Generators pull: each asks for up to k prompts; a request that cannot be served yet is held until
-capacity opens (a new learner version) or until its deadline passes, after which it is dropped
-unanswered because the generator has stopped waiting for it.
+Dispatch starts when the controller says go (every process is ready). Generators pull: each
+asks for up to k prompts; a request that cannot be served yet is held until capacity opens (a
+new version, a drop) or until its deadline passes, after which it is dropped unanswered because
+the generator has stopped waiting for it.
 """
 
 from __future__ import annotations
@@ -51,11 +54,13 @@ class Admission:
         self.dispatched = 0
         self.dropped = 0
 
-    def capacity(self) -> int:
-        """How many more groups may be dispatched now."""
+    def capacity(self, version: int | None = None) -> int:
+        """How many more groups may be dispatched now, to be sampled by ``version``
+        (default: the learner's version, the most any generator can serve)."""
         if self.max_staleness is None:
             return 1 << 30
-        bound = (self.max_staleness + self.version + 1) * self.batch_groups
+        v = self.version if version is None else min(version, self.version)
+        bound = (self.max_staleness + v + 1) * self.batch_groups
         return max(0, bound - (self.dispatched - self.dropped))
 
     def update(self, version: int, dropped_groups: int) -> None:
@@ -99,6 +104,7 @@ class _Pending:
     request_id: int
     generator: str
     max_prompts: int
+    policy_version: int
     deadline: float
 
 
@@ -131,14 +137,15 @@ def run_dispatcher(ctx) -> None:
                         body.get("request_id"),
                         str(body.get("generator")),
                         max(1, int(body.get("max_prompts", 1))),
+                        int(body.get("policy_version", admission.version)),
                         time.monotonic() + float(body.get("timeout_s", 1.0)) - margin,
                     )
                 )
         now = time.monotonic()
         pending = [p for p in pending if p.deadline > now]
-        while pending and admission.capacity() > 0:
-            p = pending.pop(0)
-            prompts = cursor.take(min(p.max_prompts, admission.capacity()))
+        for p in [p for p in pending if admission.capacity(p.policy_version) > 0]:
+            pending.remove(p)
+            prompts = cursor.take(min(p.max_prompts, admission.capacity(p.policy_version)))
             rows = []
             for prompt in prompts:
                 rows.append(

@@ -17,6 +17,15 @@ def test_admission_follows_the_staleness_budget():
     assert a.capacity() == 6
 
 
+def test_admission_counts_from_the_version_the_generator_serves():
+    a = Admission(batch_groups=4, max_staleness=1)
+    a.update(version=3, dropped_groups=0)
+    a.dispatched = 12
+    assert a.capacity() == 8  # (1 + 3 + 1) * 4 - 12
+    assert a.capacity(version=2) == 4  # a generator still on version 2 may run less far ahead
+    assert a.capacity(version=9) == 8  # no generator serves a version the learner has not made
+
+
 def test_no_staleness_bound_means_no_admission_limit():
     assert Admission(batch_groups=4, max_staleness=None).capacity() > 10**6
 

@@ -99,6 +99,7 @@ def run_generator(ctx, model_dir: str) -> None:
             {
                 "generator": ctx.name,
                 "max_prompts": cfg.generator.prompts_per_batch,
+                "policy_version": engine.version,
                 "timeout_s": cfg.generator.request_timeout_s,
             },
             timeout=cfg.generator.request_timeout_s,
