@@ -130,17 +130,17 @@ def run_dispatcher(ctx) -> None:
         if req is not None:
             client, kind, body = req
             if kind == "want_prompts":
-                margin = 0.25  # answer only requests whose generator is surely still waiting
-                pending.append(
-                    _Pending(
-                        client,
-                        body.get("request_id"),
-                        str(body.get("generator")),
-                        max(1, int(body.get("max_prompts", 1))),
-                        int(body.get("policy_version", admission.version)),
-                        time.monotonic() + float(body.get("timeout_s", 1.0)) - margin,
-                    )
+                margin = 0.05  # answer only requests whose generator is surely still waiting
+                request = _Pending(
+                    client,
+                    body.get("request_id"),
+                    str(body.get("generator")),
+                    max(1, int(body.get("max_prompts", 1))),
+                    int(body.get("policy_version", admission.version)),
+                    time.monotonic() + float(body.get("timeout_s", 1.0)) - margin,
                 )
+                # A generator waits on one request at a time: a new one replaces its older ones.
+                pending = [p for p in pending if p.generator != request.generator] + [request]
         now = time.monotonic()
         pending = [p for p in pending if p.deadline > now]
         for p in [p for p in pending if admission.capacity(p.policy_version) > 0]:

@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 class GeneratorConfig(Config):
     prompts_per_batch: int = Field(16, ge=1)
     """Prompts a generator asks for and samples in one engine call (each gives a group of n)."""
-    request_timeout_s: float = Field(2.0, gt=0)
-    """Seconds a request for prompts waits for the dispatcher before it is asked again."""
+    request_timeout_s: float = Field(0.25, gt=0)
+    """Seconds a request for prompts waits before it is asked again, with the version then served
+    (short, because the dispatcher's admission is computed from the version in the request)."""
     send_timeout_s: float = Field(30.0, gt=0)
     """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
 
@@ -68,6 +69,19 @@ def build_groups(rows: list[dict], completions, version: int, generator: str, ro
     return groups
 
 
+def apply_newest_weights(engine, weights: Subscriber, ctx) -> None:
+    """Load the newest announced version if it is newer than the one served; report it."""
+    newest = None
+    for _kind, body in weights.recv_latest():
+        version = int(body["policy_version"])
+        if version > engine.version and (newest is None or version > newest[0]):
+            newest = (version, body["path"])
+    if newest is not None:
+        seconds = engine.load_weights(newest[1], newest[0])
+        POLICY_VERSION.set(engine.version)
+        ctx.emit("version", version=engine.version, apply_s=seconds)
+
+
 def run_generator(ctx, model_dir: str) -> None:
     from asyncrl.generators.engine import VLLMEngine
 
@@ -84,16 +98,7 @@ def run_generator(ctx, model_dir: str) -> None:
     ctx.emit("ready", version=engine.version)
     loop_start = time.monotonic()
     while not ctx.stop_requested():
-        newest = None
-        for _kind, body in weights.recv_latest():
-            if int(body["policy_version"]) > engine.version and (
-                newest is None or body["policy_version"] > newest["policy_version"]
-            ):
-                newest = body
-        if newest is not None:
-            seconds = engine.load_weights(newest["path"], int(newest["policy_version"]))
-            POLICY_VERSION.set(engine.version)
-            ctx.emit("version", version=engine.version, apply_s=seconds)
+        apply_newest_weights(engine, weights, ctx)
         reply = dispatcher.request(
             "want_prompts",
             {
@@ -107,6 +112,7 @@ def run_generator(ctx, model_dir: str) -> None:
         if reply is None or not reply[1].get("prompts"):
             continue
         rows = reply[1]["prompts"]
+        apply_newest_weights(engine, weights, ctx)  # sample with the newest weights: only less stale
         start = time.monotonic()
         completions = engine.generate(
             [r["text"] for r in rows], cfg.sampling, seed=hash((cfg.run.seed, gen_index, batches)) & 0x7FFFFFFF
