@@ -168,10 +168,12 @@ class Subscriber(_Socket):
 
 
 class RequestClient(_Socket):
-    """DEALER: send a request, wait for its reply with a timeout.
+    """DEALER: send a request, wait for a reply with a timeout.
 
-    Unlike REQ it never gets stuck in a send/recv state after a lost reply; a reply that arrives
-    after its timeout is matched by ``request_id`` and discarded.
+    Unlike REQ it never gets stuck in a send/recv state after a lost reply. A reply that arrives
+    after its request timed out is *not* dropped: the next ``request`` returns it (its
+    ``request_id`` says which request it answers), because replies carry work — prompts, a
+    batch — that would otherwise be lost between two processes.
     """
 
     def __init__(
@@ -181,7 +183,8 @@ class RequestClient(_Socket):
         self._next_id = 0
 
     def request(self, kind: str, body: dict, timeout: float) -> tuple[str, dict] | None:
-        """Send and return the reply, or None if none arrives within ``timeout`` seconds."""
+        """Send and return the first reply that arrives (possibly to an earlier request), or None
+        if none arrives within ``timeout`` seconds."""
         self._next_id += 1
         rid = self._next_id
         frame = wire.encode(kind, {**body, "request_id": rid})
@@ -191,7 +194,7 @@ class RequestClient(_Socket):
         deadline = time.monotonic() + timeout
         while self._poll_in(deadline - time.monotonic()):
             msg = self._decode(self.sock.recv())
-            if msg is not None and msg[1].get("request_id") == rid:
+            if msg is not None:
                 return msg
         return None
 

@@ -43,23 +43,18 @@ def test_oversized_frames_are_refused_by_the_socket():
     rx.close()
 
 
-def test_request_reply_matches_replies_to_requests():
+def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
     server = ReplyServer("tcp://127.0.0.1:*", name="test.server")
     client = RequestClient(server.address, name="test.client")
     assert client.request("want_prompts", {"max_prompts": 1}, timeout=0.2) is None  # unanswered: times out
-    stale = server.recv(timeout=1)
-    import threading
-
-    def answer():
-        who, kind, body = server.recv(timeout=5)
-        server.reply(stale[0], "prompts", {"prompts": ["late"]}, stale[2]["request_id"])  # late reply, ignored
-        server.reply(who, "prompts", {"prompts": ["fresh"]}, body["request_id"])
-
-    t = threading.Thread(target=answer)
-    t.start()
-    kind, body = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
-    t.join()
-    assert kind == "prompts" and body["prompts"] == ["fresh"]
+    who, _kind, body = server.recv(timeout=1)
+    server.reply(who, "prompts", {"prompts": ["late"]}, body["request_id"])
+    kind, reply = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
+    assert kind == "prompts" and reply["prompts"] == ["late"] and reply["request_id"] == 1
+    who, _kind, body = server.recv(timeout=1)
+    server.reply(who, "prompts", {"prompts": ["fresh"]}, body["request_id"])
+    kind, reply = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
+    assert reply["prompts"] == ["fresh"] and reply["request_id"] == 2
     client.close()
     server.close()
 
