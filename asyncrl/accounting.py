@@ -7,6 +7,11 @@ Every sample a generator produced ends in exactly one place:
 where each term is counted by the process that holds it (learner, generators and buffer for
 drops, buffer, generators and reward workers for what they still hold), never derived from the
 others, so the equation is a real check that nothing was lost or duplicated.
+
+When the buffer hands a group out more than once (``buffer.max_times_sampled != 1``), each
+sample still counts once: ``trained`` is samples trained at least once (the learner counts by
+uid), matched by the buffer's first hand-outs (``sampled``); repeats are reported beside it
+(``trained_with_reuse``, matched by the buffer's ``sampled + resampled``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float, eval_a
         - sum(r["received"] for r in rewards),
         "rewards->buffer": sum(r["forwarded"] for r in rewards) - buffer["inserted"],
         "buffer->learner": buffer["sampled"] - learner["trained"],
+        "buffer->learner (with reuse)": buffer["sampled"]
+        + buffer.get("resampled", 0)
+        - learner.get("trained_with_reuse", learner["trained"]),
     }
     tokens = sum(g["tokens"] for g in gens)
     summary = {
@@ -43,6 +51,7 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float, eval_a
         "learner_steps": learner["version"],
         "generated": generated,
         "trained": learner["trained"],
+        "trained_with_reuse": learner.get("trained_with_reuse", learner["trained"]),
         "dropped": dict(dropped),
         "buffered_at_end": buffer["held"],
         "in_flight_at_end": in_flight,

@@ -31,8 +31,13 @@ KINDS = (
     "group",  # generator -> reward worker -> buffer: a scored or unscored group of samples
     "want_prompts",  # generator -> dispatcher: room for up to `max_prompts` more prompts
     "prompts",  # dispatcher -> generator: a list of prompt rows to sample
-    "want_batch",  # learner -> buffer: the next batch of `num_groups` groups, at `policy_version`
-    "batch",  # buffer -> learner: groups (possibly empty after a timeout)
+    # learner -> buffer: the next batch of `num_groups` groups, at `policy_version`, waiting at most
+    # `timeout_s`; optional `priority_updates` {"group_keys": [int], "priorities": [float >= 0]}
+    # sets new priorities for groups of earlier batches (keys of groups gone are ignored)
+    "want_batch",
+    # buffer -> learner: `groups` (possibly empty after a timeout) and, per group, its buffer key
+    # `group_keys` (int), its sampling probability `probabilities` and importance weight `is_weights`
+    "batch",
     "weights",  # learner -> generators: weights of `policy_version` are at `path`
     "buffer_status",  # buffer -> dispatcher: learner version and groups retired (trained or dropped)
     "event",  # any process -> controller: progress, reports, final counters

@@ -1,102 +1,327 @@
-"""The replay buffer's logic, free of sockets: insert, gate, sample, count.
+"""The replay buffer's logic, free of sockets: parts composed in one constructor.
 
-Parts composed in one constructor (storage × sampler × staleness gate), so later parts
-(priorities, rate limiter, snapshots) slot in without touching the service loop.
+``ReplayBuffer(storage, sampler, priority, rate_limiter, max_times_sampled, max_staleness)``:
 
-Every group that enters ends in exactly one counter: ``sampled`` (handed to the learner),
-``dropped[reason]``, or still ``held`` (``len(storage)``); ``reconcile()`` checks it.
+- storage (``GroupStorage`` for the pipeline, ``SlabStorage`` for fixed-width trajectories)
+  holds whole groups by slot, bounded in items, samples and bytes;
+- the priority function (``GroupPriority``) scores a group once, when it arrives;
+- the sampler (prioritized, uniform or FIFO) chooses batches and owns the only priority
+  structure; the learner may update priorities after a step (``update_priorities``);
+- removers: FIFO eviction past capacity, ``max_times_sampled``, and the staleness gate driven
+  by the learner version fed in with ``set_learner_version``;
+- the rate limiter says whether inserts and samples may proceed (the service holds what may not).
 
-Staleness gate: when the learner at version v asks for a batch, groups with
-``v - policy_version > max_staleness`` can no longer be trained within the bound and are dropped
-with reason ``stale``. Unscored groups are dropped with the reason the reward worker gave.
+Ledger. Every sample that arrives ends in exactly one counter, each sample counted once however
+often it is trained: ``sampled`` (handed out at least once; later hand-outs count in
+``resampled``), ``dropped[reason]`` (left without ever being handed out: ``stale``, ``evicted``,
+the reward failure, ``duplicate``, ``too_large``), or ``held`` (stored, never handed out yet):
+
+    inserted = sampled + Σ dropped + held
+
+A group already trained that is later evicted or retired is not a drop; removals of every kind
+are reported separately, by reason, to the ``observer`` (the service's metrics).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from dataclasses import dataclass, field
 
-from pydantic import Field
+import numpy as np
 
-from asyncrl.buffer.samplers import make_sampler
-from asyncrl.buffer.storage import GroupStorage
-from asyncrl.configbase import Config
+from asyncrl.buffer.config import BufferConfig
+from asyncrl.buffer.priorities import GroupPriority
+from asyncrl.buffer.ratelimiter import RateLimiter
+from asyncrl.buffer.removers import FIFOEviction, MaxTimesSampled, StalenessGate
+from asyncrl.buffer.samplers import Sampler, make_sampler
+from asyncrl.buffer.snapshot import restore_buffer, save_buffer
+from asyncrl.buffer.storage import GroupStorage, SlotStorage, group_nbytes
 from asyncrl.wire import Group
 
+__all__ = ["BufferConfig", "ReplayBuffer", "SampledBatch"]
 
-class BufferConfig(Config):
-    capacity_samples: int = Field(4096, ge=1)
-    """Samples the buffer holds at most; past it the buffer stops reading (backpressure), it never grows."""
-    sampler: str = "fifo"
-    """Which stored groups a batch takes: ``fifo`` (oldest first, use once) or ``uniform``."""
-    max_staleness: int | None = Field(4, ge=0)
-    """Drop groups more than this many versions behind the learner at sampling time; None keeps all."""
-    seed: int = 0
-    """Seed of the sampler's random draws."""
+
+@dataclass
+class SampledBatch:
+    """A batch: (k,) keys, the items (groups, or field -> (k, ...) arrays), P(i), IS weights, and
+    whether it is each item's first hand-out."""
+
+    keys: np.ndarray
+    items: list[Group] | dict[str, np.ndarray]
+    probabilities: np.ndarray
+    is_weights: np.ndarray
+    first_time: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def check_priorities(priorities, n: int) -> np.ndarray:
+    """``priorities`` as a (n,) float64 array; raises unless there are n, all finite and >= 0."""
+    p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    if p.size != n:
+        raise ValueError(f"{p.size} priorities given for {n} items; there must be one per item")
+    bad = ~(np.isfinite(p) & (p >= 0))
+    if bad.any():
+        raise ValueError(f"priorities ({p[bad][:3].tolist()}) must be finite and >= 0")
+    return p
 
 
 class ReplayBuffer:
-    """Groups in, batches out, every group accounted for.
+    """Groups in, prioritized batches out, every sample accounted for.
 
-    >>> buf = ReplayBuffer(BufferConfig(capacity_samples=64))
-    >>> buf.sample(4, learner_version=0)
-    []
+    >>> from tests.factories import make_group
+    >>> buf = ReplayBuffer.from_config(BufferConfig(capacity_samples=64))
+    >>> buf.insert(make_group("g0", rewards=[1.0, 0.0, 1.0, 0.0]))
+    0
+    >>> [g.group_id for g in buf.sample(4).items]
+    ['g0']
     """
 
-    def __init__(self, cfg: BufferConfig):
-        self.cfg = cfg
-        self.storage = GroupStorage(cfg.capacity_samples)
-        self.sampler = make_sampler(cfg.sampler, cfg.seed)
-        self.inserted = Counter()  # "groups", "samples"
-        self.sampled = Counter()
-        self.dropped: Counter[str] = Counter()  # reason -> samples
+    def __init__(
+        self,
+        storage: SlotStorage,
+        sampler: Sampler,
+        priority: GroupPriority | None = None,
+        rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int | None = 1,
+        max_staleness: int | None = None,
+        observer=None,
+        clock=time.time,
+    ):
+        self.storage = storage
+        self.sampler = sampler
+        self.priority = priority or GroupPriority()
+        self.rate_limiter = rate_limiter or RateLimiter.min_size(1)
+        self.eviction = FIFOEviction()
+        self.reuse_limit = MaxTimesSampled(max_times_sampled) if max_times_sampled is not None else None
+        self.staleness = StalenessGate(max_staleness)
+        # on_insert(priorities), on_sample(age_versions, age_s, samples), on_remove(reason, samples)
+        self.observer = observer
+        self.clock = clock
+        self.learner_version = 0
+        self.inserted = Counter()  # "groups", "samples": every arrival, stored or not
+        self.sampled = Counter()  # first hand-outs
+        self.resampled = Counter()  # later hand-outs
+        self.dropped: Counter[str] = Counter()  # reason -> samples never handed out
         self.dropped_groups = 0
+        self.removed: Counter[str] = Counter()  # reason -> samples, every removal
+        self.priority_updates_ignored = 0
 
-    def has_room(self, num_samples: int) -> bool:
-        return self.storage.has_room_for(num_samples)
+    @classmethod
+    def from_config(cls, cfg: BufferConfig, storage: SlotStorage | None = None, observer=None) -> ReplayBuffer:
+        if storage is None:
+            storage = GroupStorage(cfg.capacity_samples, cfg.capacity_bytes)
+        sampler = make_sampler(
+            cfg.sampler,
+            storage.max_items,
+            cfg.seed,
+            alpha=cfg.alpha,
+            beta=cfg.beta,
+            beta_final=cfg.beta_final,
+            beta_anneal_batches=cfg.beta_anneal_batches,
+            floor=cfg.priority_floor,
+        )
+        if cfg.samples_per_insert is None:
+            limiter = RateLimiter.min_size(cfg.min_size_to_sample)
+        else:
+            limiter = RateLimiter.sample_to_insert_ratio(
+                cfg.samples_per_insert, cfg.min_size_to_sample, cfg.error_buffer
+            )
+        return cls(
+            storage,
+            sampler,
+            GroupPriority(cfg.priority, cfg.recency_decay),
+            limiter,
+            cfg.max_times_sampled,
+            cfg.max_staleness,
+            observer,
+        )
 
-    def insert(self, group: Group) -> None:
-        """Store a scored group; an unscored one is dropped with the reason its reward gave."""
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    # -- in -------------------------------------------------------------------------------------
+
+    def insert(self, group: Group) -> int | None:
+        """Store a scored group and return its key; or drop it, counted by reason, and return None."""
+        n = len(group.samples)
         self.inserted["groups"] += 1
-        self.inserted["samples"] += len(group.samples)
+        self.inserted["samples"] += n
+        nbytes = group_nbytes(group)
         if not group.scored:
-            self._drop(group, group.meta.get("unscored_reason", "reward_failed"))
+            reason = group.meta.get("unscored_reason", "reward_failed")
+        elif group.group_id in self.storage:
+            reason = "duplicate"  # at-least-once delivery upstream: the first copy stands
+        elif n > self.storage.capacity_samples or nbytes > self.storage.capacity_bytes:
+            reason = "too_large"
+        elif self.staleness.is_stale(group.policy_version, self.learner_version):
+            reason = "stale"
+        else:
+            reason = None
+        if reason is not None:
+            self._drop_unstored(n, reason)
+            return None
+        rewards = [[s.reward for s in group.samples]]
+        priorities = check_priorities(self.priority(rewards, [group.policy_version], self.learner_version), 1)
+        evicted = self._make_room(1, n, nbytes)
+        slots = np.array([self.storage.add(group, self.clock())], dtype=np.int64)
+        self._stored(slots, np.array([group.policy_version]), priorities, evicted)
+        return int(self.storage.keys(slots)[0])
+
+    def insert_batch(
+        self, rows: dict[str, np.ndarray] | np.ndarray, policy_version: np.ndarray, priorities: np.ndarray
+    ) -> np.ndarray:
+        """Store k one-sample items in a ``SlabStorage`` ((k,) records, or fields -> (k, ...)
+        arrays); returns their keys.
+
+        The benchmark's path: priorities given, not computed from rewards.
+        """
+        k = len(policy_version)
+        if k > self.storage.max_items:
+            raise ValueError(f"a batch of {k} items exceeds the buffer's capacity ({self.storage.max_items} items)")
+        priorities = check_priorities(priorities, k)
+        self.inserted["groups"] += k
+        self.inserted["samples"] += k
+        evicted = self._make_room(k, k, k * self.storage.row_bytes)
+        slots = self.storage.add_batch(rows, policy_version, self.clock())
+        self._stored(slots, policy_version, priorities, evicted)
+        return self.storage.keys(slots)
+
+    def _make_room(self, items: int, samples: int, nbytes: int) -> np.ndarray:
+        """Evict the oldest groups until the newcomers fit; their priorities are emptied later,
+        in the same tree pass that writes the newcomers' (``_stored``), which is one pass of
+        three per step saved at full capacity."""
+        evict = self.eviction.select(self.storage, items, samples, nbytes)
+        if evict.size:
+            self._remove(evict, FIFOEviction.reason, empty_priorities=False)
+        return evict
+
+    def _stored(self, slots: np.ndarray, versions: np.ndarray, priorities: np.ndarray, evicted: np.ndarray) -> None:
+        # Evicted slots the newcomers did not take over still hold their old priority.
+        self.sampler.add(slots, priorities, removed=evicted[self.storage.seq[evicted] < 0])
+        self.staleness.on_insert(self.storage, slots, versions)
+        self.rate_limiter.insert(slots.size)
+        if self.observer is not None:
+            self.observer.on_insert(priorities)
+
+    # -- out ------------------------------------------------------------------------------------
+
+    def can_insert(self, n: int = 1) -> bool:
+        return self.rate_limiter.can_insert(n)
+
+    def can_sample(self, k: int) -> bool:
+        """Whether a batch of ``k`` groups can be handed out now (size and rate limiter)."""
+        return len(self.storage) >= k and self.rate_limiter.can_sample(k)
+
+    def sample(self, k: int, out: np.ndarray | None = None) -> SampledBatch:
+        """Up to ``k`` distinct groups; callers check ``can_sample`` first (the service does).
+
+        ``out``: a preallocated (k,) record array a ``SlabStorage`` gathers the batch into.
+        """
+        st = self.storage
+        k = min(k, len(st))
+        if k == 0:
+            return SampledBatch(np.zeros(0, dtype=np.int64), [], np.zeros(0), np.zeros(0))
+        draw = self.sampler.sample(k, st)
+        slots = draw.slots
+        keys = st.keys(slots)
+        times = st.times_sampled[slots]
+        first = times == 0
+        st.times_sampled[slots] = times + 1
+        ns = st.num_samples[slots]
+        first_samples = int(ns[first].sum())
+        self.sampled["groups"] += int(first.sum())
+        self.sampled["samples"] += first_samples
+        self.resampled["groups"] += k - int(first.sum())
+        self.resampled["samples"] += int(ns.sum()) - first_samples
+        items = st.get(slots) if out is None else st.gather(slots, out)
+        self.rate_limiter.sample(k)
+        if self.observer is not None:
+            self.observer.on_sample(
+                self.learner_version - st.policy_version[slots], self.clock() - st.inserted_at[slots], ns
+            )
+        if self.reuse_limit is not None:
+            done = self.reuse_limit.select(st, slots)
+            if done.size:
+                self._remove(done, MaxTimesSampled.reason)
+        return SampledBatch(keys, items, draw.probabilities, draw.is_weights, first)
+
+    def update_priorities(self, keys, priorities) -> int:
+        """Set new priorities (the learner's, after a step) of the groups still stored; returns
+        how many applied. Keys of groups already gone are ignored and counted."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        p = check_priorities(priorities, keys.size)
+        slots, valid = self.storage.slots_of(keys)
+        self.priority_updates_ignored += int((~valid).sum())
+        slots = slots[valid]
+        if slots.size:
+            age = self.learner_version - self.storage.policy_version[slots]
+            self.sampler.update(slots, p[valid] * self.priority.decay(age))
+        return int(slots.size)
+
+    def set_learner_version(self, version: int) -> None:
+        """The learner reached ``version``: drop what became stale, age priorities (recency)."""
+        if version <= self.learner_version:
             return
-        self.storage.insert(group)
+        delta = version - self.learner_version
+        self.learner_version = version
+        stale = self.staleness.select(self.storage, version)
+        if stale.size:
+            self._remove(stale, StalenessGate.reason)
+        if self.priority.recency_decay < 1:
+            self.sampler.scale(self.priority.recency_decay**delta)
 
-    def sample(self, num_groups: int, learner_version: int) -> list[Group]:
-        """Up to ``num_groups`` groups for a learner at ``learner_version``, removed from storage."""
-        self._drop_stale(learner_version)
-        ids, _probs = self.sampler.select(self.storage, num_groups)
-        groups = [self.storage.remove(i) for i in ids]
-        self.sampled["groups"] += len(groups)
-        self.sampled["samples"] += sum(len(g.samples) for g in groups)
-        return groups
+    # -- accounting -----------------------------------------------------------------------------
 
-    def ready(self, num_groups: int, learner_version: int) -> bool:
-        self._drop_stale(learner_version)
-        return len(self.storage) >= num_groups
-
-    def _drop_stale(self, learner_version: int) -> None:
-        if self.cfg.max_staleness is None:
-            return
-        for gid in self.storage.ids():
-            if learner_version - self.storage.get(gid).policy_version > self.cfg.max_staleness:
-                self._drop(self.storage.remove(gid), "stale")
-
-    def _drop(self, group: Group, reason: str) -> None:
-        self.dropped[reason] += len(group.samples)
+    def _drop_unstored(self, samples: int, reason: str) -> None:
+        self.dropped[reason] += samples
         self.dropped_groups += 1
+        self.removed[reason] += samples
+        if self.observer is not None:
+            self.observer.on_remove(reason, samples)
+
+    def _remove(self, slots: np.ndarray, reason: str, empty_priorities: bool = True) -> None:
+        st = self.storage
+        ns = st.num_samples[slots]
+        fresh = st.times_sampled[slots] == 0
+        total = int(ns.sum())
+        self.removed[reason] += total
+        if fresh.any():
+            self.dropped[reason] += int(ns[fresh].sum())
+            self.dropped_groups += int(fresh.sum())
+        if empty_priorities:
+            self.sampler.remove(slots)
+        st.release(slots)
+        self.rate_limiter.delete(slots.size)
+        if self.observer is not None:
+            self.observer.on_remove(reason, total)
 
     def reconcile(self) -> dict:
-        """Samples in = sampled + dropped + held; raises if a sample went missing."""
-        held = self.storage.num_samples
+        """inserted = sampled + Σ dropped + held (samples); raises if a sample went missing."""
+        live = self.storage.live_slots()
+        fresh = live[self.storage.times_sampled[live] == 0]
         out = {
             "inserted": self.inserted["samples"],
             "sampled": self.sampled["samples"],
+            "resampled": self.resampled["samples"],
             "dropped": dict(self.dropped),
-            "held": held,
-            "held_groups": len(self.storage),
+            "held": int(self.storage.num_samples[fresh].sum()),
+            "held_groups": int(fresh.size),
         }
-        if out["inserted"] != out["sampled"] + sum(self.dropped.values()) + held:
+        if out["inserted"] != out["sampled"] + sum(self.dropped.values()) + out["held"]:
             raise AssertionError(f"buffer accounting does not reconcile: {out}")
         return out
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def snapshot(self, path) -> None:
+        """Write the whole state (items, priorities, counters, rate limiter, RNG) to a new
+        directory, atomically (``asyncrl.buffer.snapshot``)."""
+        save_buffer(self, path)
+
+    def restore(self, path) -> None:
+        """Load a snapshot into this fresh buffer, built with the same config; the next samples
+        are then those the snapshotted buffer would have drawn."""
+        restore_buffer(self, path)

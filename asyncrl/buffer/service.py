@@ -1,77 +1,250 @@
 """The buffer process: scored groups in (PULL), batches out on request (ROUTER), status out (PUB).
 
-Backpressure: while the storage is full the service stops reading its input, so the reward
-workers' sends block at their high-water mark instead of the buffer growing.
+One loop, one thread, blocked in ``zmq.Poller`` until a socket has work or a held request's
+deadline comes; never a busy loop.
 
-A learner's ``want_batch`` carries its version; the request is held until ``num_groups`` groups
-pass the staleness gate, then answered, or answered empty at its deadline so the learner can log
-what it waits for and ask again. After every change the service publishes ``buffer_status``
-(learner version, groups dropped) for the dispatcher's admission rule, and repeats it every
-second for late subscribers.
+- Inserts. While the rate limiter forbids an insert, the input socket is not polled: frames pile
+  up to its high-water mark and then the reward workers' sends block (and warn on their own
+  timeouts), so backpressure reaches the producers and nothing grows. Past capacity the oldest
+  groups are evicted (FIFO), never the newcomer.
+- Batches. A learner's ``want_batch`` (``num_groups``, ``policy_version``, ``timeout_s``, and
+  optionally ``priority_updates`` for the groups of its previous batch) feeds the learner
+  version to the staleness gate and is held until ``num_groups`` groups may be sampled, then
+  answered with the groups, their buffer keys, P(i) and importance weights; or answered empty
+  just before its deadline, so the learner logs what it waits for and asks again. Several
+  learners may hold requests at once; they are served in arrival order.
+- Status. After every change, and every second for late subscribers, ``buffer_status`` carries
+  the learner version and the groups retired untrained, for the dispatcher's admission rule.
+
+A malformed request or priority update is rejected, counted in ``asyncrl_rejected_frames``
+and logged once per reason; the service keeps serving.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 
+import zmq
+
+from asyncrl import metrics as m
 from asyncrl.buffer.replay import ReplayBuffer
-from asyncrl.metrics import BUFFER_GROUPS, BUFFER_SAMPLES, DROPPED, POLICY_VERSION
 from asyncrl.transport import Publisher, ReplyServer, StreamReceiver
 from asyncrl.wire import group_to_dict
 
 log = logging.getLogger(__name__)
 
+REPLY_MARGIN_S = 0.25  # answer a held request this long before the learner stops waiting for it
+INSERTS_PER_WAKE = 64  # inserts taken per wake-up before requests are looked at again
+BLOCKED_WARN_S = 30.0
+MAX_HELD = 64  # held learner requests at most: a runaway client cannot grow the list
+
+
+class BufferMetrics:
+    """The buffer's observer: feeds the Prometheus metrics of ``asyncrl.metrics``."""
+
+    def on_insert(self, priorities) -> None:
+        m.BUFFER_INSERTED.inc(len(priorities))
+        for p in priorities:
+            m.BUFFER_PRIORITY.observe(float(p))
+
+    def on_sample(self, age_versions, age_s, samples) -> None:
+        for v, s in zip(age_versions.tolist(), age_s.tolist()):
+            m.BUFFER_SAMPLE_AGE_VERSIONS.observe(v)
+            m.BUFFER_SAMPLE_AGE_SECONDS.observe(s)
+
+    def on_remove(self, reason: str, samples: int) -> None:
+        m.BUFFER_REMOVED.labels(reason).inc(samples)
+
+
+@dataclass
+class _Held:
+    client: bytes
+    request_id: int | None
+    num_groups: int
+    deadline: float
+
+
+class BufferService:
+    """The loop around a ``ReplayBuffer``; ``step`` is one wake-up (tests drive it in a thread)."""
+
+    def __init__(self, buf: ReplayBuffer, inbox: StreamReceiver, requests: ReplyServer, status: Publisher):
+        self.buf = buf
+        self.inbox, self.requests, self.status = inbox, requests, status
+        self.held: list[_Held] = []
+        self.bad_requests = 0
+        self._logged: set[str] = set()
+        self._last_status = 0.0
+        self._reported_drops: Counter[str] = Counter()
+        self._insert_blocked_since: float | None = None
+        self._last_blocked_log = 0.0
+        self._last_wake = time.monotonic()
+
+    def serve(self, stop) -> None:
+        while not stop():
+            self.step(max_wait=0.1)
+
+    def step(self, max_wait: float) -> None:
+        now = time.monotonic()
+        # Time since the last wake-up counts as held for each side that was held during it.
+        elapsed, self._last_wake = now - self._last_wake, now
+        if self._insert_blocked_since is not None:
+            m.BUFFER_RATE_LIMITED_SECONDS.labels("insert").inc(elapsed)
+        if self.held:
+            m.BUFFER_RATE_LIMITED_SECONDS.labels("sample").inc(elapsed)
+        insert_open = self.buf.can_insert()
+        self._track_blocked(insert_open, now)
+        poller = zmq.Poller()
+        poller.register(self.requests.sock, zmq.POLLIN)
+        if insert_open:
+            poller.register(self.inbox.sock, zmq.POLLIN)
+        wait = max_wait
+        if self.held:
+            wait = max(0.0, min(wait, min(h.deadline for h in self.held) - now))
+        ready = dict(poller.poll(int(wait * 1000)))
+        changed = False
+        if ready.get(self.inbox.sock):
+            for _ in range(INSERTS_PER_WAKE):
+                if not self.buf.can_insert():
+                    break
+                msg = self.inbox.recv(timeout=0)
+                if msg is None:
+                    break
+                if msg[0] == "group":
+                    self.buf.insert(msg[1]["group"])
+                    changed = True
+        if ready.get(self.requests.sock):
+            while (req := self.requests.recv(timeout=0)) is not None:
+                self._on_request(*req)
+                changed = True
+        changed |= self._serve_held(time.monotonic())
+        self._publish(changed)
+
+    def _on_request(self, client: bytes, kind: str, body: dict) -> None:
+        if kind != "want_batch":
+            self._reject("bad_kind", f"{kind!r} is not a request the buffer serves")
+            return
+        if len(self.held) >= MAX_HELD:
+            self._reject("too_many_requests", f"{len(self.held)} requests are already held (at most {MAX_HELD})")
+            return
+        try:
+            num_groups = int(body.get("num_groups", 1))
+            version = int(body.get("policy_version", 0))
+            timeout_s = float(body.get("timeout_s", 5.0))
+            if num_groups < 1 or version < 0:
+                raise ValueError(f"num_groups ({num_groups}) must be >= 1 and policy_version ({version}) >= 0")
+            if not 0 < timeout_s < math.inf:
+                raise ValueError(f"timeout_s ({timeout_s}) must be a finite number > 0: nothing waits forever")
+        except (TypeError, ValueError) as e:
+            self._reject("bad_request", str(e))
+            return
+        updates = body.get("priority_updates")
+        if updates:
+            try:
+                self.buf.update_priorities(updates["group_keys"], updates["priorities"])
+            except (TypeError, ValueError, KeyError) as e:
+                self._reject("bad_priorities", str(e))
+        self.buf.set_learner_version(version)
+        deadline = time.monotonic() + timeout_s - REPLY_MARGIN_S
+        self.held.append(_Held(client, body.get("request_id"), num_groups, deadline))
+
+    def _serve_held(self, now: float) -> bool:
+        served = False
+        waiting = []
+        for h in self.held:
+            if self.buf.can_sample(h.num_groups):
+                batch = self.buf.sample(h.num_groups)
+                m.BUFFER_SAMPLED.labels("first").inc(int(batch.first_time.sum()))
+                m.BUFFER_SAMPLED.labels("repeat").inc(len(batch) - int(batch.first_time.sum()))
+                body = {
+                    "groups": [group_to_dict(g) for g in batch.items],
+                    "group_keys": batch.keys.tolist(),
+                    "probabilities": batch.probabilities.tolist(),
+                    "is_weights": batch.is_weights.tolist(),
+                }
+                self.requests.reply(h.client, "batch", body, h.request_id)
+                served = True
+            elif now >= h.deadline:
+                self.requests.reply(h.client, "batch", {"groups": []}, h.request_id)
+            else:
+                waiting.append(h)
+        self.held = waiting
+        return served
+
+    def _track_blocked(self, insert_open: bool, now: float) -> None:
+        if insert_open:
+            self._insert_blocked_since = None
+            return
+        if self._insert_blocked_since is None:
+            self._insert_blocked_since = now
+        if now - self._insert_blocked_since > BLOCKED_WARN_S and now - self._last_blocked_log > BLOCKED_WARN_S:
+            self._last_blocked_log = now
+            log.warning(
+                "buffer: inserts held by the rate limiter for %.0f s: %s",
+                now - self._insert_blocked_since,
+                self.buf.rate_limiter.why_blocked(),
+            )
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.bad_requests += 1
+        m.REJECTED_FRAMES.labels(self.requests.name, reason).inc()
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning(
+                "buffer: rejected a request (%s: %s); further %r rejections are only counted", reason, detail, reason
+            )
+
+    def _publish(self, changed: bool) -> None:
+        now = time.monotonic()
+        if not changed and now - self._last_status < 1.0:
+            return
+        buf = self.buf
+        self.status.send(
+            "buffer_status",
+            {"learner_version": buf.learner_version, "dropped_groups": buf.dropped_groups, "held_groups": len(buf)},
+        )
+        self._last_status = now
+        m.BUFFER_GROUPS.set(len(buf))
+        m.BUFFER_SAMPLES.set(buf.storage.samples)
+        m.BUFFER_BYTES.set(buf.storage.bytes)
+        m.POLICY_VERSION.set(buf.learner_version)
+        for reason, n in buf.dropped.items():
+            m.DROPPED.labels(reason).inc(n - self._reported_drops[reason])
+            self._reported_drops[reason] = n
+
+    def drain(self, timeout: float = 0.2) -> None:
+        """Take what producers flushed on their way out, whatever the rate limiter says: at the
+        end every group must be accounted for."""
+        while (msg := self.inbox.recv(timeout=timeout)) is not None:
+            if msg[0] == "group":
+                self.buf.insert(msg[1]["group"])
+        self._publish(True)
+
+    @property
+    def rejected_frames(self) -> int:
+        return self.inbox.rejected + self.requests.rejected + self.bad_requests
+
 
 def run_buffer(ctx) -> None:
-    buf = ReplayBuffer(ctx.cfg.buffer)
+    buf = ReplayBuffer.from_config(ctx.cfg.buffer, observer=BufferMetrics())
     inbox = StreamReceiver(ctx.endpoints.buffer_in, name="buffer.in")
     requests = ReplyServer(ctx.endpoints.buffer_requests, name="buffer.requests")
     status = Publisher(ctx.endpoints.buffer_status, name="buffer.status")
-    learner_version = 0
-    pending = None  # (client, request_id, num_groups, deadline): one learner for now
-    last_status = 0.0
-    reported_drops: Counter[str] = Counter()
+    service = BufferService(buf, inbox, requests, status)
     ctx.emit("ready")
-    while not ctx.stop_requested():
-        changed = False
-        if buf.has_room(ctx.cfg.sampling.n):
-            msg = inbox.recv(timeout=0.02)
-            if msg is not None and msg[0] == "group":
-                buf.insert(msg[1]["group"])
-                changed = True
-        req = requests.recv(timeout=0 if pending else 0.02)
-        if req is not None and req[1] == "want_batch":
-            client, _kind, body = req
-            learner_version = max(learner_version, int(body.get("policy_version", 0)))
-            deadline = time.monotonic() + float(body.get("timeout_s", 5.0)) - 0.25
-            pending = (client, body.get("request_id"), int(body.get("num_groups", 1)), deadline)
-            changed = True
-        if pending is not None:
-            client, rid, k, deadline = pending
-            if buf.ready(k, learner_version):
-                groups = buf.sample(k, learner_version)
-                requests.reply(client, "batch", {"groups": [group_to_dict(g) for g in groups]}, rid)
-                pending = None
-                changed = True
-            elif time.monotonic() > deadline:
-                pending = None  # the learner has given up on this request and will ask again
-        now = time.monotonic()
-        if changed or now - last_status > 1.0:
-            status.send("buffer_status", {"learner_version": learner_version,
-                                          "dropped_groups": buf.dropped_groups, "held_groups": len(buf.storage)})
-            last_status = now
-            BUFFER_GROUPS.set(len(buf.storage))
-            BUFFER_SAMPLES.set(buf.storage.num_samples)
-            POLICY_VERSION.set(learner_version)
-            for reason, n in buf.dropped.items():
-                DROPPED.labels(reason).inc(n - reported_drops[reason])
-                reported_drops[reason] = n
-    # Take what the reward worker flushed on its way out, then account for everything.
-    while (msg := inbox.recv(timeout=0.2)) is not None:
-        if msg[0] == "group":
-            buf.insert(msg[1]["group"])
-    ctx.emit("final", **buf.reconcile(), rejected_frames=inbox.rejected + requests.rejected)
+    service.serve(ctx.stop_requested)
+    service.drain()
+    if ctx.cfg.buffer.snapshot_on_exit:
+        buf.snapshot(ctx.run_dir / "buffer_snapshot")
+    ctx.emit(
+        "final",
+        **buf.reconcile(),
+        removed=dict(buf.removed),
+        rejected_frames=service.rejected_frames,
+        priority_updates_ignored=buf.priority_updates_ignored,
+    )
     for sock in (inbox, requests, status):
         sock.close()

@@ -139,8 +139,28 @@ class PolicyTrainer:
             rows.append(grpo_advantages(rewards, scale_by_std=self.cfg.scale_advantages_by_std)[0])
         return rows
 
-    def train_step(self, groups: list[Group]) -> dict:
-        """One optimizer step on ``groups``; returns its stats.
+    def weighted_advantages(self, groups: list[Group], weights=None) -> list[np.ndarray]:
+        """GRPO advantages, each group's row scaled by its weight (a replay buffer's importance
+        weight w_g); ``None``: unweighted.
+
+        Scaling group g's advantages by w_g >= 0 is exactly weighting each of its tokens' loss by
+        w_g: the decoupled PPO loss is linear in A for a non-negative factor,
+        max(-w·A·ratio, -w·A·clip(ratio)) = w·max(-A·ratio, -A·clip(ratio)), and the behaviour
+        weight and the token mean are untouched; so no loss function needs a weight argument.
+        """
+        rows = self.advantages(groups)
+        if weights is None:
+            return rows
+        w = np.asarray(weights, dtype=np.float32).reshape(-1)
+        if w.size != len(groups):
+            raise ValueError(f"weights has {w.size} entries, must have one per group ({len(groups)})")
+        if not (np.isfinite(w).all() and (w >= 0).all()):
+            raise ValueError(f"weights ({w.tolist()}) must be finite and >= 0")
+        return [row * wg for row, wg in zip(rows, w)]
+
+    def train_step(self, groups: list[Group], weights=None) -> dict:
+        """One optimizer step on ``groups``, each group's per-token loss scaled by ``weights[g]``
+        (importance weights from a prioritized buffer; None: all 1); returns its stats.
 
         Stats: ``version`` (after the step), ``loss`` (the batch's token-mean loss), the loss's
         stats averaged over tokens (``*_max`` stats: max), ``grad_norm`` (before clipping),
@@ -151,7 +171,7 @@ class PolicyTrainer:
         start = time.perf_counter()
         cfg = self.cfg
         version_before = self.version
-        batch = collate(groups, self.advantages(groups), self.pad_id)
+        batch = collate(groups, self.weighted_advantages(groups, weights), self.pad_id)
         total_tokens = max(batch.num_tokens, 1)
         num_rows = len(batch)
         bounds = list(range(0, num_rows, cfg.micro_batch_size))
@@ -297,6 +317,6 @@ class PolicyTrainer:
         torch.distributed.barrier()
         return out
 
-    def train_batch(self, groups: list[Group]) -> TrainBatch:
+    def train_batch(self, groups: list[Group], weights=None) -> TrainBatch:
         """The collated batch ``train_step`` would train on (for inspection and tests)."""
-        return collate(groups, self.advantages(groups), self.pad_id)
+        return collate(groups, self.weighted_advantages(groups, weights), self.pad_id)

@@ -5,6 +5,13 @@ drops groups that are too stale for it), trains one staleness-corrected step, an
 ``learner.broadcast_every`` steps publishes the weights. A request that times out is logged with
 what it waits for and asked again; a stall beyond ``run.stall_timeout_s`` is the controller's to
 judge. At the end it saves the final model as a Hugging Face directory in ``RUN_DIR/final``.
+
+The buffer's reply carries each group's importance weight (``is_weights``), which scales that
+group's loss (all 1 unless the buffer samples by priority with β > 0). When the buffer may hand
+a group out more than once (``buffer.max_times_sampled != 1``), the next request carries the
+new priorities of the groups just trained (their mean |advantage|), and ``trained`` counts each
+sample once, by uid, while ``trained_with_reuse`` counts every time it was trained; the uids
+are remembered only while their group could still come back (``buffer.max_staleness``).
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+
+import numpy as np
 
 from asyncrl.learner.weights import WeightPublisher
 from asyncrl.metrics import LEARNER_STEP_SECONDS, POLICY_VERSION, SAMPLES, STALENESS
@@ -28,7 +37,11 @@ def run_learner(ctx, model_dir: str) -> None:
     trainer = PolicyTrainer(model_dir, trainer_cfg)
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     publisher = WeightPublisher(ctx.endpoints.weights, ctx.run_dir / "weights")
-    trained = 0
+    trained = 0  # samples trained at least once
+    trained_with_reuse = 0  # every time a sample was trained
+    reuse = cfg.buffer.max_times_sampled != 1
+    seen: dict[int, set[str]] = {}  # policy_version -> uids trained, while a group may come back
+    priority_updates: dict | None = None
     staleness_hist: Counter[int] = Counter()
     busy_s = 0.0
     ctx.emit("ready", version=trainer.version)
@@ -36,15 +49,16 @@ def run_learner(ctx, model_dir: str) -> None:
     while trainer.version < cfg.learner.total_steps and not ctx.stop_requested():
         publisher.announce()
         wait_start = time.monotonic()
-        reply = buffer.request(
-            "want_batch",
-            {
-                "num_groups": cfg.learner.batch_groups,
-                "policy_version": trainer.version,
-                "timeout_s": cfg.learner.batch_timeout_s,
-            },
-            timeout=cfg.learner.batch_timeout_s,
-        )
+        request = {
+            "num_groups": cfg.learner.batch_groups,
+            "policy_version": trainer.version,
+            "timeout_s": cfg.learner.batch_timeout_s,
+        }
+        if priority_updates is not None:
+            request["priority_updates"] = priority_updates
+        reply = buffer.request("want_batch", request, timeout=cfg.learner.batch_timeout_s)
+        if reply is not None:
+            priority_updates = None  # delivered with that request
         groups = reply[1]["groups"] if reply is not None else []
         if not groups:
             log.info(
@@ -52,12 +66,19 @@ def run_learner(ctx, model_dir: str) -> None:
             )
             continue
         wait_s = time.monotonic() - wait_start
-        stats = trainer.train_step(groups)
+        stats = trainer.train_step(groups, weights=reply[1].get("is_weights"))
         busy_s += stats["seconds"]
         LEARNER_STEP_SECONDS.observe(stats["seconds"])
         POLICY_VERSION.set(trainer.version)
         n = sum(len(g.samples) for g in groups)
-        trained += n
+        trained_with_reuse += n
+        if reuse:
+            trained += _count_first_time(groups, seen, trainer.version, cfg.buffer.max_staleness)
+            if cfg.buffer.sampler == "prioritized" and "group_keys" in reply[1]:
+                priority = [float(np.abs(a).mean()) for a in trainer.advantages(groups)]
+                priority_updates = {"group_keys": reply[1]["group_keys"], "priorities": priority}
+        else:
+            trained += n
         SAMPLES.labels("trained").inc(n)
         for s in stats["staleness"]:
             staleness_hist[int(s)] += 1
@@ -82,6 +103,7 @@ def run_learner(ctx, model_dir: str) -> None:
     ctx.emit(
         "final",
         trained=trained,
+        trained_with_reuse=trained_with_reuse,
         version=trainer.version,
         staleness_hist={str(k): v for k, v in sorted(staleness_hist.items())},
         busy_s=busy_s,
@@ -93,3 +115,19 @@ def run_learner(ctx, model_dir: str) -> None:
         time.sleep(0.1)
     buffer.close()
     publisher.close()
+
+
+def _count_first_time(groups, seen: dict[int, set[str]], version: int, max_staleness: int | None) -> int:
+    """Samples of ``groups`` never trained before, by uid; forgets uids whose group is past the
+    staleness bound (the buffer has dropped it, it cannot come back), so memory stays bounded."""
+    new = 0
+    for g in groups:
+        uids = seen.setdefault(g.policy_version, set())
+        for s in g.samples:
+            if s.uid not in uids:
+                uids.add(s.uid)
+                new += 1
+    if max_staleness is not None:
+        for v in [v for v in seen if version - v > max_staleness + 1]:
+            del seen[v]
+    return new

@@ -197,3 +197,37 @@ def test_config_rejects_bad_values():
         TrainerConfig(loss="ppo")
     with pytest.raises(ValueError, match="extra"):
         TrainerConfig(learning_rate=1e-3)
+
+
+def test_importance_weights_scale_each_groups_token_loss(model_dir, groups):
+    """train_step(groups, weights) is one step on sum_g w_g * (group g's token losses) / tokens,
+    checked against plain torch computing that loss group by group."""
+    from transformers import AutoModelForCausalLM
+
+    weights = [1.0, 0.5, 0.0, 2.0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
+    rewards = np.array([[s.reward for s in g.samples] for g in groups])
+    batch = collate(groups, grpo_advantages(rewards), pad_id=0)
+    lp = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids)
+    total = batch.response_mask.sum()
+    loss = 0.0
+    for g, w in enumerate(weights):
+        mask = batch.response_mask * (batch.group_index == g).float()[:, None]  # (B, T): group g only
+        group_loss, _ = decoupled_ppo_loss(lp, lp.detach(), batch.behaviour_logprobs, batch.advantages, mask)
+        loss = loss + w * group_loss * mask.sum() / total
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item()
+    optimizer.step()
+
+    trainer = PolicyTrainer(model_dir, config(0))
+    stats = trainer.train_step(groups, weights=weights)
+    assert stats["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    after = trainer.full_state_dict()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(after[name], tensor, atol=1e-5, rtol=0)
+    assert trainer.train_batch(groups, weights=weights).advantages[batch.group_index == 2].abs().sum() == 0
+    with pytest.raises(ValueError, match=r"weights has 3 entries, must have one per group \(4\)"):
+        trainer.train_step(groups, weights=[1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="must be finite and >= 0"):
+        trainer.train_step(groups, weights=[1.0, -1.0, 1.0, 1.0])

@@ -1,0 +1,70 @@
+"""``BufferConfig``: every knob of the replay buffer, checked when it is built.
+
+Kept apart from the buffer's code so that reading a config imports nothing heavy, and so that the
+combination rules (a reuse ratio no group can satisfy, an error band that would deadlock) fail at
+load time with the value and the rule, not as a stalled run.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from asyncrl.configbase import Config
+
+
+class BufferConfig(Config):
+    capacity_samples: int = Field(4096, ge=1)
+    """Samples held at most; past it the oldest groups are evicted (reason ``evicted``), the buffer never grows."""
+    capacity_bytes: int = Field(1 << 30, ge=1)
+    """Bytes of token ids and logprobs held at most; past it the oldest groups are evicted."""
+    sampler: Literal["prioritized", "uniform", "fifo"] = "prioritized"
+    """Which groups a batch takes: ``prioritized`` (P(i) = p_i^α / Σ p_k^α), ``uniform``, or ``fifo`` (oldest first)."""
+    priority: Literal["reward_variance", "learnability", "mean_abs_advantage", "uniform"] = "reward_variance"
+    """Priority of a group when it arrives, from its rewards (see ``asyncrl.buffer.priorities``)."""
+    priority_floor: float = Field(0.01, gt=0)
+    """Smallest priority a group can have, so that no group (long answers, hard prompts) is starved."""
+    recency_decay: float = Field(1.0, gt=0, le=1)
+    """Priorities are multiplied by recency_decay^(learner_version - policy_version); 1 disables the decay."""
+    alpha: float = Field(0.6, ge=0, le=1)
+    """Prioritization exponent α: 0 samples uniformly, 1 in proportion to the priority."""
+    beta: float = Field(0.4, ge=0, le=1)
+    """Importance-weight exponent β at the first batch: w_i = (N·P(i))^-β / max_j w_j."""
+    beta_final: float = Field(1.0, ge=0, le=1)
+    """β reached after ``beta_anneal_batches`` batches (linear in between); 1 fully corrects the bias."""
+    beta_anneal_batches: int = Field(1000, ge=1)
+    """Batches sampled over which β moves linearly from ``beta`` to ``beta_final``."""
+    max_times_sampled: int | None = Field(1, ge=1)
+    """Remove a group after it has been sampled this many times (1: use once); None keeps it until evicted."""
+    max_staleness: int | None = Field(4, ge=0)
+    """Drop groups more than this many versions behind the learner; None keeps all."""
+    min_size_to_sample: int = Field(1, ge=1)
+    """Groups the buffer must hold before any batch is handed out (Reverb's MinSize)."""
+    samples_per_insert: float | None = Field(None, gt=0)
+    """Target times each group is sampled (Reverb's SampleToInsertRatio); None: no ratio is enforced."""
+    error_buffer: float = Field(64.0, gt=0)
+    """Groups by which samples may run ahead of or behind ``samples_per_insert`` × inserts before one side blocks."""
+    seed: int = 0
+    """Seed of the sampler's random draws."""
+    snapshot_on_exit: bool = False
+    """Write the buffer's whole state to ``RUN_DIR/buffer_snapshot`` when the buffer process stops."""
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> BufferConfig:
+        if self.beta_final < self.beta:
+            raise ValueError(f"beta_final ({self.beta_final}) must be >= beta ({self.beta}): β anneals upwards")
+        spi = self.samples_per_insert
+        if spi is not None:
+            if self.max_times_sampled is not None and spi > self.max_times_sampled:
+                raise ValueError(
+                    f"samples_per_insert ({spi}) must be <= max_times_sampled ({self.max_times_sampled}): "
+                    "a group cannot be sampled more often than it is kept"
+                )
+            # Reverb's rule: a band narrower than one step of either side blocks both for good.
+            if self.error_buffer < max(1.0, spi):
+                raise ValueError(
+                    f"error_buffer ({self.error_buffer}) must be >= max(1, samples_per_insert) = {max(1.0, spi)}, "
+                    "or inserts and samples can block each other forever"
+                )
+        return self
