@@ -30,7 +30,7 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float, eval_a
         dropped.update(g["dropped"])
     dropped.update(buffer["dropped"])
     generated = sum(g["generated"] for g in gens)
-    in_flight = sum(g["held"] for g in gens) + sum(r["held"] for r in rewards)
+    in_flight = sum(g["held"] for g in gens) + sum(r["held"] for r in rewards) + learner.get("held", 0)
     # What left one process and did not reach the next, per link: 0 after a drained stop; a
     # positive number is a loss (or a frame still in a socket), a negative one a duplicate.
     unaccounted = {
@@ -39,10 +39,11 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float, eval_a
         - sum(g["held"] for g in gens)
         - sum(r["received"] for r in rewards),
         "rewards->buffer": sum(r["forwarded"] for r in rewards) - buffer["inserted"],
-        "buffer->learner": buffer["sampled"] - learner["trained"],
+        "buffer->learner": buffer["sampled"] - learner["trained"] - learner.get("held", 0),
         "buffer->learner (with reuse)": buffer["sampled"]
         + buffer.get("resampled", 0)
-        - learner.get("trained_with_reuse", learner["trained"]),
+        - learner.get("trained_with_reuse", learner["trained"])
+        - learner.get("held", 0),
     }
     tokens = sum(g["tokens"] for g in gens)
     summary = {

@@ -155,6 +155,7 @@ class Controller:
         self.last_event: dict[str, dict] = {}
         self.generator_versions: dict[str, int] = {}
         self.step_events: list[dict] = []
+        self.learner_done: dict | None = None
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -222,7 +223,7 @@ class Controller:
     def _train(self) -> None:
         cfg = self.cfg
         deadline = time.monotonic() + cfg.run.stall_timeout_s
-        while "learner" not in self.finals:
+        while self.learner_done is None:
             ev = self._next_event(deadline, "the learner's next step")
             if ev and ev["type"] == "step":
                 deadline = time.monotonic() + cfg.run.stall_timeout_s
@@ -242,7 +243,7 @@ class Controller:
 
     def _await_final_weights(self, timeout: float = 60) -> None:
         """With no more prompts, every generator picks up the last published version."""
-        final = self.finals["learner"]["version"]
+        final = self.learner_done["version"]
         deadline = time.monotonic() + timeout
         names = self.fleet.names("generator")
         while any(self.generator_versions.get(n, -1) < final for n in names):
@@ -273,6 +274,8 @@ class Controller:
         kind = ev["type"]
         if kind == "final":
             self.finals[ev["source"]] = ev
+        elif kind == "done" and ev["role"] == "learner":
+            self.learner_done = ev
         elif kind == "error":
             raise RunError(f"{ev['source']} failed: {ev['error']}")
         elif kind == "version":

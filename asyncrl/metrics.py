@@ -59,8 +59,11 @@ def write_metrics_snapshot(run_dir: str | Path, name: str) -> Path:
     path.write_bytes(generate_latest(REGISTRY))
     return path
 
+
 # -- replay buffer ---------------------------------------------------------------------------
-BUFFER_BYTES = Gauge("asyncrl_buffer_bytes", "Bytes of token ids and logprobs held by the replay buffer.", registry=REGISTRY)
+BUFFER_BYTES = Gauge(
+    "asyncrl_buffer_bytes", "Bytes of token ids and logprobs held by the replay buffer.", registry=REGISTRY
+)
 BUFFER_INSERTED = Counter("asyncrl_buffer_inserted_groups", "Groups stored by the replay buffer.", registry=REGISTRY)
 BUFFER_SAMPLED = Counter(
     "asyncrl_buffer_sampled_groups", "Groups handed to learners, first hand-out or repeat.", ["use"], registry=REGISTRY
@@ -78,14 +81,20 @@ BUFFER_SAMPLE_AGE_VERSIONS = Histogram(
     registry=REGISTRY,
 )
 BUFFER_SAMPLE_AGE_SECONDS = Histogram(
-    "asyncrl_buffer_sample_age_seconds", "Seconds a group waited in the buffer before a hand-out.",
-    buckets=LATENCY_BUCKETS, registry=REGISTRY,
+    "asyncrl_buffer_sample_age_seconds",
+    "Seconds a group waited in the buffer before a hand-out.",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 BUFFER_PRIORITY = Histogram(
-    "asyncrl_buffer_priority", "Priority of each group as it arrives (before the floor).",
-    buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 1, 2, 5), registry=REGISTRY,
+    "asyncrl_buffer_priority",
+    "Priority of each group as it arrives (before the floor).",
+    buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 1, 2, 5),
+    registry=REGISTRY,
 )
 BUFFER_RATE_LIMITED_SECONDS = Counter(
-    "asyncrl_buffer_rate_limited_seconds", "Seconds inserts or samples were held by the rate limiter.", ["side"],
+    "asyncrl_buffer_rate_limited_seconds",
+    "Seconds inserts or samples were held by the rate limiter.",
+    ["side"],
     registry=REGISTRY,
 )

@@ -198,6 +198,15 @@ class RequestClient(_Socket):
                 return msg
         return None
 
+    def receive(self, timeout: float) -> tuple[str, dict] | None:
+        """A reply still on its way (to a request that timed out), without asking again."""
+        deadline = time.monotonic() + timeout
+        while self._poll_in(deadline - time.monotonic()):
+            msg = self._decode(self.sock.recv())
+            if msg is not None:
+                return msg
+        return None
+
 
 class ReplyServer(_Socket):
     """ROUTER: receive requests from many clients, reply to each by its identity."""

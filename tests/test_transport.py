@@ -55,6 +55,10 @@ def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
     server.reply(who, "prompts", {"prompts": ["fresh"]}, body["request_id"])
     kind, reply = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
     assert reply["prompts"] == ["fresh"] and reply["request_id"] == 2
+    who, _kind, body = server.recv(timeout=1)  # request 3 timed out on the client side ...
+    server.reply(who, "prompts", {"prompts": ["last"]}, body["request_id"])
+    kind, reply = client.receive(timeout=5)  # ... and its answer is still collected
+    assert reply["prompts"] == ["last"] and reply["request_id"] == 3
     client.close()
     server.close()
 

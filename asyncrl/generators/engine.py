@@ -211,7 +211,9 @@ class VLLMEngine:
             token_ids = list(self.tokenizer.encode(prompt))
             # vLLM must be able to sample at least one token after the prompt.
             if len(token_ids) >= self.cfg.max_model_len:
-                raise ValueError(f"prompts[{index}] has {len(token_ids)} tokens; it must have fewer than max_model_len ({self.cfg.max_model_len})")
+                raise ValueError(
+                    f"prompts[{index}] has {len(token_ids)} tokens; it must have fewer than max_model_len ({self.cfg.max_model_len})"
+                )
             requests.append(TokensPrompt(prompt_token_ids=token_ids))
         return requests
 
@@ -227,7 +229,9 @@ class VLLMEngine:
             raise ValueError(f"prompt ({prompt!r}) must encode to at least one token")
         token_ids = prompt_ids + [int(t) for t in continuation_ids]
         if len(token_ids) >= self.cfg.max_model_len:
-            raise ValueError(f"prompt + continuation ({len(token_ids)} tokens) must be shorter than max_model_len ({self.cfg.max_model_len})")
+            raise ValueError(
+                f"prompt + continuation ({len(token_ids)} tokens) must be shorter than max_model_len ({self.cfg.max_model_len})"
+            )
         # Prompt logprobs skip the sampler, so they are the model's own (temperature 1) whatever
         # the logprobs mode; max_tokens=1 because vLLM must sample at least one token.
         params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
@@ -287,10 +291,14 @@ def to_completions(output) -> list[Completion]:
     completions = []
     for sample in sorted(output.outputs, key=lambda s: s.index):
         if sample.finish_reason not in FINISH_REASONS:
-            raise RuntimeError(f"request {output.request_id}: finish_reason ({sample.finish_reason!r}) must be one of {FINISH_REASONS}")
+            raise RuntimeError(
+                f"request {output.request_id}: finish_reason ({sample.finish_reason!r}) must be one of {FINISH_REASONS}"
+            )
         token_ids = list(sample.token_ids)
         if sample.logprobs is None or len(sample.logprobs) != len(token_ids):
-            raise RuntimeError(f"request {output.request_id}: got logprobs for {0 if sample.logprobs is None else len(sample.logprobs)} of {len(token_ids)} tokens")
+            raise RuntimeError(
+                f"request {output.request_id}: got logprobs for {0 if sample.logprobs is None else len(sample.logprobs)} of {len(token_ids)} tokens"
+            )
         logprobs = [position[token].logprob for token, position in zip(token_ids, sample.logprobs)]
         completions.append(
             Completion(

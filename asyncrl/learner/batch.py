@@ -133,7 +133,9 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     if temperature <= 0:
         raise ValueError(f"temperature ({temperature}) must be > 0: the learner scores the sampling distribution")
     if logits.shape[:2] != input_ids.shape:
-        raise ValueError(f"logits shape {tuple(logits.shape)} must be (B, L, V) with (B, L) = input_ids shape {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"logits shape {tuple(logits.shape)} must be (B, L, V) with (B, L) = input_ids shape {tuple(input_ids.shape)}"
+        )
     logits = logits[:, :-1].float()  # (B, L-1, V)
     if temperature != 1.0:
         logits = logits / temperature

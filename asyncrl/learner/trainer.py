@@ -214,7 +214,9 @@ class PolicyTrainer:
             # DeepSpeed clips fp32 ZeRO-0 gradients without recording the norm; measure it here.
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             if grads:
-                own_grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+                own_grad_norm = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g) for g in grads])
+                ).item()
         self.engine.step()
         self.version += 1
 
@@ -310,7 +312,9 @@ class PolicyTrainer:
                 if id(tensor) in seen:
                     state[key] = tensor.clone()
                 seen.add(id(tensor))
-            save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+            save_file(
+                {k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+            )
             config = self.hf_config.__class__.from_dict(self.hf_config.to_dict())
             config.dtype = "float32"
             config.save_pretrained(out)

@@ -100,19 +100,26 @@ def run_learner(ctx, model_dir: str) -> None:
         )
     wall = time.monotonic() - loop_start
     trainer.save_pretrained(ctx.run_dir / "final")
+    ctx.emit("done", version=trainer.version)
+    # Until the controller stops us (after the buffer): keep announcing the last version so every
+    # generator hears it, and take any batch that still arrives (a reply to a request that timed
+    # out), which is held, untrained, rather than lost in the socket.
+    held = 0
+    while not ctx.stop_requested():
+        publisher.announce()
+        late = buffer.receive(timeout=0.1)
+        if late is not None and late[0] == "batch":
+            held += sum(len(g.samples) for g in late[1]["groups"])
     ctx.emit(
         "final",
         trained=trained,
         trained_with_reuse=trained_with_reuse,
+        held=held,
         version=trainer.version,
         staleness_hist={str(k): v for k, v in sorted(staleness_hist.items())},
         busy_s=busy_s,
         wall_s=wall,
     )
-    # Keep announcing the last version until the controller stops us, so every generator hears it.
-    while not ctx.stop_requested():
-        publisher.announce()
-        time.sleep(0.1)
     buffer.close()
     publisher.close()
 
