@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 
 
-def summarize(finals: dict[str, dict], wall_s: float, eval_before: float, eval_after: float) -> dict:
+def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None, eval_after: float | None) -> dict:
     """``finals`` maps process name -> its ``final`` event."""
     gens = [f for f in finals.values() if f["role"] == "generator"]
     rewards = [f for f in finals.values() if f["role"] == "reward"]
@@ -57,6 +57,8 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float, eval_a
         "buffered_at_end": buffer["held"],
         "in_flight_at_end": in_flight,
         "staleness_hist": learner["staleness_hist"],
+        "latency_s": learner.get("latency_s", {}),
+        "trained_tokens": learner.get("trained_tokens", 0),
         "generator_busy_fraction": sum(g["busy_s"] for g in gens) / max(sum(g["wall_s"] for g in gens), 1e-9),
         "learner_busy_fraction": learner["busy_s"] / max(learner["wall_s"], 1e-9),
         "tokens_per_s": tokens / max(wall_s, 1e-9),

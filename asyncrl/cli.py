@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("out_dir")
     tiny.add_argument("--warm-start", action="store_true", help="then fine-tune it on the addition task (SFT)")
     tiny.add_argument("--config", help="YAML recipe whose model.tiny, task and sft sections to use")
+    bench = sub.add_parser("bench", help="benchmarks; `asyncrl bench pipeline --help` for the options")
+    bench.add_argument("which", choices=["pipeline"])
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
     show = sub.add_parser("show-config", help="print the resolved config and its documentation")
     show.add_argument("config", nargs="?")
     show.add_argument("overrides", nargs="*")
@@ -61,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         base = build_tiny_model(cfg.model.tiny, out / "base")
         stats = run_sft(base, load_prompts(cfg.task, "train"), cfg.sft, out / "warm")
         print(json.dumps({"base": str(base), "warm": str(out / "warm"), **stats}))
+        return 0
+    if args.command == "bench":
+        from asyncrl.pipeline_bench import main as bench_pipeline
+
+        bench_pipeline(args.args)
         return 0
     if args.command == "show-config":
         from asyncrl.config import load_config

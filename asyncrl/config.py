@@ -17,8 +17,10 @@ from asyncrl.buffer.replay import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
 from asyncrl.dispatcher import DispatcherConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
+from asyncrl.generators.mock_engine import MockEngineConfig
 from asyncrl.generators.worker import GeneratorConfig
 from asyncrl.learner.config import LearnerConfig
+from asyncrl.learner.mock_trainer import MockTrainerConfig
 from asyncrl.rewards.worker import RewardConfig
 from asyncrl.sft import SFTConfig
 from asyncrl.tasks import TaskConfig
@@ -49,6 +51,16 @@ class ModelSection(Config):
     """Shape of the tiny Qwen2 built when ``path`` is None."""
     warm_start: bool = True
     """Run the SFT warm start (``sft`` section) before RL."""
+
+
+class SimulationConfig(Config):
+    """Simulated engines behind the real interfaces, for benchmarking the control plane."""
+
+    generator: MockEngineConfig | None = None
+    """Replace each generator's vLLM engine by this timing model (None: real vLLM)."""
+    learner: MockTrainerConfig | None = None
+    """Replace the DeepSpeed trainer by this timing model (None: real training); no model is
+    built, warmed up or evaluated then."""
 
 
 class EvalConfig(Config):
@@ -83,6 +95,8 @@ class RunConfig(Config):
     """The learner loop and its trainer."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
+    simulation: SimulationConfig = SimulationConfig()
+    """Simulated generators and learner (benchmarks); off by default."""
 
 
 def load_config(recipe: str | Path | None, overrides: list[str] = ()) -> RunConfig:

@@ -156,19 +156,23 @@ class Controller:
         self.generator_versions: dict[str, int] = {}
         self.step_events: list[dict] = []
         self.learner_done: dict | None = None
+        self.go_at = self.done_at = 0.0  # monotonic times of "go" and of the learner's last step
 
     def run(self) -> dict:
         cfg = self.cfg
         t0 = time.monotonic()
-        model_dir = prepare_model(cfg, self.run_dir)
-        eval_before = evaluate(cfg, model_dir)
-        log.info("held-out exact match before RL: %.3f", eval_before)
+        simulated = cfg.simulation.learner is not None
+        model_dir = Path("none") if simulated else prepare_model(cfg, self.run_dir)
+        eval_before = None if simulated else evaluate(cfg, model_dir)
+        if eval_before is not None:
+            log.info("held-out exact match before RL: %.3f", eval_before)
         endpoints = Endpoints.allocate()
         endpoints.save(self.run_dir)
         self.events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)
         self.control = Publisher(endpoints.control, name="controller.control")
         self.fleet = Fleet(self.run_dir, model_dir, child_env(self.run_dir))
         rl_start = time.monotonic()
+        cpu_start = time.process_time()
         try:
             self._start_all()
             self._train()
@@ -181,9 +185,13 @@ class Controller:
             self.events.close()
             self.control.close()
         rl_wall = time.monotonic() - rl_start
-        eval_after = evaluate(cfg, self.run_dir / "final")
-        log.info("held-out exact match after RL: %.3f (before %.3f)", eval_after, eval_before)
+        controller_cpu_s = time.process_time() - cpu_start
+        eval_after = None if simulated else evaluate(cfg, self.run_dir / "final")
+        if eval_after is not None:
+            log.info("held-out exact match after RL: %.3f (before %.3f)", eval_after, eval_before)
         summary = summarize(self.finals, rl_wall, eval_before, eval_after)
+        summary["controller_cpu_s"] = controller_cpu_s
+        summary["train_wall_s"] = self.done_at - self.go_at  # steady state: from go to the last step
         summary["total_wall_s"] = time.monotonic() - t0
         summary["generator_versions"] = self.generator_versions
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -219,6 +227,7 @@ class Controller:
         for _ in range(10):  # PUB: repeat, so that no subscriber misses it
             self.control.send("control", {"command": "go"})
             time.sleep(0.01)
+        self.go_at = time.monotonic()
 
     def _train(self) -> None:
         cfg = self.cfg
@@ -276,6 +285,7 @@ class Controller:
             self.finals[ev["source"]] = ev
         elif kind == "done" and ev["role"] == "learner":
             self.learner_done = ev
+            self.done_at = time.monotonic()
         elif kind == "error":
             raise RunError(f"{ev['source']} failed: {ev['error']}")
         elif kind == "version":
@@ -291,7 +301,11 @@ class Controller:
             print(
                 f"step {ev['version']:4d}  loss {ev['loss']:+.4f}  reward {ev['reward']:.3f}  "
                 f"staleness mean {ev['staleness_mean']:.2f} max {ev['staleness_max']}  "
-                f"wait {ev['wait_s']:.2f}s  step {ev['step_s']:.2f}s",
+                f"wait {ev['wait_s']:.2f}s  step {ev['step_s']:.2f}s"
+                + (f"  w {ev['is_weight_mean']:.2f}/{ev['is_weight_max']:.1f}" if "is_weight_mean" in ev else "")
+                + (f"  clip {ev['clipfrac']:.3f}" if "clipfrac" in ev else "")
+                + (f"  H {ev['entropy']:.3f}" if "entropy" in ev else "")
+                + (f"  kl_ref {ev['ref_kl']:.4f}" if "ref_kl" in ev else ""),
                 flush=True,
             )
         if kind == "ready" and ev["role"] == "generator":

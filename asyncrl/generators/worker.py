@@ -38,7 +38,9 @@ class GeneratorConfig(Config):
     """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
 
 
-def build_groups(rows: list[dict], completions, version: int, generator: str, rollout_s: float) -> list[Group]:
+def build_groups(
+    rows: list[dict], completions, version: int, generator: str, rollout_s: float, sampled_at: float = 0.0
+) -> list[Group]:
     """One ``Group`` per dispatched prompt row, from the engine's n completions of it."""
     groups = []
     for row, comps in zip(rows, completions):
@@ -64,6 +66,7 @@ def build_groups(rows: list[dict], completions, version: int, generator: str, ro
                 generator=generator,
                 samples=samples,
                 rollout_s=rollout_s,
+                meta={"sampled_at": sampled_at},  # wall clock, for end-to-end latency
             )
         )
     return groups
@@ -87,7 +90,12 @@ def run_generator(ctx, model_dir: str) -> None:
 
     cfg = ctx.cfg
     gen_index = int(ctx.name.rsplit("-", 1)[-1]) if ctx.name[-1].isdigit() else 0
-    engine = VLLMEngine(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+    if cfg.simulation.generator is not None:
+        from asyncrl.generators.mock_engine import MockEngine
+
+        engine = MockEngine(cfg.simulation.generator, seed=cfg.run.seed + gen_index)
+    else:
+        engine = VLLMEngine(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
     dispatcher = RequestClient(ctx.endpoints.dispatcher, name=f"{ctx.name}.dispatcher")
     outbox = StreamSender(ctx.endpoints.reward_in, name=f"{ctx.name}.out")
     weights = Subscriber(ctx.endpoints.weights, name=f"{ctx.name}.weights")
@@ -114,13 +122,14 @@ def run_generator(ctx, model_dir: str) -> None:
         rows = reply[1]["prompts"]
         apply_newest_weights(engine, weights, ctx)  # sample with the newest weights: only less stale
         start = time.monotonic()
+        sampled_at = time.time()
         completions = engine.generate(
             [r["text"] for r in rows], cfg.sampling, seed=hash((cfg.run.seed, gen_index, batches)) & 0x7FFFFFFF
         )
         rollout_s = time.monotonic() - start
         busy_s += rollout_s
         batches += 1
-        for group in build_groups(rows, completions, engine.version, ctx.name, rollout_s):
+        for group in build_groups(rows, completions, engine.version, ctx.name, rollout_s, sampled_at):
             ROLLOUT_SECONDS.observe(rollout_s)
             try:
                 validate_group(group)

@@ -30,11 +30,16 @@ log = logging.getLogger(__name__)
 
 
 def run_learner(ctx, model_dir: str) -> None:
-    from asyncrl.learner.trainer import PolicyTrainer
-
     cfg = ctx.cfg
     trainer_cfg = cfg.learner.trainer.model_copy(update={"temperature": cfg.sampling.temperature})
-    trainer = PolicyTrainer(model_dir, trainer_cfg)
+    if cfg.simulation.learner is not None:
+        from asyncrl.learner.mock_trainer import MockTrainer
+
+        trainer = MockTrainer(cfg.simulation.learner)
+    else:
+        from asyncrl.learner.trainer import PolicyTrainer  # DeepSpeed loads only where it trains
+
+        trainer = PolicyTrainer(model_dir, trainer_cfg)
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     publisher = WeightPublisher(ctx.endpoints.weights, ctx.run_dir / "weights")
     trained = 0  # samples trained at least once
@@ -43,6 +48,8 @@ def run_learner(ctx, model_dir: str) -> None:
     seen: dict[int, set[str]] = {}  # policy_version -> uids trained, while a group may come back
     priority_updates: dict | None = None
     staleness_hist: Counter[int] = Counter()
+    trained_tokens = 0  # response tokens of every batch trained
+    latencies: list[float] = []  # seconds from the start of sampling to the end of training, per sample
     busy_s = 0.0
     ctx.emit("ready", version=trainer.version)
     loop_start = time.monotonic()
@@ -72,6 +79,7 @@ def run_learner(ctx, model_dir: str) -> None:
         POLICY_VERSION.set(trainer.version)
         n = sum(len(g.samples) for g in groups)
         trained_with_reuse += n
+        trained_tokens += sum(g.num_tokens for g in groups)
         if reuse:
             trained += _count_first_time(groups, seen, trainer.version, cfg.buffer.max_staleness)
             if cfg.buffer.sampler == "prioritized" and "group_keys" in reply[1]:
@@ -83,6 +91,8 @@ def run_learner(ctx, model_dir: str) -> None:
         for s in stats["staleness"]:
             staleness_hist[int(s)] += 1
             STALENESS.observe(s)
+        now = time.time()
+        latencies.extend(now - g.meta.get("sampled_at", now) for g in groups for _ in g.samples)
         if trainer.version % cfg.learner.broadcast_every == 0 or trainer.version == cfg.learner.total_steps:
             publisher.publish(trainer.full_state_dict(), trainer.version)
         rewards = [s.reward for g in groups for s in g.samples]
@@ -117,6 +127,8 @@ def run_learner(ctx, model_dir: str) -> None:
         held=held,
         version=trainer.version,
         staleness_hist={str(k): v for k, v in sorted(staleness_hist.items())},
+        latency_s=latency_summary(latencies),
+        trained_tokens=trained_tokens,
         busy_s=busy_s,
         wall_s=wall,
     )
@@ -138,3 +150,11 @@ def _count_first_time(groups, seen: dict[int, set[str]], version: int, max_stale
         for v in [v for v in seen if version - v > max_staleness + 1]:
             del seen[v]
     return new
+
+
+def latency_summary(latencies: list[float]) -> dict:
+    """Mean and percentiles of the per-sample end-to-end latency (sampling start -> trained)."""
+    if not latencies:
+        return {}
+    arr = np.asarray(latencies)
+    return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95))}

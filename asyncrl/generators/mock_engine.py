@@ -1,0 +1,131 @@
+"""A simulated generator engine: the real control plane, driven by a timing model instead of a GPU.
+
+``MockEngine`` has the ``VLLMEngine`` interface (``generate``, ``load_weights``, ``version``,
+``close``) and sleeps for as long as a batched decoder would take, so the dispatcher, transport,
+reward stage, buffer and learner loop all run for real while generators are simulated. Its
+messages are real-sized: token ids and logprobs of the drawn lengths.
+
+Timing model of one ``generate`` call over a batch (continuous batching within the call, like
+vLLM: a sequence leaves the batch when it ends, the call returns when the longest ends):
+
+    t = overhead_s + prefill_s_per_token · Σ prompt tokens
+        + Σ_{step=1..max L} (decode_step_s + decode_s_per_seq · active sequences at that step)
+
+Response lengths L are drawn per sample from a lognormal (median ``length_median``, shape
+``length_sigma``) or from an empirical list, clipped to [1, sampling.max_tokens]: the long tail
+is what makes synchronous RL wait for its slowest sample.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from asyncrl.configbase import Config
+from asyncrl.generators.engine import Completion, SamplingConfig, check_prompts
+
+
+class MockEngineConfig(Config):
+    """Timing model of a simulated generator engine."""
+
+    overhead_s: float = Field(0.005, ge=0)
+    """Fixed cost of one engine call (scheduling, sampling setup)."""
+    prefill_s_per_token: float = Field(2e-6, ge=0)
+    """Prefill cost per prompt token (prompts of a group are prefilled once each sample)."""
+    decode_step_s: float = Field(0.002, ge=0)
+    """Cost of one decode step of the whole batch (weights read once per step)."""
+    decode_s_per_seq: float = Field(2e-5, ge=0)
+    """Extra cost per active sequence in a decode step (attention, sampling)."""
+    length_median: float = Field(64, gt=0)
+    """Median response length in tokens of the lognormal length distribution."""
+    length_sigma: float = Field(1.0, ge=0)
+    """Shape of the lognormal: 0 makes every response ``length_median`` long, 1 is long-tailed."""
+    lengths: list[int] | None = None
+    """An empirical list of response lengths to draw from instead of the lognormal."""
+    accuracy: float = Field(0.5, ge=0, le=1)
+    """Chance that a sample of an addition prompt answers correctly, so groups carry reward
+    variance (other tasks' samples are always wrong: the engine cannot know their answers)."""
+    load_weights_s: float = Field(0.01, ge=0)
+    """Simulated time to apply a weight update."""
+    vocab_size: int = Field(32000, ge=2)
+    """Range of the fake token ids."""
+
+    @model_validator(mode="after")
+    def check_lengths(self) -> MockEngineConfig:
+        if self.lengths is not None and (not self.lengths or min(self.lengths) < 1):
+            raise ValueError(f"lengths ({self.lengths!r:.60}) must be a non-empty list of ints >= 1")
+        return self
+
+
+class MockEngine:
+    """Simulated ``VLLMEngine``: same calls, sleeps per the timing model, fake but real-sized tokens.
+
+    >>> e = MockEngine(MockEngineConfig(decode_step_s=0, overhead_s=0), seed=0)
+    >>> [len(c) for c in e.generate(["1+1="], SamplingConfig(n=2, max_tokens=8))]
+    [2]
+    """
+
+    def __init__(self, cfg: MockEngineConfig, seed: int = 0, version: int = 0):
+        self.cfg = cfg
+        self.version = version
+        self.rng = np.random.default_rng(seed)
+
+    def draw_lengths(self, size: int, max_tokens: int) -> np.ndarray:
+        if self.cfg.lengths is not None:
+            lengths = self.rng.choice(np.asarray(self.cfg.lengths), size=size)
+        else:
+            lengths = np.round(self.cfg.length_median * np.exp(self.cfg.length_sigma * self.rng.standard_normal(size)))
+        return np.clip(lengths, 1, max_tokens).astype(np.int64)
+
+    def batch_seconds(self, prompt_tokens: int, lengths: np.ndarray) -> float:
+        """Time of one call per the timing model (see the module docstring)."""
+        steps = np.arange(1, int(lengths.max()) + 1)
+        active = (lengths[None, :] >= steps[:, None]).sum(axis=1)  # (max L,) sequences still decoding
+        decode = len(steps) * self.cfg.decode_step_s + self.cfg.decode_s_per_seq * float(active.sum())
+        return self.cfg.overhead_s + self.cfg.prefill_s_per_token * prompt_tokens + decode
+
+    def generate(self, prompts: list[str], sampling: SamplingConfig, seed: int | None = None) -> list[list[Completion]]:
+        check_prompts(prompts)
+        start = time.perf_counter()
+        n = sampling.n
+        lengths = self.draw_lengths(len(prompts) * n, sampling.max_tokens)
+        prompt_tokens = sum(len(p) for p in prompts) * n
+        out = []
+        for i, prompt in enumerate(prompts):
+            prompt_ids = np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int32)
+            group = []
+            for j in range(n):
+                length = int(lengths[i * n + j])
+                group.append(
+                    Completion(
+                        prompt_ids=prompt_ids,
+                        response_ids=self.rng.integers(3, self.cfg.vocab_size, length, dtype=np.int32),
+                        logprobs=-self.rng.exponential(1.0, length).astype(np.float32),
+                        text=simulated_answer(prompt, self.rng.random() < self.cfg.accuracy),
+                        finish_reason="length" if length == sampling.max_tokens else "stop",
+                    )
+                )
+            out.append(group)
+        time.sleep(max(0.0, self.batch_seconds(prompt_tokens, lengths) - (time.perf_counter() - start)))
+        return out
+
+    def load_weights(self, weights_dir: str, version: int) -> float:
+        time.sleep(self.cfg.load_weights_s)
+        self.version = version
+        return self.cfg.load_weights_s
+
+    def close(self) -> None:
+        pass
+
+
+_ADDITION = re.compile(r"^(\d+)\+(\d+)=$")
+
+
+def simulated_answer(prompt: str, correct: bool) -> str:
+    """The right (or a wrong) answer to an addition prompt; a wrong one for any other prompt."""
+    match = _ADDITION.match(prompt)
+    total = int(match.group(1)) + int(match.group(2)) if match else -1
+    return str(total if correct and match else total + 1)

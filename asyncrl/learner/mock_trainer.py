@@ -1,0 +1,73 @@
+"""A simulated learner: the ``PolicyTrainer`` interface with a timing model instead of DeepSpeed.
+
+``MockTrainer.train_step`` sleeps for
+
+    t = step_overhead_s + s_per_token · tokens in the batch
+
+(tokens = prompt + response tokens of every sample), counts staleness exactly as the real
+trainer does, and advances ``version``; ``full_state_dict`` is a buffer of ``weight_bytes`` so
+the weight path carries real-sized payloads. With ``MockEngine`` it lets the whole control plane
+be benchmarked at any scale without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field
+
+from asyncrl.configbase import Config
+from asyncrl.wire import Group
+
+
+class MockTrainerConfig(Config):
+    """Timing model of a simulated learner."""
+
+    step_overhead_s: float = Field(0.02, ge=0)
+    """Fixed cost of one optimizer step (optimizer update, all-reduce latency)."""
+    s_per_token: float = Field(2e-5, ge=0)
+    """Forward + backward cost per token of the batch."""
+    weight_bytes: int = Field(1 << 20, ge=4)
+    """Size of the weights published to the generators."""
+
+
+class MockTrainer:
+    """Simulated ``PolicyTrainer``: ``train_step``, ``version``, ``full_state_dict``, ``save_pretrained``."""
+
+    def __init__(self, cfg: MockTrainerConfig):
+        self.cfg = cfg
+        self.version = 0
+
+    def step_seconds(self, tokens: int) -> float:
+        return self.cfg.step_overhead_s + self.cfg.s_per_token * tokens
+
+    def train_step(self, groups: list[Group], weights=None) -> dict:
+        start = time.perf_counter()
+        tokens = sum(len(g.prompt_ids) * len(g.samples) + g.num_tokens for g in groups)
+        staleness = [self.version - g.policy_version for g in groups for _ in g.samples]
+        time.sleep(self.step_seconds(tokens))
+        self.version += 1
+        rewards = [s.reward for g in groups for s in g.samples]
+        return {
+            "version": self.version,
+            "loss": 0.0,
+            "staleness": staleness,
+            "staleness_mean": float(np.mean(staleness)),
+            "staleness_max": int(max(staleness)),
+            "reward_mean": float(np.mean(rewards)),
+            "tokens": tokens,
+            "seconds": time.perf_counter() - start,
+        }
+
+    def full_state_dict(self) -> dict:
+        import torch
+
+        return {"weights": torch.zeros(self.cfg.weight_bytes // 4, dtype=torch.float32)}
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "SIMULATED").write_text("a simulated learner has no model to save\n")
+        return out
