@@ -72,6 +72,16 @@ class _Socket:
                 log.warning("%s: rejected a frame (%s); further %r rejections are only counted", self.name, e, e.reason)
             return None
 
+    def _recv_valid(self, timeout: float) -> tuple[str, dict] | None:
+        """The next frame that decodes, skipping (and counting) the ones that do not, or None
+        once ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while self._poll_in(deadline - time.monotonic()):
+            msg = self._decode(self.sock.recv())
+            if msg is not None:
+                return msg
+        return None
+
     def _poll_in(self, timeout: float) -> bool:
         return bool(self.sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN))
 
@@ -126,12 +136,7 @@ class StreamReceiver(_Socket):
 
     def recv(self, timeout: float) -> tuple[str, dict] | None:
         """The next valid message, or None when none arrives within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while self._poll_in(deadline - time.monotonic()):
-            msg = self._decode(self.sock.recv())
-            if msg is not None:
-                return msg
-        return None
+        return self._recv_valid(timeout)
 
 
 class Publisher(_Socket):
@@ -152,12 +157,7 @@ class Subscriber(_Socket):
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
 
     def recv(self, timeout: float) -> tuple[str, dict] | None:
-        deadline = time.monotonic() + timeout
-        while self._poll_in(deadline - time.monotonic()):
-            msg = self._decode(self.sock.recv())
-            if msg is not None:
-                return msg
-        return None
+        return self._recv_valid(timeout)
 
     def recv_latest(self) -> list[tuple[str, dict]]:
         """Every message already queued, without waiting (for polling loops)."""
@@ -191,21 +191,11 @@ class RequestClient(_Socket):
         if not self.sock.poll(int(timeout * 1000), zmq.POLLOUT):
             return None
         self.sock.send(frame, copy=False)
-        deadline = time.monotonic() + timeout
-        while self._poll_in(deadline - time.monotonic()):
-            msg = self._decode(self.sock.recv())
-            if msg is not None:
-                return msg
-        return None
+        return self._recv_valid(timeout)
 
     def receive(self, timeout: float) -> tuple[str, dict] | None:
         """A reply still on its way (to a request that timed out), without asking again."""
-        deadline = time.monotonic() + timeout
-        while self._poll_in(deadline - time.monotonic()):
-            msg = self._decode(self.sock.recv())
-            if msg is not None:
-                return msg
-        return None
+        return self._recv_valid(timeout)
 
 
 class ReplyServer(_Socket):
