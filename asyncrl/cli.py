@@ -3,6 +3,9 @@
 asyncrl train CONFIG [dotted.key=value ...]   run a training job on this machine
 asyncrl build-tiny-model OUT_DIR              build the character-level tiny Qwen2 (no download)
 asyncrl show-config [CONFIG] [overrides ...]  print the resolved config with every field's doc
+asyncrl reward-worker --connect RUN_DIR [--name NAME] [reward.key=value ...]
+                                              join a running stream as one more reward worker;
+                                              SIGTERM/Ctrl-C leaves it without losing a sample
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("show-config", help="print the resolved config and its documentation")
     show.add_argument("config", nargs="?")
     show.add_argument("overrides", nargs="*")
+    hot = sub.add_parser("reward-worker", help="join a running stream as one more reward worker")
+    hot.add_argument("--connect", required=True, help="the run directory (its endpoints.json and config.yaml)")
+    hot.add_argument("--name", help="process name in metrics and the ledger (default: reward-hot-PID)")
+    hot.add_argument(
+        "overrides", nargs="*", help="dotted overrides of the run's reward section, e.g. reward.concurrency=8"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -65,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         stats = run_sft(base, load_prompts(cfg.task, "train"), cfg.sft, out / "warm")
         print(json.dumps({"base": str(base), "warm": str(out / "warm"), **stats}))
         return 0
+    if args.command == "reward-worker":
+        return run_hot_reward_worker(args.connect, args.name or f"reward-hot-{os.getpid()}", args.overrides)
     if args.command == "bench":
         from asyncrl.pipeline_bench import main as bench_pipeline
 
@@ -78,6 +89,26 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def run_hot_reward_worker(run_dir: str, name: str, overrides: list[str]) -> int:
+    """A reward worker that asks the run's first reward worker for groups (``rewards.worker``)."""
+    from asyncrl.config import RunConfig
+    from asyncrl.configbase import apply_overrides
+    from asyncrl.rewards.worker import run_reward_worker
+    from asyncrl.runtime import ProcessContext, configure_process
+
+    bad = [o for o in overrides if not o.startswith("reward.")]
+    if bad:
+        raise SystemExit(f"overrides ({bad}) must be of the reward section (reward.key=value)")
+    configure_process()
+    ctx = ProcessContext("reward", name, run_dir)
+    ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
+    try:
+        run_reward_worker(ctx, owner=False)
+    finally:
+        ctx.close()
+    return 0
+
+
 def print_config(cfg: BaseModel, prefix: str = "") -> None:
     for name, field in type(cfg).model_fields.items():
         value = getattr(cfg, name)
@@ -85,7 +116,9 @@ def print_config(cfg: BaseModel, prefix: str = "") -> None:
             print(f"# {prefix}{name}: {field.description or ''}")
             print_config(value, f"{prefix}{name}.")
         else:
-            print(f"{prefix}{name}={json.dumps(value)}  # {field.description or ''}")
+            # Lists of config objects (reward.rewards) print as JSON of their fields.
+            text = json.dumps(value, default=lambda v: v.model_dump(mode="json"))
+            print(f"{prefix}{name}={text}  # {field.description or ''}")
 
 
 if __name__ == "__main__":

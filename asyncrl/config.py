@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.buffer.replay import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
@@ -19,7 +19,7 @@ from asyncrl.dispatcher import DispatcherConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
 from asyncrl.generators.mock_engine import MockEngineConfig
 from asyncrl.generators.worker import GeneratorConfig
-from asyncrl.learner.config import LearnerConfig
+from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
 from asyncrl.rewards.worker import RewardConfig
 from asyncrl.sft import SFTConfig
@@ -93,10 +93,17 @@ class RunConfig(Config):
     """The replay buffer (its ``max_staleness`` is the run's staleness bound)."""
     learner: LearnerConfig = LearnerConfig()
     """The learner loop and its trainer."""
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    """What the learner optimises: advantage estimator, policy loss, off-policy correction, KL, entropy."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
     simulation: SimulationConfig = SimulationConfig()
     """Simulated generators and learner (benchmarks); off by default."""
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> RunConfig:
+        self.algorithm.check_run(group_size=self.sampling.n)
+        return self
 
 
 def load_config(recipe: str | Path | None, overrides: list[str] = ()) -> RunConfig:

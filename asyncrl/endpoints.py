@@ -34,6 +34,8 @@ class Endpoints(BaseModel):
     """PULL of the controller: progress and reports from every process."""
     control: str
     """PUB of the controller: commands (stop) to every process."""
+    reward_share: str | None = None
+    """ROUTER of the first reward worker: hot-plugged reward workers ask for groups to score here."""
 
     @classmethod
     def allocate(cls) -> Endpoints:

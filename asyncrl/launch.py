@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.role == "reward":
             from asyncrl.rewards.worker import run_reward_worker
 
-            run_reward_worker(ctx)
+            run_reward_worker(ctx, owner=True)
         elif args.role == "buffer":
             from asyncrl.buffer.service import run_buffer
 

@@ -98,3 +98,31 @@ BUFFER_RATE_LIMITED_SECONDS = Counter(
     ["side"],
     registry=REGISTRY,
 )
+
+# -- reward workers --------------------------------------------------------------------------
+REWARD_LATENCY = Histogram(
+    "asyncrl_reward_latency_seconds",
+    "Seconds one reward took to score one group (all its samples), by reward.",
+    ["reward"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+REWARD_REQUESTS = Counter(
+    "asyncrl_reward_requests", "HTTP requests sent by a reward (retries included).", ["reward"], registry=REGISTRY
+)
+REWARD_RETRIES = Counter("asyncrl_reward_retries", "Requests retried, by reward.", ["reward"], registry=REGISTRY)
+REWARD_ERRORS = Counter(
+    "asyncrl_reward_errors",
+    "Failed reward calls by kind (timeout, http_429, http_5xx, bad_json, circuit_open...), retried or not.",
+    ["reward", "kind"],
+    registry=REGISTRY,
+)
+REWARD_UNSCORED = Counter(
+    "asyncrl_reward_unscored_samples",
+    "Samples a reward left unscored, by reason.",
+    ["reward", "reason"],
+    registry=REGISTRY,
+)
+REWARD_QUEUE_DEPTH = Gauge(
+    "asyncrl_reward_queue_groups", "Groups waiting in a reward worker, by state.", ["state"], registry=REGISTRY
+)

@@ -68,9 +68,9 @@ def through_sockets(group: wire.Group, seconds: float) -> dict:
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     rx.recv(timeout=5)  # warm up
-    count, nbytes, start = 0, 0, time.perf_counter()
+    count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        kind, body = rx.recv(timeout=5)
+        rx.recv(timeout=5)
         count += 1
     elapsed = time.perf_counter() - start
     stop.set()

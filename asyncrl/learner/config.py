@@ -1,4 +1,5 @@
-"""Config of the learner process: the loop (``LearnerConfig``) and the trainer (``TrainerConfig``).
+"""Config of the learner process: the loop (``LearnerConfig``), the trainer (``TrainerConfig``) and
+the algorithm it optimises (``AlgorithmConfig``, the run's ``algorithm`` section).
 
 Kept apart from ``trainer.py`` so that reading a config never imports torch or DeepSpeed.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
 
@@ -27,14 +28,6 @@ class TrainerConfig(Config):
     """Clip the global gradient norm to this value before the step; 0 disables clipping."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Training precision: fp32, or bf16 weights/activations with fp32 master weights in the optimizer."""
-    loss: Literal["decoupled_ppo"] = "decoupled_ppo"
-    """Policy loss, a name in ``asyncrl.learner.losses.LOSSES``."""
-    clip_coef: float = 0.2
-    """PPO clip epsilon around the proximal policy."""
-    behaviour_weight_cap: float | None = 5.0
-    """Truncate the staleness importance weight pi_prox / mu at this value (>= 1); None: no truncation."""
-    scale_advantages_by_std: bool = True
-    """GRPO advantages divided by the group's reward std (True) or only centred (False, Dr. GRPO)."""
     temperature: float = 1.0
     """Sampling temperature of the generators: logits are divided by it so pi_theta is the sampled distribution."""
     micro_batch_size: int = 64
@@ -49,7 +42,7 @@ class TrainerConfig(Config):
             raise ValueError(f"zero_stage ({v}) must be 0, 1, 2 or 3")
         return v
 
-    @field_validator("lr", "temperature", "clip_coef")
+    @field_validator("lr", "temperature")
     @classmethod
     def _check_positive(cls, v: float, info) -> float:
         if not v > 0:
@@ -70,19 +63,166 @@ class TrainerConfig(Config):
             raise ValueError(f"betas ({v}) must each be in [0, 1)")
         return v
 
-    @field_validator("behaviour_weight_cap")
-    @classmethod
-    def _check_cap(cls, v: float | None) -> float | None:
-        if v is not None and v < 1:
-            raise ValueError(f"behaviour_weight_cap ({v}) must be >= 1 or None")
-        return v
-
     @field_validator("micro_batch_size")
     @classmethod
     def _check_micro_batch_size(cls, v: int) -> int:
         if v < 1:
             raise ValueError(f"micro_batch_size ({v}) must be >= 1")
         return v
+
+
+AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "gae"]
+PolicyLoss = Literal["ppo_clip", "gspo", "cispo"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+Correction = Literal["none", "behaviour_ppo", "tis", "mis", "decoupled"]
+
+
+class KLConfig(Config):
+    """The KL penalty to a frozen reference policy (the weights the run started from)."""
+
+    coef: float = 0.0
+    """Initial KL coefficient beta; 0 (and a fixed controller) turns the KL term and the reference model off."""
+    estimator: Literal["k1", "k2", "k3", "abs"] = "k3"
+    """Per-token KL(pi_theta || pi_ref) estimator: k1 = log r, k2 = (log r)^2 / 2, k3 = 1/r - 1 + log r (low variance), abs = |log r|, r = pi_theta / pi_ref."""
+    use_in: Literal["loss", "reward"] = "loss"
+    """Add beta * KL(pi_theta, ref) to the loss (GRPO style), or subtract beta * KL(mu, ref) from the reward before the advantages (PPO/REINFORCE++ style): per token with gae, summed over the sequence otherwise."""
+    controller: Literal["fixed", "adaptive"] = "fixed"
+    """Keep beta fixed, or adapt it towards ``target`` (Ziegler et al. 2019)."""
+    target: float = 0.1
+    """Adaptive controller: the token-mean KL to the reference that beta is steered towards."""
+    horizon: int = Field(10000, ge=1)
+    """Adaptive controller: samples over which a 20% KL error changes beta by 20%."""
+    reference: Literal["colocated"] = "colocated"
+    """Where the reference model runs: a frozen copy inside each learner rank (no optimizer); a separate process is not implemented yet."""
+
+    @field_validator("coef", "target")
+    @classmethod
+    def _check_non_negative(cls, v: float, info) -> float:
+        if not v >= 0:
+            raise ValueError(f"kl.{info.field_name} ({v}) must be >= 0")
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the reference model is needed: a non-zero beta, or one that may become non-zero."""
+        return self.coef > 0
+
+
+class CriticConfig(Config):
+    """The value model of ``adv_estimator: gae``: the policy's backbone plus a scalar head, trained
+    by its own DeepSpeed engine (same ZeRO stage and precision as the policy)."""
+
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the critic."""
+    value_clip: float | None = 0.2
+    """Clip the new value to old +- value_clip in the value loss (PPO's value clipping); None: off."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount per token."""
+    lam: float = Field(0.95, ge=0, le=1)
+    """GAE lambda."""
+    targets: Literal["gae", "vtrace"] = "gae"
+    """The critic's targets and advantages: GAE on the stale samples as they are, or V-trace (rho_bar = c_bar = 1, pi_prox / mu from one extra no-grad policy forward), correcting them for staleness."""
+    whiten_advantages: bool = True
+    """Normalise the advantages to mean 0, std 1 over the batch's response tokens."""
+
+
+class AlgorithmConfig(Config):
+    """What the learner optimises: advantages, policy loss, off-policy correction, KL and entropy.
+
+    Each name is a key of a plain dict in ``asyncrl.learner`` (``ADV_ESTIMATORS``,
+    ``POLICY_LOSSES``, ``LOSS_AGG_MODES``, ``CORRECTIONS``, ``KL_ESTIMATORS``) whose function
+    documents its formula. The validators reject combinations that cannot run, naming the keys
+    (``check_run`` those that need other sections). The hard staleness bound is the buffer's
+    ``buffer.max_staleness``: older groups are dropped there, counted under the reason ``stale``.
+    """
+
+    adv_estimator: AdvEstimator = "grpo"
+    """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs greedy samples), gae (per-token, needs algorithm.critic)."""
+    policy_loss: PolicyLoss = "ppo_clip"
+    """ppo_clip (token ratio, clip_low/clip_high, dual_clip), gspo (sequence ratio, length-normalised), cispo (clipped stop-gradient weight on log pi)."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token losses become one number: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (token sums over a constant, Dr. GRPO)."""
+    loss_norm_tokens: int | None = Field(None, ge=1)
+    """The constant of seq-mean-token-sum-norm; None: ``sampling.max_tokens``."""
+    clip_low: float = Field(0.2, gt=0)
+    """PPO clip: ratio floor 1 - clip_low."""
+    clip_high: float = Field(0.2, gt=0)
+    """PPO clip: ratio ceiling 1 + clip_high (DAPO's clip-higher: clip_high > clip_low); CISPO's weight ceiling."""
+    dual_clip: float | None = None
+    """Dual clip c > 1 (Ye et al. 2020): for A < 0 the token loss is at most -c * A; None: off."""
+    correction: Correction = "decoupled"
+    """Off-policy correction for the behaviour policy mu (the generator's logprobs, possibly stale): none (the learner's recomputed logprobs stand for mu: naive), behaviour_ppo (the PPO ratio is taken against mu), tis (truncated IS), mis (masked IS), decoupled (AReaL: clip around pi_prox, weight pi_prox / mu)."""
+    correction_level: Literal["token", "sequence"] = "token"
+    """tis / mis: one weight per token, or per sequence (the product of its token ratios)."""
+    is_cap: float | None = 5.0
+    """tis: truncate the weight at this C (>= 1, required); decoupled: optional cap, None for none."""
+    mis_low: float = Field(0.5, ge=0)
+    """mis: tokens (sequences) with weight below this are dropped."""
+    mis_high: float = 2.0
+    """mis: tokens (sequences) with weight above this are dropped."""
+    proximal: Literal["recompute", "log_linear"] = "recompute"
+    """decoupled: pi_prox from the learner's forward pass, or AReaL's log-linear interpolation between mu and pi_theta by version."""
+    kl: KLConfig = KLConfig()
+    """KL to the reference policy."""
+    critic: CriticConfig | None = None
+    """The value model; required by (and only used by) ``adv_estimator: gae``."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus: loss -= entropy_coef * token-mean entropy of pi_theta."""
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _check_dual_clip(cls, v: float | None) -> float | None:
+        if v is not None and not v > 1:
+            raise ValueError(f"algorithm.dual_clip ({v}) must be > 1 or None")
+        return v
+
+    @field_validator("is_cap")
+    @classmethod
+    def _check_cap(cls, v: float | None) -> float | None:
+        if v is not None and v < 1:
+            raise ValueError(f"algorithm.is_cap ({v}) must be >= 1 or None")
+        return v
+
+    @model_validator(mode="after")
+    def _check_self(self) -> AlgorithmConfig:
+        if self.mis_high <= self.mis_low:
+            raise ValueError(f"algorithm.mis_high ({self.mis_high}) must be > algorithm.mis_low ({self.mis_low})")
+        if self.correction == "tis" and self.is_cap is None:
+            raise ValueError("algorithm.correction 'tis' needs algorithm.is_cap (the truncation C), got None")
+        if self.adv_estimator == "gae" and self.critic is None:
+            raise ValueError("algorithm.adv_estimator 'gae' needs a critic: set algorithm.critic (e.g. {lr: 1.0e-4})")
+        if self.adv_estimator != "gae" and self.critic is not None:
+            raise ValueError(
+                f"algorithm.critic is set but algorithm.adv_estimator '{self.adv_estimator}' does not use it (only 'gae' does)"
+            )
+        if self.adv_estimator == "remax":
+            raise ValueError(
+                "algorithm.adv_estimator 'remax' needs the reward of a greedy answer per prompt, which the "
+                "generators do not produce yet (remax_advantages exists as a function)"
+            )
+        if self.policy_loss == "gspo" and self.correction_level == "token" and self.correction in ("tis", "mis"):
+            raise ValueError(
+                f"algorithm.policy_loss 'gspo' is sequence-level: algorithm.correction '{self.correction}' needs "
+                "algorithm.correction_level 'sequence', got 'token'"
+            )
+        if self.policy_loss != "ppo_clip" and self.dual_clip is not None:
+            raise ValueError(
+                f"algorithm.dual_clip ({self.dual_clip}) applies to policy_loss 'ppo_clip' only, "
+                f"not algorithm.policy_loss '{self.policy_loss}'"
+            )
+        if self.kl.controller == "adaptive" and self.kl.coef == 0:
+            raise ValueError(
+                "algorithm.kl.controller 'adaptive' needs algorithm.kl.coef > 0 (it multiplies beta), got 0"
+            )
+        return self
+
+    def check_run(self, group_size: int) -> None:
+        """Checks that need other sections: ``sampling.n`` (the group size)."""
+        group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")  # gae and reinforce_pp need no group
+        if self.adv_estimator in group_estimators and group_size < 2:
+            raise ValueError(
+                f"algorithm.adv_estimator '{self.adv_estimator}' needs sampling.n >= 2 (a group baseline), got {group_size}"
+            )
 
 
 class LearnerConfig(Config):

@@ -1,17 +1,24 @@
-"""Policy losses. Each is a pure function of (B, T) token tensors returning (loss, stats).
+"""Policy losses, off-policy corrections and loss aggregation: pure functions of (B, T) tensors.
 
 The learner trains on samples that generators drew with older weights: a group in the buffer can
-be k optimizer steps old by the time it is trained on. The decoupled PPO objective of AReaL
-(Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language
-Reasoning", section 5.2; Hilton et al. 2022, "Batch size-invariance for policy optimization")
-separates the two policies PPO's single "old policy" conflates:
+be k optimizer steps old by the time it is trained on. Three policies are in play per token:
 
-- the *behaviour* policy mu, which sampled the tokens (the generator's weights, k versions old);
-- the *proximal* policy pi_prox, the trust-region centre that the update is clipped around
-  (the learner's current weights before this update).
+- the *behaviour* policy mu, which sampled the tokens (the generator's weights, k versions old;
+  its log-probabilities travel with the sample);
+- the *proximal* policy pi_prox, the learner's current weights before this update (recomputed
+  by the learner's forward pass: with one optimizer step per batch, ``logprobs.detach()``);
+- pi_theta, the policy being optimised (``logprobs``, with gradient).
 
-Clipping around pi_prox keeps each update small relative to where the learner is now, however
-stale the data; the importance weight pi_prox / mu corrects for the data coming from mu.
+A step's loss is composed of three choices, each a plain dict from config name to function:
+
+1. ``CORRECTIONS[algorithm.correction]``: which log-probabilities the PPO ratio is taken against
+   (the trust-region anchor), and a detached per-token weight and keep-mask correcting for mu.
+2. ``POLICY_LOSSES[algorithm.policy_loss]``: the per-token surrogate (B, T) given that anchor.
+3. ``LOSS_AGG_MODES[algorithm.loss_agg_mode]``: how token losses become one number.
+
+``compute_policy_loss`` composes them. The decoupled objective (AReaL, Fu et al. 2025, section
+5.2; Hilton et al. 2022) clips around pi_prox and weights by pi_prox / mu; with mu equal to
+pi_prox (fresh samples, no sampler mismatch) every correction reduces to plain PPO.
 """
 
 from __future__ import annotations
@@ -20,11 +27,370 @@ from collections.abc import Callable
 
 import torch
 
+_MAX_LOG_WEIGHT = 20.0  # exp(20) ~ 5e8: the log of an importance weight is clamped here before exp
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over the positions where ``mask`` is 1; 0 (not NaN) when the mask is empty."""
     mask = mask.to(x.dtype)
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _check_shapes(logprobs: torch.Tensor, **others: torch.Tensor) -> None:
+    for name, value in others.items():
+        if value.shape != logprobs.shape:
+            raise ValueError(f"{name} shape {tuple(value.shape)} must equal logprobs shape {tuple(logprobs.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# policy losses: (B, T) per-token surrogate and a (B, T) bool "clipped" indicator
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate (Schulman et al. 2017) with DAPO's clip-higher and dual clip.
+
+        ratio    = exp(logprobs - old_logprobs)
+        pg_loss1 = -A * ratio
+        pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)      (DAPO: clip_high > clip_low)
+        pg_loss  = max(pg_loss1, pg_loss2)
+        dual clip (Ye et al. 2020), for A < 0 only:  pg_loss = min(pg_loss, -A * dual_clip)
+
+    The dual clip bounds the loss of a negative-advantage token whose ratio has exploded
+    (mu sampled it, pi_theta now finds it far likelier), which plain PPO leaves unbounded.
+
+    Returns:
+        (pg_loss, clipped), both (B, T): per-token loss, and whether the clipped branch was taken.
+    """
+    if clip_low <= 0 or clip_high <= 0:
+        raise ValueError(f"clip_low ({clip_low}) and clip_high ({clip_high}) must be > 0")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip ({dual_clip}) must be > 1 or None")
+    ratio = (logprobs - old_logprobs).clamp(max=_MAX_LOG_WEIGHT).exp()  # (B, T)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    pg_loss = torch.max(pg_loss1, pg_loss2)  # (B, T)
+    clipped = pg_loss2 > pg_loss1
+    if dual_clip is not None:
+        pg_loss3 = -advantages * dual_clip
+        dual = (advantages < 0) & (pg_loss3 < pg_loss)
+        pg_loss = torch.where(dual, pg_loss3, pg_loss)
+        clipped = clipped | dual
+    return pg_loss, clipped
+
+
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): a sequence-level ratio.
+
+        s_i      = exp( sum_t mask_t * (logprobs_t - old_logprobs_t) / |y_i| )   length-normalised
+        s_{i,t}  = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t))                    value s_i, gradient per token
+        loss_t   = max(-A_i * s_{i,t}, -A_i * clip(s_{i,t}, 1 - clip_low, 1 + clip_high))
+
+    Aggregated with ``seq-mean-token-mean`` this is GSPO's objective exactly; the clip decides
+    per sequence, so the ranges are small (the paper uses 3e-4 / 4e-4).
+    """
+    mask = mask.to(logprobs.dtype)
+    length = mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
+    seq_log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1, keepdim=True) / length  # (B, 1)
+    log_s = seq_log_ratio.detach() + logprobs - logprobs.detach()  # (B, T), value = seq_log_ratio
+    s = log_s.clamp(max=_MAX_LOG_WEIGHT).exp()
+    pg_loss1 = -advantages * s
+    pg_loss2 = -advantages * torch.clamp(s, 1 - clip_low, 1 + clip_high)
+    return torch.max(pg_loss1, pg_loss2), pg_loss2 > pg_loss1
+
+
+def cispo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_high: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax 2025, "MiniMax-M1", section 3.1): clip the IS weight, not the update.
+
+        ratio  = exp(logprobs - old_logprobs)
+        loss_t = -sg(min(ratio, 1 + clip_high)) * A * logprobs
+
+    Every token keeps a gradient (PPO zeroes clipped ones, which are often the rare "fork"
+    tokens); the weight is only bounded. No lower bound, as in the paper (a large epsilon_low).
+    """
+    ratio = (logprobs - old_logprobs).clamp(max=_MAX_LOG_WEIGHT).exp().detach()  # (B, T)
+    weight = ratio.clamp(max=1 + clip_high)
+    return -weight * advantages * logprobs, ratio > 1 + clip_high
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "ppo_clip": ppo_clip_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+}
+"""Per-token policy losses by ``algorithm.policy_loss``; ``compute_policy_loss`` passes each its arguments."""
+
+
+# ---------------------------------------------------------------------------------------------
+# off-policy corrections: (anchor logprobs, detached weight, keep mask)
+
+
+def _log_weights(proximal_logprobs, behaviour_logprobs, mask, level: str) -> torch.Tensor:
+    """log(pi_prox / mu) per token, or per sequence (sum over its tokens) broadcast to its tokens."""
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level ({level!r}) must be 'token' or 'sequence'")
+    log_w = (proximal_logprobs - behaviour_logprobs) * mask  # (B, T)
+    if level == "sequence":
+        log_w = log_w.sum(dim=1, keepdim=True).expand_as(log_w)  # (B, T), one value per row
+    return log_w.clamp(-_MAX_LOG_WEIGHT, _MAX_LOG_WEIGHT)
+
+
+def no_correction(proximal_logprobs, behaviour_logprobs, mask, **_):
+    """The naive choice: the learner's recomputed logprobs stand for mu; mu is ignored.
+
+        anchor = pi_prox,  w = 1
+
+    Stale samples are trained as if the current policy had sampled them.
+    """
+    return proximal_logprobs, torch.ones_like(mask), mask
+
+
+def behaviour_ppo_correction(proximal_logprobs, behaviour_logprobs, mask, **_):
+    """Standard PPO with the sampler as the old policy: the ratio is pi_theta / mu, clipped.
+
+        anchor = mu,  w = 1
+
+    On stale samples most ratios sit outside the clip range, so those tokens get no gradient.
+    """
+    return behaviour_logprobs, torch.ones_like(mask), mask
+
+
+def truncated_is_correction(proximal_logprobs, behaviour_logprobs, mask, level="token", cap=2.0, **_):
+    """Truncated importance sampling (Espeholt et al. 2018; Yao et al. 2025 for sampler mismatch).
+
+    anchor = pi_prox,  w = min(pi_prox / mu, C)          per token, or per sequence
+                                                         (w = min(prod_t pi_prox / mu, C))
+    """
+    if cap is None or cap < 1:
+        raise ValueError(f"cap ({cap}) must be >= 1 for truncated importance sampling")
+    w = _log_weights(proximal_logprobs, behaviour_logprobs, mask, level).exp().clamp(max=cap)
+    return proximal_logprobs, w, mask
+
+
+def masked_is_correction(proximal_logprobs, behaviour_logprobs, mask, level="token", low=0.5, high=2.0, **_):
+    """Masked importance sampling (ICEPOP, token level; MIS, sequence level).
+
+        anchor = pi_prox,  w = pi_prox / mu,  keep = mask * 1[low <= w <= high]
+
+    Tokens (sequences) whose weight leaves [low, high] are dropped, not truncated: a token mu
+    and pi_prox disagree on that much is treated as noise rather than scaled signal.
+    """
+    if not 0 <= low < high:
+        raise ValueError(f"bounds ({low}, {high}) must satisfy 0 <= low < high")
+    w = _log_weights(proximal_logprobs, behaviour_logprobs, mask, level).exp()
+    keep = mask * ((w >= low) & (w <= high)).to(mask.dtype)
+    return proximal_logprobs, w * keep, keep
+
+
+def decoupled_correction(proximal_logprobs, behaviour_logprobs, mask, cap=None, **_):
+    """AReaL's decoupled objective: clip around pi_prox, weight by pi_prox / mu, optionally truncated.
+
+        anchor = pi_prox,  w = min(pi_prox / mu, cap)        (cap None: no truncation)
+
+    AReaL drops tokens above its cap; this truncates them (as the demo always has). With one
+    optimizer step per batch the loss equals token-level ``tis`` with C = cap; they part ways
+    with ``proximal = log_linear`` (``log_linear_proximal_logprobs``).
+    """
+    if cap is not None and cap < 1:
+        raise ValueError(f"cap ({cap}) must be >= 1 or None")
+    w = _log_weights(proximal_logprobs, behaviour_logprobs, mask, "token").exp()
+    if cap is not None:
+        w = w.clamp(max=cap)
+    return proximal_logprobs, w, mask
+
+
+CORRECTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
+    "none": no_correction,
+    "behaviour_ppo": behaviour_ppo_correction,
+    "tis": truncated_is_correction,
+    "mis": masked_is_correction,
+    "decoupled": decoupled_correction,
+}
+"""Off-policy corrections by ``algorithm.correction``: (pi_prox, mu, mask, **options) -> (anchor, w, keep)."""
+
+
+def log_linear_proximal_logprobs(
+    behaviour_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    behaviour_version: torch.Tensor,
+    proximal_version: int,
+    current_version: int,
+) -> torch.Tensor:
+    """AReaL's approximation of pi_prox without a forward pass: interpolate in log space by version.
+
+        alpha       = (v_prox - v_mu) / (v_theta - v_mu)       (1 where v_theta == v_mu)
+        log pi_prox ~ log mu + alpha * (log pi_theta - log mu)
+
+    ``behaviour_version`` is (B,), one per sequence. With one optimizer step per batch,
+    v_prox == v_theta and this is exactly pi_theta (detached).
+    """
+    gap = (current_version - behaviour_version).to(logprobs.dtype)  # (B,)
+    alpha = torch.where(gap > 0, (proximal_version - behaviour_version).to(logprobs.dtype) / gap.clamp(min=1), 1.0)
+    return (behaviour_logprobs + alpha[:, None] * (logprobs.detach() - behaviour_logprobs)).detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregation: (B, T) token losses -> scalar. Denominators may be given for the whole batch, so
+# that micro batches' losses sum to the batch's loss.
+
+
+def token_mean(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
+    """sum_{b,t} mask * loss / num_tokens   (every token weighs the same; DAPO)."""
+    n = mask.sum() if num_tokens is None else num_tokens
+    return (token_loss * mask).sum() / max(float(n), 1.0)
+
+
+def seq_mean_token_sum(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
+    """mean_b sum_t mask * loss   (each sequence's token sum; long answers weigh more)."""
+    n = mask.shape[0] if num_seqs is None else num_seqs
+    return (token_loss * mask).sum() / max(float(n), 1.0)
+
+
+def seq_mean_token_mean(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
+    """mean_b (sum_t mask * loss / |y_b|)   (original GRPO: every sequence weighs the same)."""
+    n = mask.shape[0] if num_seqs is None else num_seqs
+    per_seq = (token_loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
+    return per_seq.sum() / max(float(n), 1.0)
+
+
+def seq_mean_token_sum_norm(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
+    """sum_{b,t} mask * loss / (num_seqs * norm_tokens)   (Dr. GRPO: a constant, no length bias).
+
+    ``norm_tokens`` is a constant (the maximum response length); None: this batch's T.
+    """
+    n = mask.shape[0] if num_seqs is None else num_seqs
+    norm = mask.shape[1] if norm_tokens is None else norm_tokens
+    return (token_loss * mask).sum() / max(float(n) * float(norm), 1.0)
+
+
+LOSS_AGG_MODES: dict[str, Callable[..., torch.Tensor]] = {
+    "token-mean": token_mean,
+    "seq-mean-token-sum": seq_mean_token_sum,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
+}
+"""Loss aggregation by ``algorithm.loss_agg_mode``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the critic
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    value_clip: float | None = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss, per token (B, T), and whether the clipped branch was taken.
+
+        v_clipped = old_values + clip(values - old_values, -value_clip, value_clip)
+        loss_t    = 0.5 * max((values - R)^2, (v_clipped - R)^2)           (value_clip None: the first)
+
+    Aggregate it like the policy loss (e.g. ``token_mean(loss, mask)``).
+    """
+    unclipped = (values - returns).square()
+    if value_clip is None:
+        return 0.5 * unclipped * mask, torch.zeros_like(unclipped, dtype=torch.bool)
+    v_clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    clipped = (v_clipped - returns).square()
+    return 0.5 * torch.max(unclipped, clipped) * mask, (clipped > unclipped) & (mask > 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# composition
+
+
+def compute_policy_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    algo,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    norm_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy loss ``algo`` (an ``AlgorithmConfig``) names, and its per-token parts.
+
+        anchor, w, keep = CORRECTIONS[algo.correction](pi_prox, mu, mask)
+        pg_loss         = POLICY_LOSSES[algo.policy_loss](logprobs, anchor, A)     (B, T)
+        loss            = LOSS_AGG_MODES[algo.loss_agg_mode](w * pg_loss, keep)
+
+    Computed in fp32 whatever the model's dtype (exp of bf16 log-ratio differences is too coarse).
+
+    Args:
+        logprobs: (B, T) log pi_theta, with gradient. proximal_logprobs: (B, T) log pi_prox.
+        behaviour_logprobs: (B, T) log mu from the generator. advantages, mask: (B, T).
+        num_tokens, num_seqs: the whole batch's response tokens and sequences, when this is one
+            micro batch of it (None: this tensor's). norm_tokens: seq-mean-token-sum-norm's constant.
+
+    Returns:
+        ``(loss, parts)``: the scalar loss and detached (B, T) tensors for statistics:
+        ``weight_raw`` (pi_prox / mu per token, before truncation or masking), ``weight`` (the
+        applied w), ``keep`` (mask after masked IS), ``clipped`` (float 0/1), ``log_ratio``
+        (log pi_theta - log anchor).
+    """
+    _check_shapes(
+        logprobs,
+        proximal_logprobs=proximal_logprobs,
+        behaviour_logprobs=behaviour_logprobs,
+        advantages=advantages,
+        mask=mask,
+    )
+    logprobs = logprobs.float()
+    proximal_logprobs = proximal_logprobs.detach().float()
+    behaviour_logprobs = behaviour_logprobs.detach().float()
+    advantages = advantages.detach().float()
+    mask = mask.to(torch.float32)
+
+    anchor, weight, keep = CORRECTIONS[algo.correction](
+        proximal_logprobs,
+        behaviour_logprobs,
+        mask,
+        level=algo.correction_level,
+        cap=algo.is_cap,
+        low=algo.mis_low,
+        high=algo.mis_high,
+    )
+    if algo.policy_loss == "ppo_clip":
+        pg_loss, clipped = ppo_clip_loss(logprobs, anchor, advantages, algo.clip_low, algo.clip_high, algo.dual_clip)
+    elif algo.policy_loss == "gspo":
+        pg_loss, clipped = gspo_loss(logprobs, anchor, advantages, mask, algo.clip_low, algo.clip_high)
+    else:
+        pg_loss, clipped = POLICY_LOSSES[algo.policy_loss](logprobs, anchor, advantages, algo.clip_high)
+    loss = LOSS_AGG_MODES[algo.loss_agg_mode](
+        weight.detach() * pg_loss, keep, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens
+    )
+    with torch.no_grad():
+        parts = {
+            "weight_raw": _log_weights(proximal_logprobs, behaviour_logprobs, mask, "token").exp(),
+            "weight": weight.detach(),
+            "keep": keep,
+            "clipped": clipped.float(),
+            "log_ratio": (logprobs - anchor).detach(),
+        }
+    return loss, parts
 
 
 def decoupled_ppo_loss(
@@ -36,103 +402,55 @@ def decoupled_ppo_loss(
     clip_coef: float = 0.2,
     behaviour_weight_cap: float | None = 5.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Staleness-corrected GRPO policy loss: AReaL's decoupled PPO objective, token-mean.
+    """Staleness-corrected GRPO policy loss, AReaL's decoupled PPO objective, token-mean.
 
-    Per response token t, with advantage A (the sample's GRPO advantage)::
+    ``compute_policy_loss`` with correction ``decoupled``, policy loss ``ppo_clip`` and
+    ``token-mean``, in one call with float stats (the learner's default; kept for tests and
+    the benchmark)::
 
         ratio    = exp(logprobs - proximal_logprobs)            = pi_theta / pi_prox
-        pg_loss1 = -A * ratio
-        pg_loss2 = -A * clip(ratio, 1 - clip_coef, 1 + clip_coef)
+        pg_loss  = max(-A * ratio, -A * clip(ratio, 1 - clip_coef, 1 + clip_coef))
         w        = min(exp(proximal_logprobs - behaviour_logprobs), behaviour_weight_cap)
-                                                                = pi_prox / mu, truncated, no gradient
-        loss_t   = w * max(pg_loss1, pg_loss2)
-        loss     = sum_t(mask_t * loss_t) / sum_t(mask_t)
-
-    Why: a sample may be k policy versions old, sampled by mu = pi_{theta_{v-k}}. PPO's clipped
-    surrogate keeps the update inside a trust region around pi_prox, the learner's current policy
-    before this update, not around the stale mu (clipping around mu would freeze learning on stale
-    data, and would let a step move far from where the learner is). The off-policyness between
-    mu and pi_prox is corrected by the importance weight w. It is detached (a weight on the
-    surrogate, not a term to optimise) and truncated at ``behaviour_weight_cap`` (truncated
-    importance sampling, as in IMPALA/V-trace; AReaL instead drops tokens above its cap): a token
-    mu sampled that pi_prox finds far likelier would otherwise dominate the batch's gradient.
-    ``None`` disables the cap.
-
-    When the learner takes one optimizer step per batch, pi_prox is exactly pi_theta at the
-    forward pass, so the trainer passes ``proximal_logprobs = logprobs.detach()``: ratio == 1, no
-    token is clipped, and the gradient is that of -w * A * log pi_theta. A second forward pass for
-    pi_prox is needed only when one batch is split into several optimizer steps.
-
-    Args:
-        logprobs: (B, T) log pi_theta of the sampled tokens, with gradient.
-        proximal_logprobs: (B, T) log pi_prox of the same tokens (no gradient needed).
-        behaviour_logprobs: (B, T) log mu, as reported by the generator that sampled them.
-        advantages: (B, T) per-token advantages (the sample's advantage on each of its tokens).
-        mask: (B, T) 1 on response tokens that count, 0 on prompt and padding.
-        clip_coef: epsilon of PPO's clip, > 0.
-        behaviour_weight_cap: truncate w at this value (>= 1), or None for no truncation.
+        loss     = sum_t(mask_t * w_t * pg_loss_t) / sum_t(mask_t)
 
     Returns:
-        ``(loss, stats)``: the scalar loss, and floats over the masked tokens: ``clipfrac``
-        (fraction of tokens with |ratio - 1| > clip_coef), ``ratio_mean``,
+        ``(loss, stats)``: ``clipfrac`` (|ratio - 1| > clip_coef), ``ratio_mean``,
         ``behaviour_weight_mean`` / ``behaviour_weight_max`` (w before the cap),
-        ``behaviour_capped_frac`` (fraction of tokens whose w was truncated),
-        ``behaviour_approx_kl`` (k3 estimate of KL(mu || pi_prox) = E_mu[(w - 1) - log w], >= 0),
-        ``num_tokens``.
+        ``behaviour_capped_frac``, ``behaviour_approx_kl`` (k3 of KL(mu || pi_prox)), ``num_tokens``.
     """
-    shape = logprobs.shape
-    for name, value in (
-        ("proximal_logprobs", proximal_logprobs),
-        ("behaviour_logprobs", behaviour_logprobs),
-        ("advantages", advantages),
-        ("mask", mask),
-    ):
-        if value.shape != shape:
-            raise ValueError(f"{name} shape {tuple(value.shape)} must equal logprobs shape {tuple(shape)}")
+    _check_shapes(
+        logprobs,
+        proximal_logprobs=proximal_logprobs,
+        behaviour_logprobs=behaviour_logprobs,
+        advantages=advantages,
+        mask=mask,
+    )
     if clip_coef <= 0:
         raise ValueError(f"clip_coef ({clip_coef}) must be > 0")
     if behaviour_weight_cap is not None and behaviour_weight_cap < 1:
         raise ValueError(f"behaviour_weight_cap ({behaviour_weight_cap}) must be >= 1 or None")
-
-    # Compute in fp32 whatever the model's dtype: exp() of bf16 log-ratio differences is too coarse.
     logprobs = logprobs.float()
     proximal_logprobs = proximal_logprobs.detach().float()
     behaviour_logprobs = behaviour_logprobs.detach().float()
-    advantages = advantages.detach().float()
     mask = mask.to(torch.float32)
-
-    logratio = logprobs - proximal_logprobs  # (B, T)
-    ratio = logratio.exp()  # (B, T)
-    pg_loss1 = -advantages * ratio  # (B, T)
-    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)  # (B, T)
-    pg_loss = torch.max(pg_loss1, pg_loss2)  # (B, T)
-
-    behaviour_logratio = proximal_logprobs - behaviour_logprobs  # (B, T)
-    behaviour_weight = behaviour_logratio.exp()  # (B, T), pi_prox / mu, no gradient
-    if behaviour_weight_cap is not None:
-        capped_weight = behaviour_weight.clamp(max=behaviour_weight_cap)  # (B, T)
-    else:
-        capped_weight = behaviour_weight
-
-    loss = masked_mean(capped_weight * pg_loss, mask)
-
+    anchor, weight, keep = decoupled_correction(proximal_logprobs, behaviour_logprobs, mask, cap=behaviour_weight_cap)
+    pg_loss, _ = ppo_clip_loss(logprobs, anchor, advantages.detach().float(), clip_coef, clip_coef)
+    loss = token_mean(weight * pg_loss, keep)
     with torch.no_grad():
+        ratio = (logprobs - anchor).exp()
+        raw = (proximal_logprobs - behaviour_logprobs).exp()
         valid = mask > 0
-        any_valid = bool(valid.any())
         stats = {
             "clipfrac": masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask).item(),
             "ratio_mean": masked_mean(ratio, mask).item(),
-            "behaviour_weight_mean": masked_mean(behaviour_weight, mask).item(),
-            "behaviour_weight_max": behaviour_weight[valid].max().item() if any_valid else 0.0,
-            "behaviour_capped_frac": masked_mean((capped_weight < behaviour_weight).float(), mask).item(),
-            # k3 estimator (Schulman, "Approximating KL divergence"): unbiased and >= 0 per token.
-            "behaviour_approx_kl": masked_mean((behaviour_weight - 1) - behaviour_logratio, mask).item(),
+            "behaviour_weight_mean": masked_mean(raw, mask).item(),
+            "behaviour_weight_max": raw[valid].max().item() if bool(valid.any()) else 0.0,
+            "behaviour_capped_frac": masked_mean((weight < raw).float(), mask).item(),
+            "behaviour_approx_kl": masked_mean((raw - 1) - (proximal_logprobs - behaviour_logprobs), mask).item(),
             "num_tokens": float(mask.sum().item()),
         }
     return loss, stats
 
 
-LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
-    "decoupled_ppo": decoupled_ppo_loss,
-}
-"""Policy losses by name, for the trainer's config; each has ``decoupled_ppo_loss``'s signature."""
+LOSSES = {"decoupled_ppo": decoupled_ppo_loss}
+"""The one-call decoupled loss by its old config name (``learner.trainer.loss`` before ``algorithm``)."""

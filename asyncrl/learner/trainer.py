@@ -1,9 +1,17 @@
 """The policy trainer: a Hugging Face causal LM in a DeepSpeed engine, one optimizer step per batch.
 
-``PolicyTrainer.train_step(groups)`` is one iteration of staleness-corrected GRPO: GRPO advantages
-from the groups' rewards, one forward/backward over the batch (in micro batches, their gradients
-accumulated), one optimizer step, ``version += 1``. ``full_state_dict()`` and
-``save_pretrained()`` hand the new weights to the generators.
+``PolicyTrainer.train_step(groups)`` is one iteration of the algorithm the run's ``algorithm``
+section names (default: decoupled GRPO): advantages from the groups' rewards
+(``ADV_ESTIMATORS``), one forward/backward over the batch (in micro batches, their gradients
+accumulated) of the corrected policy loss (``compute_policy_loss``) plus the KL and entropy
+terms, one optimizer step, ``version += 1``. ``full_state_dict()`` and ``save_pretrained()``
+hand the new weights to the generators.
+
+The KL reference is a frozen copy of the starting weights in each rank (``kl.reference:
+colocated``), run without gradient and without a DeepSpeed engine; it is loaded only when
+``algorithm.kl.coef > 0``. As a reward penalty the per-token KL is taken between the behaviour
+logprobs mu and the reference (the policy that sampled the answer, as OpenRLHF does at
+experience time), so it needs no extra policy forward pass.
 
 One optimizer step per call, whatever the batch size: the DeepSpeed config has
 ``gradient_accumulation_steps = 1`` and ``train_micro_batch_size_per_gpu = micro_batch_size``, and
@@ -19,7 +27,6 @@ loss, independent of how the batch is cut into micro batches.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import socket
@@ -30,10 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.learner.advantages import grpo_advantages
+from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS
 from asyncrl.learner.batch import TrainBatch, collate, token_logprobs
-from asyncrl.learner.config import TrainerConfig
-from asyncrl.learner.losses import LOSSES
+from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
+from asyncrl.learner.kl import KL_ESTIMATORS, make_kl_controller
+from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.wire import Group
 
 # Files of a Hugging Face model dir that ``save_pretrained`` writes itself instead of copying.
@@ -79,7 +87,7 @@ class PolicyTrainer:
     ``save_pretrained`` are collective under ZeRO-3 and must be called on every rank.
     """
 
-    def __init__(self, model_dir: str | Path, cfg: TrainerConfig):
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, algo: AlgorithmConfig | None = None):
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
         import deepspeed
@@ -87,10 +95,11 @@ class PolicyTrainer:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.cfg = cfg
+        self.algo = algo if algo is not None else AlgorithmConfig()
         self.model_dir = Path(model_dir)
         self.version = 0
         """Optimizer steps taken; the policy version of the current weights."""
-        self.loss_fn = LOSSES[cfg.loss]
+        self.kl_controller = make_kl_controller(self.algo.kl)
 
         if not torch.distributed.is_initialized():
             init_single_process_distributed()
@@ -125,30 +134,58 @@ class PolicyTrainer:
         }
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.device = self.engine.device
+        self.critic = None
+        """The value model's trainer, for ``adv_estimator: gae``; None otherwise."""
+        if self.algo.adv_estimator == "gae":
+            from asyncrl.learner.critic import CriticTrainer
+
+            self.critic = CriticTrainer(self.model_dir, self.algo.critic, cfg)
+        self.ref_model = None
+        """Frozen reference policy for the KL term (the starting weights); None when kl.coef == 0."""
+        if self.algo.kl.enabled:
+            ref = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            ref.config.use_cache = False
+            ref.eval().requires_grad_(False)
+            self.ref_model = ref.to(self.device, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
 
     # -----------------------------------------------------------------------------------------
     # training
 
-    def advantages(self, groups: list[Group]) -> list[np.ndarray]:
-        """GRPO advantages of each group's samples, one (n_g,) array per group."""
-        rows = []
-        for group in groups:
-            if not group.scored:
-                raise ValueError(f"group {group.group_id}: every sample needs a reward before training")
-            rewards = np.asarray([[s.reward for s in group.samples]], dtype=np.float32)  # (1, n)
-            rows.append(grpo_advantages(rewards, scale_by_std=self.cfg.scale_advantages_by_std)[0])
-        return rows
+    def advantages(self, groups: list[Group], rewards: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Advantages of each group's samples by ``algorithm.adv_estimator``, one (n_g,) array per group.
 
-    def weighted_advantages(self, groups: list[Group], weights=None) -> list[np.ndarray]:
-        """GRPO advantages, each group's row scaled by its weight (a replay buffer's importance
+        ``rewards``: per-group reward rows to use instead of the samples' (a KL-penalised reward).
+        Groups of equal size are stacked (G, n); group-local estimators also take ragged groups.
+        """
+        if rewards is None:
+            for group in groups:
+                if not group.scored:
+                    raise ValueError(f"group {group.group_id}: every sample needs a reward before training")
+            rewards = [np.asarray([s.reward for s in g.samples], dtype=np.float32) for g in groups]
+        # gae's advantages are per token and need the critic (``train_step``); here, for replay
+        # priorities, it stands in with the group-centred rewards.
+        estimator = ADV_ESTIMATORS["dr_grpo" if self.algo.adv_estimator == "gae" else self.algo.adv_estimator]
+        sizes = {len(r) for r in rewards}
+        if len(sizes) == 1:
+            return list(estimator(np.stack(rewards)))  # (G, n) -> G rows
+        if self.algo.adv_estimator in BATCH_ESTIMATORS:
+            raise ValueError(
+                f"algorithm.adv_estimator '{self.algo.adv_estimator}' needs groups of one size, got sizes {sorted(sizes)}"
+            )
+        return [estimator(r[None])[0] for r in rewards]
+
+    def weighted_advantages(self, groups: list[Group], weights=None, rewards=None) -> list[np.ndarray]:
+        """Advantages, each group's row scaled by its weight (a replay buffer's importance
         weight w_g); ``None``: unweighted.
 
-        Scaling group g's advantages by w_g >= 0 is exactly weighting each of its tokens' loss by
-        w_g: the decoupled PPO loss is linear in A for a non-negative factor,
-        max(-w·A·ratio, -w·A·clip(ratio)) = w·max(-A·ratio, -A·clip(ratio)), and the behaviour
-        weight and the token mean are untouched; so no loss function needs a weight argument.
+        Scaling group g's advantages by w_g >= 0 is exactly weighting each of its tokens' policy
+        loss by w_g: every policy loss is positively homogeneous in A,
+        max(-w·A·ratio, -w·A·clip(ratio)) = w·max(-A·ratio, -A·clip(ratio)) (and the dual clip's
+        min, GSPO's and CISPO's products alike), and the correction weights and the aggregation
+        are untouched; so no loss function needs a weight argument. The KL and entropy terms
+        are not scaled: they regularise the policy, not the sampled estimate.
         """
-        rows = self.advantages(groups)
+        rows = self.advantages(groups, rewards)
         if weights is None:
             return rows
         w = np.asarray(weights, dtype=np.float32).reshape(-1)
@@ -159,56 +196,124 @@ class PolicyTrainer:
         return [row * wg for row, wg in zip(rows, w)]
 
     def train_step(self, groups: list[Group], weights=None) -> dict:
-        """One optimizer step on ``groups``, each group's per-token loss scaled by ``weights[g]``
+        """One optimizer step on ``groups``, each group's policy loss scaled by ``weights[g]``
         (importance weights from a prioritized buffer; None: all 1); returns its stats.
 
-        Stats: ``version`` (after the step), ``loss`` (the batch's token-mean loss), the loss's
-        stats averaged over tokens (``*_max`` stats: max), ``grad_norm`` (before clipping),
-        ``staleness`` (one int per sequence: ``version before the step - group.policy_version``),
-        ``staleness_mean``/``staleness_max``, ``reward_mean``, ``sequences``, ``tokens`` (response
-        tokens trained on), ``seconds``.
+        Stats: ``version`` (after the step), ``loss`` (the batch's total loss), ``policy_loss``,
+        ``grad_norm`` (before clipping), ``clipfrac`` (kept tokens whose clipped branch was taken),
+        ``is_weight_mean``/``is_weight_max`` (pi_prox / mu per token, before truncation),
+        ``is_weight_ess`` (effective sample size of the applied weights over response tokens,
+        (sum w)^2 / (N sum w^2), in (0, 1]), ``masked_frac`` (response tokens dropped by the
+        correction), ``behaviour_kl`` (k3 estimate of KL(mu || pi_prox) over all tokens),
+        ``mismatch_kl`` (the same over tokens of staleness 0 only: sampler/learner mismatch at one
+        version; NaN when there are none), ``entropy`` (token-mean entropy of pi_theta),
+        ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence:
+        ``version before the step - group.policy_version``), ``staleness_mean``/``staleness_max``,
+        ``reward_mean``, ``sequences``, ``tokens`` (response tokens trained on), ``seconds``.
         """
         start = time.perf_counter()
-        cfg = self.cfg
+        cfg, algo = self.cfg, self.algo
         version_before = self.version
-        batch = collate(groups, self.weighted_advantages(groups, weights), self.pad_id)
+        rewards = [np.asarray([s.reward for s in g.samples], dtype=np.float32) for g in groups]
+        batch = collate(groups, [np.zeros(len(g.samples), dtype=np.float32) for g in groups], self.pad_id)
         total_tokens = max(batch.num_tokens, 1)
         num_rows = len(batch)
-        bounds = list(range(0, num_rows, cfg.micro_batch_size))
+        bounds = [(lo, min(lo + cfg.micro_batch_size, num_rows)) for lo in range(0, num_rows, cfg.micro_batch_size)]
+        staleness_rows = version_before - batch.policy_version  # (B,)
+        beta = self.kl_controller.value
+
+        # The reference's logprobs, per micro batch, before anything else: a reward penalty
+        # changes the advantages.
+        ref_logprobs: list[torch.Tensor | None] = [None] * len(bounds)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                for index, (lo, hi) in enumerate(bounds):
+                    micro = batch.slice(lo, hi).to(self.device)
+                    out = self.ref_model(
+                        input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
+                    )
+                    ref_logprobs[index] = token_logprobs(out.logits, micro.input_ids, cfg.temperature)  # (b, l-1)
+            if algo.kl.use_in == "reward" and algo.adv_estimator != "gae":  # gae: per token, below
+                kl_fn = KL_ESTIMATORS[algo.kl.estimator]
+                seq_kl = torch.cat(
+                    [
+                        (kl_fn(m.behaviour_logprobs, ref.cpu()) * m.response_mask).sum(dim=1)  # (b,)
+                        for m, ref in ((batch.slice(lo, hi), r) for (lo, hi), r in zip(bounds, ref_logprobs))
+                    ]
+                ).numpy()
+                offsets = np.cumsum([0] + [len(g.samples) for g in groups])
+                rewards = [r - beta * seq_kl[offsets[i] : offsets[i + 1]] for i, r in enumerate(rewards)]
+        critic_stats: dict[str, float] = {}
+        if algo.adv_estimator == "gae":
+            critic_stats = self._critic_advantages(batch, bounds, np.concatenate(rewards), ref_logprobs, weights, beta)
+        else:
+            rows = self.weighted_advantages(groups, weights, rewards)
+            batch.advantages[:] = torch.from_numpy(np.concatenate(rows).astype(np.float32))[:, None]
+        norm_tokens = algo.loss_norm_tokens or int(batch.response_mask.sum(dim=1).max().item())
 
         self.engine.train()
-        loss_total = 0.0
-        token_stats: dict[str, float] = {}
-        max_stats: dict[str, float] = {}
-        for index, lo in enumerate(bounds):
-            micro = batch.slice(lo, min(lo + cfg.micro_batch_size, num_rows)).to(self.device)
-            micro_tokens = micro.num_tokens
+        acc: dict[str, float] = {}
+
+        def add(key: str, value: torch.Tensor | float) -> None:
+            acc[key] = acc.get(key, 0.0) + float(value)
+
+        maxes: dict[str, float] = {"is_weight_max": 0.0}
+        for index, (lo, hi) in enumerate(bounds):
+            micro = batch.slice(lo, hi).to(self.device)
+            mask = micro.response_mask  # (b, l-1)
             # Only the last micro batch is an accumulation boundary: ZeRO-1/2 hand the summed
             # gradients to the optimizer partitions there, not after every micro batch.
             self.engine.set_gradient_accumulation_boundary(index == len(bounds) - 1)
             out = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False)
             logprobs = token_logprobs(out.logits, micro.input_ids, cfg.temperature)  # (b, l-1)
             # One optimizer step per batch: the proximal policy is the current one (ratio == 1).
-            loss, stats = self.loss_fn(
+            if algo.proximal == "log_linear":
+                proximal = log_linear_proximal_logprobs(
+                    micro.behaviour_logprobs, logprobs, micro.policy_version, version_before, version_before
+                )
+            else:
+                proximal = logprobs.detach()
+            policy_loss, parts = compute_policy_loss(
                 logprobs,
-                logprobs.detach(),
+                proximal,
                 micro.behaviour_logprobs,
                 micro.advantages,
-                micro.response_mask,
-                clip_coef=cfg.clip_coef,
-                behaviour_weight_cap=cfg.behaviour_weight_cap,
+                mask,
+                algo,
+                num_tokens=total_tokens,
+                num_seqs=num_rows,
+                norm_tokens=norm_tokens,
             )
-            # loss is this micro batch's token-mean; re-weight it to its share of the batch's.
-            scaled = loss * (micro_tokens / total_tokens)
-            self.engine.backward(scaled, scale_wrt_gas=False)
-            loss_total += scaled.item()
-            for key, value in stats.items():
-                if key == "num_tokens":
-                    continue
-                if key.endswith("_max"):
-                    max_stats[key] = max(max_stats.get(key, -math.inf), value)
-                else:
-                    token_stats[key] = token_stats.get(key, 0.0) + value * micro_tokens / total_tokens
+            loss = policy_loss
+            entropy = _token_entropy(out.logits, cfg.temperature, grad=algo.entropy_coef > 0)  # (b, l-1)
+            entropy_sum = (entropy * mask).sum()
+            if algo.entropy_coef > 0:
+                loss = loss - algo.entropy_coef * entropy_sum / total_tokens
+            if ref_logprobs[index] is not None:
+                kl = KL_ESTIMATORS[algo.kl.estimator](logprobs, ref_logprobs[index])  # (b, l-1)
+                kl_sum = (kl * mask).sum()
+                if algo.kl.use_in == "loss":
+                    loss = loss + beta * kl_sum / total_tokens
+                add("ref_kl", kl_sum.detach() / total_tokens)
+            self.engine.backward(loss, scale_wrt_gas=False)
+
+            with torch.no_grad():
+                add("loss", loss.detach())
+                add("policy_loss", policy_loss.detach())
+                add("entropy", entropy_sum.detach() / total_tokens)
+                keep, w, raw = parts["keep"], parts["weight"], parts["weight_raw"]
+                add("kept", keep.sum())
+                add("clipped", (parts["clipped"] * keep).sum())
+                add("w_sum", (w * mask).sum())
+                add("w_sq_sum", (w.square() * mask).sum())
+                add("raw_sum", (raw * mask).sum())
+                k3 = (raw - 1) - raw.log()  # (b, l-1) per-token k3 of KL(mu || pi_prox)
+                add("behaviour_kl_sum", (k3 * mask).sum())
+                fresh = mask * (version_before - micro.policy_version == 0).to(mask.dtype)[:, None]
+                add("fresh_tokens", fresh.sum())
+                add("mismatch_kl_sum", (k3 * fresh).sum())
+                if bool((mask > 0).any()):
+                    maxes["is_weight_max"] = max(maxes["is_weight_max"], float(raw[mask > 0].max()))
         own_grad_norm = None
         if self.cfg.zero_stage == 0 and self.cfg.dtype == "fp32":
             # DeepSpeed clips fp32 ZeRO-0 gradients without recording the norm; measure it here.
@@ -223,22 +328,35 @@ class PolicyTrainer:
         grad_norm = own_grad_norm if own_grad_norm is not None else self.engine.get_global_grad_norm()
         if isinstance(grad_norm, torch.Tensor):
             grad_norm = grad_norm.item()
-        staleness = (version_before - batch.policy_version).tolist()
-        rewards = [s.reward for g in groups for s in g.samples]
-        return {
+        staleness = staleness_rows.tolist()
+        kept = max(acc["kept"], 1.0)
+        stats = {
             "version": self.version,
-            "loss": loss_total,
-            **token_stats,
-            **max_stats,
+            "loss": acc["loss"],
+            "policy_loss": acc["policy_loss"],
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "clipfrac": acc["clipped"] / kept,
+            "is_weight_mean": acc["raw_sum"] / total_tokens,
+            "is_weight_max": maxes["is_weight_max"],
+            "is_weight_ess": acc["w_sum"] ** 2 / max(total_tokens * acc["w_sq_sum"], 1e-12),
+            "masked_frac": 1.0 - acc["kept"] / total_tokens if batch.num_tokens else 0.0,
+            "behaviour_kl": acc["behaviour_kl_sum"] / total_tokens,
+            "mismatch_kl": acc["mismatch_kl_sum"] / acc["fresh_tokens"] if acc["fresh_tokens"] else float("nan"),
+            "entropy": acc["entropy"],
             "staleness": staleness,
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
-            "reward_mean": float(np.mean(rewards)),
+            "reward_mean": float(np.mean([s.reward for g in groups for s in g.samples])),
             "sequences": num_rows,
             "tokens": batch.num_tokens,
-            "seconds": time.perf_counter() - start,
+            **critic_stats,
         }
+        if self.ref_model is not None:
+            stats["ref_kl"] = acc["ref_kl"]
+            stats["kl_coef"] = beta
+            self.kl_controller.update(acc["ref_kl"], n_samples=num_rows)
+        stats["seconds"] = time.perf_counter() - start
+        return stats
 
     # -----------------------------------------------------------------------------------------
     # weights out
@@ -321,6 +439,66 @@ class PolicyTrainer:
         torch.distributed.barrier()
         return out
 
+    def _critic_advantages(self, batch: TrainBatch, bounds, rewards: np.ndarray, ref_logprobs, weights, beta) -> dict:
+        """Per-token advantages from the critic (one critic step), written into ``batch.advantages``.
+
+        Token rewards: the outcome reward on the last response token, minus beta * KL(mu, ref) on
+        every token when ``kl.use_in`` is reward. V-trace targets use log(pi_prox / mu) from a
+        no-grad forward pass of the policy. Then optional whitening over the batch's response
+        tokens, and each group's importance weight.
+        """
+        algo, cfg = self.algo, self.cfg
+        micros = [batch.slice(lo, hi) for lo, hi in bounds]
+        token_rewards_list, log_rhos = [], []
+        from asyncrl.learner.critic import token_rewards
+
+        for (lo, hi), micro, ref in zip(bounds, micros, ref_logprobs):
+            r = token_rewards(micro, torch.from_numpy(rewards[lo:hi]))  # (b, l-1)
+            if ref is not None and algo.kl.use_in == "reward":
+                r = (
+                    r
+                    - beta * KL_ESTIMATORS[algo.kl.estimator](micro.behaviour_logprobs, ref.cpu()) * micro.response_mask
+                )
+            token_rewards_list.append(r)
+            if algo.critic.targets == "vtrace":
+                on_device = micro.to(self.device)
+                with torch.no_grad():
+                    out = self.engine(
+                        input_ids=on_device.input_ids, attention_mask=on_device.attention_mask, use_cache=False
+                    )
+                    lp = token_logprobs(out.logits, on_device.input_ids, cfg.temperature).cpu()
+                log_rhos.append((lp - micro.behaviour_logprobs) * micro.response_mask)
+            else:
+                log_rhos.append(None)
+        total_tokens = max(batch.num_tokens, 1)
+        advantages, stats = self.critic.advantages_and_step(micros, token_rewards_list, log_rhos, total_tokens)
+        batch.advantages.zero_()
+        for (lo, hi), adv in zip(bounds, advantages):
+            batch.advantages[lo:hi, : adv.shape[1]] = adv.cpu()
+        mask = batch.response_mask
+        if algo.critic.whiten_advantages:
+            mean = (batch.advantages * mask).sum() / mask.sum().clamp(min=1)
+            var = (((batch.advantages - mean) * mask).square()).sum() / mask.sum().clamp(min=1)
+            batch.advantages.copy_((batch.advantages - mean) / (var.sqrt() + 1e-6) * mask)
+        if weights is not None:
+            w = torch.as_tensor(np.asarray(weights, dtype=np.float32).reshape(-1))
+            if w.numel() != int(batch.group_index.max()) + 1 or not bool(torch.isfinite(w).all() and (w >= 0).all()):
+                raise ValueError(f"weights ({w.tolist()}) must be finite, >= 0 and one per group")
+            batch.advantages.mul_(w[batch.group_index][:, None])
+        return stats
+
     def train_batch(self, groups: list[Group], weights=None) -> TrainBatch:
-        """The collated batch ``train_step`` would train on (for inspection and tests)."""
+        """The collated batch ``train_step`` would train on, without a KL reward penalty (for
+        inspection and tests)."""
         return collate(groups, self.weighted_advantages(groups, weights), self.pad_id)
+
+
+def _token_entropy(logits: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at each predicting position: (B, L, V) -> (B, L-1).
+
+    H_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v        z = logits / temperature
+    """
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        z = logits[:, :-1].float() / temperature  # (B, L-1, V)
+        lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (B, L-1, 1)
+        return lse.squeeze(-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)  # (B, L-1)

@@ -28,6 +28,22 @@ from asyncrl.transport import RequestClient
 
 log = logging.getLogger(__name__)
 
+STEP_EVENT_STATS = (
+    "clipfrac",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_weight_ess",
+    "masked_frac",
+    "behaviour_kl",
+    "mismatch_kl",
+    "entropy",
+    "ref_kl",
+    "kl_coef",
+    "grad_norm",
+    "value_loss",
+)
+"""Trainer stats that ride along in each "step" event (the controller prints some, keeps all)."""
+
 
 def run_learner(ctx, model_dir: str) -> None:
     cfg = ctx.cfg
@@ -39,7 +55,10 @@ def run_learner(ctx, model_dir: str) -> None:
     else:
         from asyncrl.learner.trainer import PolicyTrainer  # DeepSpeed loads only where it trains
 
-        trainer = PolicyTrainer(model_dir, trainer_cfg)
+        algo = cfg.algorithm
+        if algo.loss_norm_tokens is None:
+            algo = algo.model_copy(update={"loss_norm_tokens": cfg.sampling.max_tokens})
+        trainer = PolicyTrainer(model_dir, trainer_cfg, algo)
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     publisher = WeightPublisher(ctx.endpoints.weights, ctx.run_dir / "weights")
     trained = 0  # samples trained at least once
@@ -106,7 +125,7 @@ def run_learner(ctx, model_dir: str) -> None:
             step_s=stats["seconds"],
             staleness_mean=sum(stats["staleness"]) / len(stats["staleness"]),
             staleness_max=max(stats["staleness"]),
-            **{k: v for k, v in stats.items() if k in ("clipfrac", "behaviour_weight_mean", "approx_kl")},
+            **{k: v for k, v in stats.items() if k in STEP_EVENT_STATS},
         )
     wall = time.monotonic() - loop_start
     trainer.save_pretrained(ctx.run_dir / "final")

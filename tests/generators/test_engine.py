@@ -49,13 +49,25 @@ def build_fallback_model(out_dir: Path, seed: int) -> Path:
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", clean_up_tokenization_spaces=False
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
     )
     tok.save_pretrained(out_dir)
     config = Qwen2Config(
-        hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=512, max_position_embeddings=64, vocab_size=len(chars),
-        tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        max_position_embeddings=64,
+        vocab_size=len(chars),
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
     )
     torch.manual_seed(seed)
     Qwen2ForCausalLM(config).save_pretrained(out_dir)
@@ -192,7 +204,9 @@ def test_too_long_prompt_is_rejected_by_name(engine):
         engine.generate(["ok", "x" * 64], SamplingConfig(n=2))
     # A prompt that fits but leaves less room than max_tokens is cut at max_model_len.
     for c in engine.generate(["x" * 60], SamplingConfig(n=4, max_tokens=10), seed=0)[0]:
-        assert len(c.response_ids) <= 4 and (c.finish_reason == "length" or c.response_ids[-1] == engine.tokenizer.eos_token_id)
+        assert len(c.response_ids) <= 4 and (
+            c.finish_reason == "length" or c.response_ids[-1] == engine.tokenizer.eos_token_id
+        )
 
 
 def test_configs_reject_bad_values():

@@ -34,8 +34,14 @@ def model():
 
     torch.manual_seed(0)
     config = Qwen2Config(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, vocab_size=32, max_position_embeddings=64, tie_word_embeddings=False,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=32,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(config).eval()
 

@@ -40,8 +40,14 @@ def model_dir(tmp_path_factory):
 
         torch.manual_seed(0)
         config = Qwen2Config(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=128, vocab_size=32, max_position_embeddings=64, tie_word_embeddings=False,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=32,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
         )
         Qwen2ForCausalLM(config).save_pretrained(out)
         return out
@@ -135,7 +141,9 @@ def test_two_steps_at_each_zero_stage(stage, model_dir, hf_state, groups, refere
         assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
         assert stats["sequences"] == 16 and stats["tokens"] == sum(g.num_tokens for g in groups)
         assert stats["seconds"] > 0 and stats["clipfrac"] == 0.0
-        assert 0.5 < stats["behaviour_weight_mean"] < 2.0
+        assert 0.5 < stats["is_weight_mean"] < 2.0 and stats["is_weight_max"] >= stats["is_weight_mean"]
+        assert 0 < stats["is_weight_ess"] <= 1.0 and stats["masked_frac"] == 0.0
+        assert stats["entropy"] > 0 and stats["behaviour_kl"] >= 0
 
     # 4 micro batches per call, accumulated into ONE optimizer step per call: the gradient is the
     # full batch's token-mean gradient (same norm) and the weights equal two full-batch steps of
@@ -162,10 +170,12 @@ def test_behaviour_weights_are_one_when_behaviour_is_the_model(model_dir, hf_sta
         own.append(Group(group.group_id, group.prompt_uid, "t", "", "", group.prompt_ids, 0, "gen", samples))
     trainer = PolicyTrainer(model_dir, config(0, temperature=temperature))
     stats = trainer.train_step(own)
-    assert stats["behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert stats["behaviour_weight_max"] == pytest.approx(1.0, abs=1e-5)
-    assert stats["behaviour_capped_frac"] == 0.0
-    assert stats["behaviour_approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["is_weight_max"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["is_weight_ess"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["masked_frac"] == 0.0
+    assert stats["behaviour_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)  # staleness 0: all tokens count
 
 
 def test_bf16_zero3_step_and_save_pretrained_roundtrip(model_dir, groups, tmp_path):
@@ -193,8 +203,8 @@ def test_config_rejects_bad_values():
         TrainerConfig(zero_stage=4)
     with pytest.raises(ValueError, match=r"micro_batch_size \(0\) must be >= 1"):
         TrainerConfig(micro_batch_size=0)
-    with pytest.raises(ValueError, match="loss"):
-        TrainerConfig(loss="ppo")
+    with pytest.raises(ValueError, match="extra"):
+        TrainerConfig(loss="ppo")  # the loss is algorithm.policy_loss now
     with pytest.raises(ValueError, match="extra"):
         TrainerConfig(learning_rate=1e-3)
 
@@ -231,3 +241,134 @@ def test_importance_weights_scale_each_groups_token_loss(model_dir, groups):
         trainer.train_step(groups, weights=[1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="must be finite and >= 0"):
         trainer.train_step(groups, weights=[1.0, -1.0, 1.0, 1.0])
+
+
+# --- the algorithm section, wired -------------------------------------------------------------
+
+from asyncrl.learner.advantages import ADV_ESTIMATORS  # noqa: E402
+from asyncrl.learner.config import AlgorithmConfig  # noqa: E402
+from asyncrl.learner.kl import KL_ESTIMATORS  # noqa: E402
+from asyncrl.learner.losses import compute_policy_loss  # noqa: E402
+
+ALGORITHMS = {
+    "cispo_tis_seq_rloo": dict(
+        adv_estimator="rloo",
+        policy_loss="cispo",
+        correction="tis",
+        correction_level="sequence",
+        is_cap=2.0,
+        loss_agg_mode="seq-mean-token-mean",
+    ),
+    "gspo_mis_reinforce_pp_kl_entropy": dict(
+        adv_estimator="reinforce_pp_baseline",
+        policy_loss="gspo",
+        correction="mis",
+        correction_level="sequence",
+        mis_low=0.2,
+        mis_high=3.0,
+        clip_low=0.05,
+        clip_high=0.08,
+        loss_agg_mode="seq-mean-token-sum-norm",
+        loss_norm_tokens=8,
+        kl={"coef": 0.5, "estimator": "k2"},
+        entropy_coef=0.01,
+    ),
+    "dapo_dual_clip_behaviour_ppo": dict(
+        adv_estimator="dr_grpo",
+        correction="behaviour_ppo",
+        clip_low=0.2,
+        clip_high=0.28,
+        dual_clip=3.0,
+        loss_agg_mode="seq-mean-token-sum",
+    ),
+}
+
+
+def plain_torch_steps(model_dir, groups, algo, steps=2):
+    """``steps`` plain-torch AdamW steps of ``algo`` on the whole batch at once."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
+    rewards = np.array([[s.reward for s in g.samples] for g in groups], dtype=np.float32)
+    batch = collate(groups, ADV_ESTIMATORS[algo.adv_estimator](rewards), pad_id=0)
+    mask = batch.response_mask
+    for _ in range(steps):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        lp = token_logprobs(logits, batch.input_ids)
+        loss, _ = compute_policy_loss(
+            lp, lp.detach(), batch.behaviour_logprobs, batch.advantages, mask, algo, norm_tokens=algo.loss_norm_tokens
+        )
+        if algo.kl.coef > 0:
+            ref_lp = token_logprobs(
+                ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+            )
+            loss = loss + algo.kl.coef * (KL_ESTIMATORS[algo.kl.estimator](lp, ref_lp) * mask).sum() / mask.sum()
+        if algo.entropy_coef > 0:
+            z = logits[:, :-1]
+            entropy = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
+            loss = loss - algo.entropy_coef * (entropy * mask).sum() / mask.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_algorithms_in_micro_batches_match_plain_torch(name, model_dir, groups):
+    """Losses, corrections, aggregation modes, KL and entropy through DeepSpeed in micro batches of
+    5 sequences land on the same weights as plain torch on the whole batch."""
+    algo = AlgorithmConfig(**ALGORITHMS[name])
+    expected = plain_torch_steps(model_dir, groups, algo)
+    trainer = PolicyTrainer(model_dir, config(0), algo)
+    for _ in range(2):
+        stats = trainer.train_step(groups)
+        assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
+    after = trainer.full_state_dict()
+    for key, tensor in expected.items():
+        torch.testing.assert_close(after[key], tensor, atol=1e-4, rtol=0)
+
+
+def test_kl_to_the_reference_and_the_adaptive_controller(model_dir, groups):
+    algo = AlgorithmConfig(kl={"coef": 0.2, "controller": "adaptive", "target": 1e-6, "horizon": 16})
+    trainer = PolicyTrainer(model_dir, config(0), algo)
+    first = trainer.train_step(groups)
+    assert first["ref_kl"] == pytest.approx(0.0, abs=1e-7) and first["kl_coef"] == pytest.approx(0.2)
+    second = trainer.train_step(groups)
+    assert second["ref_kl"] > 0
+    assert second["kl_coef"] == pytest.approx(0.2 * (1 - 0.2))  # KL 0 < target: -20% over 16 samples
+    assert trainer.kl_controller.value == pytest.approx(0.2 * 0.8 * 1.2)  # KL >> target: +20%
+    # first step: every sample fresh -> mismatch KL defined; second: all stale -> NaN
+    assert first["mismatch_kl"] >= 0 and math.isnan(second["mismatch_kl"])
+
+
+def test_kl_as_reward_penalty_changes_the_advantages(model_dir, groups):
+    fixed = PolicyTrainer(
+        model_dir, config(0), AlgorithmConfig(kl={"coef": 1.0, "use_in": "reward", "estimator": "k1"})
+    )
+    stats = fixed.train_step(groups)
+    assert math.isfinite(stats["loss"]) and stats["kl_coef"] == 1.0
+    # mu (the groups' logprobs) is not the reference, so the penalised rewards differ per sample
+    plain = PolicyTrainer(model_dir, config(0))
+    assert stats["loss"] != pytest.approx(plain.train_step(groups)["loss"])
+
+
+def test_masked_importance_sampling_reports_the_masked_fraction(model_dir, groups):
+    trainer = PolicyTrainer(model_dir, config(0), AlgorithmConfig(correction="mis", mis_low=0.9, mis_high=1.1))
+    stats = trainer.train_step(groups)
+    assert 0 < stats["masked_frac"] < 1 and stats["is_weight_ess"] < 1
+
+
+def test_log_linear_proximal_equals_recompute_with_one_step_per_batch(model_dir, groups):
+    stale = make_groups(32, policy_version=0, seed=0)
+    for g in stale:  # sampled 3 versions before the learner's
+        g.policy_version = -3
+    a = PolicyTrainer(model_dir, config(0), AlgorithmConfig(proximal="log_linear"))
+    b = PolicyTrainer(model_dir, config(0), AlgorithmConfig(proximal="recompute"))
+    sa, sb = a.train_step(stale), b.train_step(stale)
+    assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-6) and sa["staleness"] == [3] * 16
+    wa, wb = a.full_state_dict(), b.full_state_dict()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key])

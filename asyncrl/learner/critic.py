@@ -1,0 +1,120 @@
+"""The critic of PPO with GAE: a value model in its own DeepSpeed engine.
+
+The value model is the policy's transformer backbone (loaded from the same model directory, so
+it starts from the policy's features) with a zero-initialised scalar head: V(s_t) for every
+position. It has its own optimizer and engine, so it never shares a gradient or a step with the
+policy. ``CriticTrainer.advantages_and_step`` does, per micro batch, a forward pass with
+gradient, computes the targets from its own (detached) values (``gae_advantages``, or
+``vtrace_targets`` when the samples' staleness should be corrected), backpropagates the clipped
+value loss, and takes one optimizer step for the batch; it returns the per-token advantages for
+the policy's update.
+
+Alignment as in ``batch.py``: ``values[:, t]`` is V of the state at position t, the state in
+which ``input_ids[:, t + 1]`` is chosen, so values line up with ``response_mask``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from asyncrl.learner.advantages import gae_advantages, vtrace_targets
+from asyncrl.learner.batch import TrainBatch
+from asyncrl.learner.config import CriticConfig, TrainerConfig
+from asyncrl.learner.losses import value_loss
+
+
+class ValueModel(torch.nn.Module):
+    """A causal LM backbone and a linear head to one value per position: (B, L) ids -> (B, L)."""
+
+    def __init__(self, model_dir: str | Path):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        # The causal LM's own backbone (its ``base_model``), without the LM head it is saved with.
+        self.backbone = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).base_model
+        self.backbone.config.use_cache = False
+        hidden = self.backbone.config.hidden_size
+        self.v_head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.v_head.weight)
+        torch.nn.init.zeros_(self.v_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1).float()  # (B, L)
+
+
+def token_rewards(batch: TrainBatch, rewards: torch.Tensor) -> torch.Tensor:
+    """(B, L-1) rewards: each sequence's outcome reward on its last response token, 0 elsewhere."""
+    mask = batch.response_mask
+    positions = torch.arange(mask.shape[1]).expand_as(mask)  # (B, L-1)
+    last = (positions * (mask > 0)).amax(dim=1)  # (B,) index of the last response token
+    out = torch.zeros_like(mask)
+    out[torch.arange(mask.shape[0]), last] = rewards.to(out.dtype)
+    return out * mask
+
+
+class CriticTrainer:
+    """The value model's DeepSpeed engine; one optimizer step per batch, like the policy."""
+
+    def __init__(self, model_dir: str | Path, cfg: CriticConfig, trainer_cfg: TrainerConfig):
+        import deepspeed
+
+        from asyncrl.learner.trainer import init_single_process_distributed
+
+        if not torch.distributed.is_initialized():
+            init_single_process_distributed()
+        self.cfg = cfg
+        model = ValueModel(model_dir)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(trainer_cfg.betas))
+        ds_config = {
+            "train_micro_batch_size_per_gpu": trainer_cfg.micro_batch_size,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": trainer_cfg.grad_clip,
+            "zero_optimization": {"stage": trainer_cfg.zero_stage},
+            "bf16": {"enabled": trainer_cfg.dtype == "bf16"},
+            "steps_per_print": 1 << 30,
+        }
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.device = self.engine.device
+
+    def advantages_and_step(
+        self,
+        micro_batches: list[TrainBatch],
+        token_rewards_per_micro: list[torch.Tensor],
+        log_rhos_per_micro: list[torch.Tensor | None],
+        total_tokens: int,
+    ) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """Train the critic one step on the batch; return each micro batch's (b, l-1) advantages.
+
+        ``log_rhos_per_micro[i]`` (log pi_prox - log mu) selects V-trace for that micro batch;
+        None: GAE. The value loss is token-mean over the whole batch's ``total_tokens``.
+        """
+        cfg = self.cfg
+        self.engine.train()
+        advantages, stats = [], {"value_loss": 0.0, "value_clipfrac": 0.0, "value_mean": 0.0, "return_mean": 0.0}
+        for index, (micro, rewards, log_rhos) in enumerate(
+            zip(micro_batches, token_rewards_per_micro, log_rhos_per_micro)
+        ):
+            micro = micro.to(self.device)
+            mask = micro.response_mask
+            self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
+            values = self.engine(micro.input_ids, micro.attention_mask)[:, :-1]  # (b, l-1)
+            old = values.detach()
+            rewards = rewards.to(self.device)
+            if log_rhos is None:
+                adv, returns = gae_advantages(rewards, old, mask, cfg.gamma, cfg.lam)
+            else:
+                returns, adv = vtrace_targets(rewards, old, log_rhos.to(self.device), mask, cfg.gamma)
+            per_token, clipped = value_loss(values, old, returns, mask, cfg.value_clip)
+            loss = per_token.sum() / total_tokens
+            self.engine.backward(loss, scale_wrt_gas=False)
+            advantages.append(adv.detach())
+            stats["value_loss"] += loss.item()
+            stats["value_clipfrac"] += clipped.float().sum().item() / total_tokens
+            stats["value_mean"] += (old * mask).sum().item() / total_tokens
+            stats["return_mean"] += (returns * mask).sum().item() / total_tokens
+        self.engine.step()
+        return advantages, stats

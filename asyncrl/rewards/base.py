@@ -1,0 +1,229 @@
+"""The one interface of a reward, and how several rewards combine into a sample's reward.
+
+A reward scores a whole group at once (a judge or reward model batches, a rule loops) and gives
+one result per sample, in order:
+
+- a ``float``: the sample's scalar reward;
+- a ``np.ndarray`` of shape (T,): per-token rewards over ``response_ids`` (their sum enters the
+  scalar reward, the array travels in ``Sample.token_rewards``);
+- ``Unscored(reason)``: the reward could not score this sample (timeout, HTTP 429 after retries,
+  unparsable judge output...). Never a 0 by accident: an unscored sample has ``reward = None``
+  and its group carries ``meta['unscored_reason']``, so the buffer drops it by that reason.
+
+Rewards are async (``async def score(group)``); a synchronous scorer subclasses ``SyncReward``
+and runs in a thread, so it does not stall the worker's other requests.
+
+Combination (``combine``): with rewards i = 1..K and weights w_i, a sample scored by all of them
+gets ``reward = Σ_i w_i · r_i`` where r_i is the scalar, or the sum of the per-token array;
+``token_rewards = Σ_i w_i · t_i`` over the rewards that gave arrays. If any reward left a sample
+unscored, the sample stays unscored (a partial sum is not the reward the config asked for), and
+so does its group, since the buffer stores groups atomically.
+
+Every sample records which rewards scored it and what they gave (``Sample.reward_parts``) and how
+long each took (``Sample.reward_seconds``); ``Group.meta['rewards']`` lists the reward names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from asyncrl.configbase import Config
+from asyncrl.metrics import REWARD_LATENCY, REWARD_UNSCORED
+from asyncrl.wire import Group
+
+
+@dataclass(frozen=True)
+class Unscored:
+    """A sample a reward could not score; ``reason`` is a short label (``http_429``, ``timeout``)."""
+
+    reason: str
+    detail: str = ""
+
+
+RewardResult = float | np.ndarray | Unscored
+
+
+class TimedResults(list):
+    """Results with the seconds each sample took, for rewards that score samples one by one (an
+    HTTP judge); other rewards return a plain list and each sample records the group call's time."""
+
+    def __init__(self, results: list[RewardResult], seconds: list[float]):
+        super().__init__(results)
+        self.seconds = list(seconds)
+
+
+class Reward(Protocol):
+    """Scores groups. ``name`` labels metrics and ``Sample.reward_parts``."""
+
+    name: str
+
+    async def score(self, group: Group) -> list[RewardResult]:
+        """One result per sample of ``group``, in order. Should not raise; if it does, every
+        sample of the group is unscored with reason ``error: ExceptionType``."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class SyncReward:
+    """Base of synchronous rewards: implement ``score_sync``; ``score`` runs it in a thread."""
+
+    name = "sync"
+
+    def score_sync(self, group: Group) -> list[RewardResult]:
+        raise NotImplementedError
+
+    async def score(self, group: Group) -> list[RewardResult]:
+        return await asyncio.to_thread(self.score_sync, group)
+
+    async def close(self) -> None:
+        pass
+
+
+RewardKind = Literal["exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model"]
+
+
+class RewardSpec(Config):
+    """One reward of the run: its kind, weight and options (validated by the kind's options class)."""
+
+    kind: RewardKind = "exact_match"
+    """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF)."""
+    name: str | None = None
+    """Name in metrics and ``Sample.reward_parts``; defaults to the kind."""
+    weight: float = 1.0
+    """Weight w_i of this reward in ``reward = Σ w_i r_i``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the kind, e.g. ``{url: ..., concurrency: 32}``; see the kind's ``...Config`` class."""
+
+    @model_validator(mode="after")
+    def check_options(self) -> RewardSpec:
+        """Options of the HTTP and model kinds are checked when the config is read, not at first use."""
+        if self.kind in ("http_json", "openai_judge"):
+            from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
+
+            (JsonScorerConfig if self.kind == "http_json" else JudgeConfig)(**self.options)
+        elif self.kind == "reward_model":
+            from asyncrl.rewards.model import RewardModelConfig
+
+            RewardModelConfig(**self.options)
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+
+def build_reward(spec: RewardSpec) -> Reward:
+    """The reward object a spec describes (imports only what that kind needs)."""
+    if spec.kind in ("exact_match", "format", "math_verify"):
+        from asyncrl.rewards import rules
+
+        cls = {
+            "exact_match": rules.ExactMatchReward,
+            "format": rules.FormatReward,
+            "math_verify": rules.MathVerifyReward,
+        }
+        return cls[spec.kind](spec.label, **spec.options)
+    if spec.kind == "http_json":
+        from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward
+
+        return JsonScorerReward(spec.label, JsonScorerConfig(**spec.options))
+    if spec.kind == "openai_judge":
+        from asyncrl.rewards.judge import JudgeConfig, OpenAIJudgeReward
+
+        return OpenAIJudgeReward(spec.label, JudgeConfig(**spec.options))
+    if spec.kind == "reward_model":
+        from asyncrl.rewards.model import RewardModel, RewardModelConfig
+
+        return RewardModel(spec.label, RewardModelConfig(**spec.options))
+    raise ValueError(f"kind ({spec.kind!r}) must be one of {RewardKind.__args__}")
+
+
+async def score_with(group: Group, rewards: list[tuple[Reward, float]]) -> Group:
+    """Run every reward on ``group`` concurrently, then ``combine`` into the samples (in place)."""
+    start = time.perf_counter()
+    outcomes = await asyncio.gather(*(_timed(reward, group) for reward, _w in rewards))
+    # (name, weight, results, seconds): per-sample seconds where the reward measured them
+    combine(
+        group,
+        [(reward.name, weight, results, seconds) for (reward, weight), (results, seconds) in zip(rewards, outcomes)],
+    )
+    group.reward_s = time.perf_counter() - start
+    return group
+
+
+async def _timed(reward: Reward, group: Group) -> tuple[list[RewardResult], float | list[float]]:
+    start = time.perf_counter()
+    per_sample = None
+    try:
+        results = await reward.score(group)
+        per_sample = getattr(results, "seconds", None)
+        results = list(results)
+        if len(results) != len(group.samples):
+            raise ValueError(f"{reward.name} gave {len(results)} results for {len(group.samples)} samples")
+    except Exception as e:  # a scorer bug must not kill the worker: the samples are unscored by reason
+        results = [Unscored(f"error: {type(e).__name__}", str(e)[:200])] * len(group.samples)
+    seconds = time.perf_counter() - start
+    REWARD_LATENCY.labels(reward.name).observe(seconds)
+    for r in results:
+        if isinstance(r, Unscored):
+            REWARD_UNSCORED.labels(reward.name, r.reason.split(":")[0]).inc()
+    if per_sample is not None and len(per_sample) == len(results):
+        return results, per_sample
+    return results, seconds
+
+
+def combine(group: Group, parts: list[tuple[str, float, list[RewardResult], float | list[float]]]) -> None:
+    """Write ``reward = Σ w_i r_i`` (and token rewards) into each sample of ``group``.
+
+    ``parts`` holds (name, weight, per-sample results, seconds: one for the group or one per sample)
+    for each reward. Samples any reward
+    left unscored keep ``reward = None``; the group then gets ``meta['unscored_reason']``
+    (``reward_failed: {name}: {reason}`` of the first such sample) and ``meta['unscored_detail']``.
+    """
+    group.meta["rewards"] = ",".join(name for name, *_ in parts)
+    first_failure = None
+    for index, sample in enumerate(group.samples):
+        total, tokens, failed = 0.0, None, False
+        for name, weight, results, seconds in parts:
+            result = results[index]
+            sample.reward_seconds[name] = float(seconds[index] if isinstance(seconds, list) else seconds)
+            if isinstance(result, Unscored):
+                failed = True
+                if first_failure is None:
+                    first_failure = (name, result)
+                continue
+            if isinstance(result, np.ndarray):
+                values = np.asarray(result, dtype=np.float32)
+                if values.shape != sample.response_ids.shape:
+                    failed = True
+                    first_failure = first_failure or (name, Unscored("bad_token_rewards", f"shape {values.shape}"))
+                    continue
+                tokens = weight * values if tokens is None else tokens + weight * values
+                value = float(values.sum())
+            else:
+                value = float(result)
+            if not np.isfinite(value):
+                failed = True
+                first_failure = first_failure or (name, Unscored("nonfinite_reward", repr(value)))
+                continue
+            sample.reward_parts[name] = value
+            total += weight * value
+        sample.reward = None if failed else total
+        sample.token_rewards = None if failed or tokens is None else tokens.astype(np.float32)
+    if first_failure is not None:
+        name, unscored = first_failure
+        for sample in group.samples:  # the buffer keeps groups whole: a partly scored group is unscored
+            sample.reward = None
+            sample.token_rewards = None
+        group.meta["unscored_reason"] = f"reward_failed: {name}: {unscored.reason}"
+        group.meta["unscored_detail"] = unscored.detail[:200]
+    else:
+        group.meta.pop("unscored_reason", None)
+        group.meta.pop("unscored_detail", None)

@@ -1,0 +1,170 @@
+"""Real reward worker processes scoring through a real local HTTP scorer: a hot-plugged worker joins
+a running stream and leaves it without losing or duplicating a sample; failed groups are requeued
+or dropped by reason; the ledger over every reward process reconciles."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from asyncrl import wire
+from asyncrl.config import RunConfig
+from asyncrl.transport import StreamSender
+from tests.factories import make_group
+from tests.integration.harness import Harness
+from tests.rewards.fault_server import FaultServer
+
+pytestmark = pytest.mark.slow
+
+
+def start_hot_worker(h: Harness, name: str, *overrides: str) -> None:
+    log = open(h.run_dir / f"{name}.log", "w")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "reward-worker",
+        "--connect",
+        str(h.run_dir),
+        "--name",
+        name,
+        *overrides,
+    ]
+    h.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def scorer_config(url: str, **reward) -> RunConfig:
+    spec = {"kind": "http_json", "name": "scorer", "options": {"url": url, "timeout_s": 5, "max_retries": 0}}
+    return RunConfig(buffer={"max_staleness": None}, sampling={"n": 4}, reward={"rewards": [spec], **reward})
+
+
+def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path):
+    server = FaultServer(lambda key, attempt, body: ("sleep", 0.3, 1.0))
+    h = Harness(tmp_path, scorer_config(server.url, concurrency=2))
+    try:
+        h.start("buffer", "buffer")
+        h.start("reward", "reward-0")
+        start_hot_worker(h, "reward-hot", "reward.concurrency=4")
+        for name in ("buffer", "reward-0", "reward-hot"):
+            h.wait_for(name, "ready")
+        to_reward = StreamSender(h.endpoints.reward_in, name="test.generator")
+        groups = [make_group(f"g{i}") for i in range(30)]
+        for g in groups:
+            to_reward.send_frame(wire.encode_group(g), timeout=5)
+        time.sleep(1.0)
+        h.procs["reward-hot"].send_signal(signal.SIGTERM)  # leaves mid-stream, holding groups
+        hot = h.wait_for("reward-hot", "final", timeout=30)
+        assert h.procs["reward-hot"].wait(30) == 0
+        start_hot_worker(h, "reward-hot2")  # a second one joins the same stream
+        h.wait_for("reward-hot2", "ready")
+        finals = h.stop(["reward"], ["reward-0", "reward-hot2"], timeout=60)
+        finals["reward-hot"] = hot
+        finals.update(h.stop(["buffer"], ["buffer"]))
+    finally:
+        h.close()
+        server.close()
+
+    rewards = [finals[n] for n in ("reward-0", "reward-hot", "reward-hot2")]
+    assert hot["received"] > 0 and hot["held"] == 0 and hot["forwarded"] == hot["received"]
+    assert sum(r["received"] for r in rewards) == 120  # what the generators sent, counted once
+    assert sum(r["forwarded"] for r in rewards) == 120 and sum(r["held"] for r in rewards) == 0
+    assert finals["buffer"]["inserted"] == 120 and finals["buffer"]["dropped"] == {}  # no duplicate
+    assert finals["buffer"]["held"] == 120
+    # Each sample was scored exactly once, with its uid as the idempotency key.
+    assert sorted(server.attempts) == sorted(s.uid for g in groups for s in g.samples)
+    assert set(server.attempts.values()) == {1}
+
+
+def test_failed_groups_are_requeued_then_dropped_by_reason(tmp_path):
+    def faults(key, attempt, body):
+        group = key.split("/")[0]
+        if group == "flaky" and attempt == 1:
+            return ("status", 503, None)
+        if group == "broken":
+            return ("status", 500, None)
+        return ("ok", 0.5)
+
+    server = FaultServer(faults)
+    cfg = scorer_config(server.url, on_failure="requeue", max_requeues=1, requeue_delay_s=0.1)
+    h = Harness(tmp_path, cfg)
+    try:
+        h.start("buffer", "buffer")
+        h.start("reward", "reward-0")
+        h.wait_for("buffer", "ready")
+        h.wait_for("reward-0", "ready")
+        to_reward = StreamSender(h.endpoints.reward_in, name="test.generator")
+        for gid in ("fine", "flaky", "broken"):
+            to_reward.send_frame(wire.encode_group(make_group(gid)), timeout=5)
+        time.sleep(1.5)
+        finals = h.stop(["reward"], ["reward-0"])
+        finals.update(h.stop(["buffer"], ["buffer"]))
+    finally:
+        h.close()
+        server.close()
+    reward = finals["reward-0"]
+    assert reward["received"] == reward["forwarded"] == 12 and reward["held"] == 0
+    assert reward["requeued"] == 8 and reward["unscored"] == 4  # flaky and broken once; broken for good
+    assert finals["buffer"]["dropped"] == {"reward_failed: scorer: http_5xx": 4}
+    assert finals["buffer"]["held"] == 8
+    assert server.attempts["broken/0"] == 2 and server.attempts["flaky/0"] == 2 and server.attempts["fine/0"] == 1
+
+
+def test_a_worker_hot_plugged_into_a_training_run_is_in_its_ledger(tmp_path):
+    """``asyncrl reward-worker --connect RUN_DIR`` joins a controller's run mid-training; the run's
+    stop reaches it too, and the summary's ledger reconciles with its counts in."""
+    import threading
+
+    from asyncrl.config import load_config
+    from asyncrl.controller import Controller
+
+    server = FaultServer(lambda key, attempt, body: ("sleep", 0.2, 1.0))
+    spec = {"kind": "http_json", "name": "scorer", "options": {"url": server.url, "timeout_s": 5}}
+    cfg = load_config(
+        "configs/demo.yaml",
+        [
+            f"run.root={tmp_path}",
+            "run.name=hot",
+            "learner.total_steps=6",
+            "learner.batch_groups=2",
+            "generator.prompts_per_batch=4",
+            "sampling.n=4",
+            "buffer.max_staleness=null",
+            "sft.steps=20",
+            "eval.num_prompts=10",
+            "learner.trainer.zero_stage=0",
+            "run.num_generators=1",
+            "reward.concurrency=1",
+        ],
+    )
+    cfg.reward.rewards = [spec]
+    result = {}
+    run = threading.Thread(target=lambda: result.update(Controller(cfg).run()))
+    run.start()
+    run_dir = tmp_path / "hot"
+    hot = None
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics" / "reward-0.port").exists():  # the stream is up
+            assert run.is_alive() and time.monotonic() < deadline, "the run did not start its reward worker"
+            time.sleep(0.5)
+        log = open(tmp_path / "reward-hot.log", "w")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "asyncrl.cli", "reward-worker", "--connect", str(run_dir), "--name", "reward-hot"]
+        hot = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        run.join(300)
+        assert not run.is_alive(), "the run did not finish"
+        assert hot.wait(60) == 0  # the run's stop reached it: it drained and left
+    finally:
+        if hot is not None and hot.poll() is None:
+            hot.kill()
+        server.close()
+    summary = result
+    assert summary["learner_steps"] == 6 and summary["reconciles"], summary
+    assert all(v == 0 for v in summary["unaccounted_by_link"].values()), summary
+    prom = (run_dir / "metrics" / "reward-hot.prom").read_text()
+    scored = [line for line in prom.splitlines() if line.startswith('asyncrl_samples_total{outcome="scored"}')]
+    assert scored and float(scored[0].split()[-1]) > 0, "the hot-plugged worker scored nothing"

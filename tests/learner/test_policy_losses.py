@@ -1,0 +1,212 @@
+"""Policy losses, corrections and aggregation modes against values worked out by hand, and the
+reduction property: with mu equal to the learner's logprobs, every correction is plain PPO."""
+
+import math
+
+import pytest
+import torch
+
+from asyncrl.learner.config import AlgorithmConfig
+from asyncrl.learner.losses import (
+    CORRECTIONS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    cispo_loss,
+    compute_policy_loss,
+    gspo_loss,
+    log_linear_proximal_logprobs,
+    ppo_clip_loss,
+)
+
+ln = math.log
+
+
+def t(*rows):
+    return torch.tensor([list(r) for r in rows], dtype=torch.float32)
+
+
+# --- policy losses ----------------------------------------------------------------------------
+
+
+def test_ppo_clip_higher_is_asymmetric():
+    # token 0: ratio 1.25, A = +1: symmetric 0.2 clips to 1.2; clip_high 0.28 leaves 1.25
+    # token 1: ratio 0.7, A = -1: pg1 = 0.7, pg2 = 0.8 -> 0.8 (clipped at 1 - 0.2)
+    old = t([-1.0, -1.0])
+    lp = old + t([ln(1.25), ln(0.7)])
+    adv = t([1.0, -1.0])
+    loss, clipped = ppo_clip_loss(lp, old, adv, clip_low=0.2, clip_high=0.28)
+    torch.testing.assert_close(loss, t([-1.25, 0.8]))
+    assert clipped.tolist() == [[False, True]]
+    sym, clipped = ppo_clip_loss(lp, old, adv, clip_low=0.2, clip_high=0.2)
+    torch.testing.assert_close(sym, t([-1.2, 0.8]))
+    assert clipped.tolist() == [[True, True]]
+
+
+def test_dual_clip_bounds_negative_advantage_only():
+    # ratio 5: A = -1 -> max(5, 1.2) = 5, dual clip 3 -> 3;  A = +1 -> max(-5, -1.2) = -1.2 (no dual)
+    old = t([-2.0, -2.0])
+    lp = old + ln(5.0)
+    loss, clipped = ppo_clip_loss(lp, old, t([-1.0, 1.0]), 0.2, 0.2, dual_clip=3.0)
+    torch.testing.assert_close(loss, t([3.0, -1.2]))
+    assert clipped.tolist() == [[True, True]]
+    with pytest.raises(ValueError, match=r"dual_clip \(1.0\) must be > 1"):
+        ppo_clip_loss(lp, old, t([-1.0, 1.0]), dual_clip=1.0)
+
+
+def test_gspo_uses_the_length_normalised_sequence_ratio():
+    # row 0: log ratios ln 1.1, ln 0.9 -> s = sqrt(0.99); row 1 (one token + padding): ratio 2 -> clipped
+    old = t([-1.0, -1.0], [-1.0, -1.0])
+    lp = (old + t([ln(1.1), ln(0.9)], [ln(2.0), 0.0])).requires_grad_(True)
+    mask = t([1, 1], [1, 0])
+    loss, clipped = gspo_loss(lp, old, t([1.0, 1.0], [1.0, 1.0]), mask, clip_low=0.2, clip_high=0.2)
+    s = math.sqrt(0.99)
+    torch.testing.assert_close(loss * mask, t([-s, -s], [-1.2, 0.0]))
+    assert clipped[0].tolist() == [False, False] and bool(clipped[1, 0])
+    # seq-mean-token-mean: d/dlp_t = -A * s / |y| in row 0; 0 in the clipped row
+    LOSS_AGG_MODES["seq-mean-token-mean"](loss, mask).backward()
+    torch.testing.assert_close(lp.grad, t([-s / 2 / 2, -s / 2 / 2], [0.0, 0.0]))
+
+
+def test_cispo_clips_a_stop_gradient_weight_and_keeps_every_gradient():
+    # ratio 2 -> weight 1.2; ratio 0.5 -> 0.5. loss = -w * A * logprobs; d/dlp = -w * A
+    old = t([-1.0, -1.0])
+    lp = (old + t([ln(2.0), ln(0.5)])).requires_grad_(True)
+    loss, clipped = cispo_loss(lp, old, t([1.0, 1.0]), clip_high=0.2)
+    torch.testing.assert_close(loss, -t([1.2, 0.5]) * lp.detach())
+    assert clipped.tolist() == [[True, False]]
+    loss.sum().backward()
+    torch.testing.assert_close(lp.grad, t([-1.2, -0.5]))
+
+
+# --- corrections ------------------------------------------------------------------------------
+
+
+def test_truncated_is_token_and_sequence():
+    prox = t([-1.0, -1.0], [-1.0, -1.0])
+    mu = prox - t([ln(3.0), ln(0.5)], [ln(2.0), ln(1.5)])
+    mask = torch.ones(2, 2)
+    anchor, w, keep = CORRECTIONS["tis"](prox, mu, mask, level="token", cap=2.0)
+    assert anchor is prox and torch.equal(keep, mask)
+    torch.testing.assert_close(w, t([2.0, 0.5], [2.0, 1.5]))
+    # sequence: row 0 product 1.5, row 1 product 3 -> min(3, cap)
+    _, w, _ = CORRECTIONS["tis"](prox, mu, mask, level="sequence", cap=2.0)
+    torch.testing.assert_close(w, t([1.5, 1.5], [2.0, 2.0]))
+    _, w, _ = CORRECTIONS["tis"](prox, mu, mask, level="sequence", cap=5.0)
+    torch.testing.assert_close(w, t([1.5, 1.5], [3.0, 3.0]))
+
+
+def test_masked_is_drops_tokens_or_sequences_outside_the_bounds():
+    prox = t([-1.0, -1.0, -1.0])
+    mu = prox - t([ln(0.4), ln(1.0), ln(3.0)])
+    mask = t([1, 1, 1])
+    _, w, keep = CORRECTIONS["mis"](prox, mu, mask, level="token", low=0.5, high=2.0)
+    assert keep.tolist() == [[0.0, 1.0, 0.0]]
+    torch.testing.assert_close(w, t([0.0, 1.0, 0.0]))
+    # sequence: product 1.2 is inside [0.5, 2]: every token kept, weight 1.2
+    _, w, keep = CORRECTIONS["mis"](prox, mu, mask, level="sequence", low=0.5, high=2.0)
+    assert keep.tolist() == [[1.0, 1.0, 1.0]]
+    torch.testing.assert_close(w, t([1.2, 1.2, 1.2]))
+
+
+def test_decoupled_none_and_behaviour_ppo():
+    prox = t([-1.0, -1.0])
+    mu = prox - t([ln(10.0), ln(0.5)])
+    mask = t([1, 1])
+    _, w, _ = CORRECTIONS["decoupled"](prox, mu, mask, cap=None)
+    torch.testing.assert_close(w, t([10.0, 0.5]))
+    _, w, _ = CORRECTIONS["decoupled"](prox, mu, mask, cap=5.0)
+    torch.testing.assert_close(w, t([5.0, 0.5]))
+    anchor, w, _ = CORRECTIONS["none"](prox, mu, mask)
+    assert anchor is prox and torch.equal(w, torch.ones_like(mask))
+    anchor, w, _ = CORRECTIONS["behaviour_ppo"](prox, mu, mask)
+    assert anchor is mu and torch.equal(w, torch.ones_like(mask))
+
+
+def test_log_linear_proximal_interpolates_by_version():
+    mu = t([-2.0], [-2.0], [-2.0])
+    lp = t([-1.0], [-1.0], [-1.0])
+    # behaviour versions 0, 2, 4; proximal 3; current 4: alpha = 3/4, 1/2, and 1 (no gap)
+    out = log_linear_proximal_logprobs(mu, lp, torch.tensor([0, 2, 4]), proximal_version=3, current_version=4)
+    torch.testing.assert_close(out, t([-1.25], [-1.5], [-1.0]))
+    # one step per batch (proximal == current): exactly pi_theta
+    out = log_linear_proximal_logprobs(mu, lp, torch.tensor([0, 2, 4]), proximal_version=4, current_version=4)
+    torch.testing.assert_close(out, lp)
+
+
+# --- aggregation ------------------------------------------------------------------------------
+
+
+def test_aggregation_modes_by_hand():
+    loss = t([1.0, 2.0, 3.0], [4.0, 9.0, 9.0])
+    mask = t([1, 1, 1], [1, 0, 0])
+    assert LOSS_AGG_MODES["token-mean"](loss, mask).item() == pytest.approx(10 / 4)
+    assert LOSS_AGG_MODES["seq-mean-token-sum"](loss, mask).item() == pytest.approx((6 + 4) / 2)
+    assert LOSS_AGG_MODES["seq-mean-token-mean"](loss, mask).item() == pytest.approx((2 + 4) / 2)
+    assert LOSS_AGG_MODES["seq-mean-token-sum-norm"](loss, mask, norm_tokens=4).item() == pytest.approx(10 / 8)
+
+
+@pytest.mark.parametrize("mode", sorted(LOSS_AGG_MODES))
+def test_aggregation_over_micro_batches_sums_to_the_batch(mode):
+    torch.manual_seed(0)
+    loss = torch.randn(5, 4)
+    mask = (torch.rand(5, 4) > 0.3).float()
+    mask[:, 0] = 1
+    full = LOSS_AGG_MODES[mode](loss, mask, norm_tokens=4)
+    parts = sum(
+        LOSS_AGG_MODES[mode](loss[lo:hi], mask[lo:hi], num_tokens=mask.sum(), num_seqs=5, norm_tokens=4)
+        for lo, hi in ((0, 2), (2, 5))
+    )
+    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+# --- the reduction property -------------------------------------------------------------------
+
+
+def _random_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prox = -torch.rand(3, 5, generator=g) * 3
+    lp = (prox + 0.3 * torch.randn(3, 5, generator=g)).requires_grad_(True)  # some tokens clip
+    adv = torch.randn(3, 5, generator=g)
+    mask = torch.ones(3, 5)
+    mask[1, 3:] = 0
+    return lp, prox, adv, mask
+
+
+# Every combination the config accepts (gspo with token-level tis/mis is rejected at start).
+VALID_COMBINATIONS = [
+    (loss, correction, level)
+    for loss in sorted(POLICY_LOSSES)
+    for correction in sorted(CORRECTIONS)
+    for level in ("token", "sequence")
+    if not (loss == "gspo" and level == "token" and correction in ("tis", "mis"))
+]
+
+
+@pytest.mark.parametrize("policy_loss, correction, level", VALID_COMBINATIONS)
+def test_every_correction_reduces_to_plain_ppo_when_mu_is_the_learner(policy_loss, correction, level):
+    """mu == pi_prox (fresh samples, no sampler mismatch): w == 1, nothing masked, anchor == pi_prox."""
+    clip = {"gspo": (3e-2, 4e-2)}.get(policy_loss, (0.2, 0.28))
+    base = dict(policy_loss=policy_loss, clip_low=clip[0], clip_high=clip[1], correction_level=level)
+    lp, prox, adv, mask = _random_case()
+    loss, parts = compute_policy_loss(lp, prox, prox.clone(), adv, mask, AlgorithmConfig(**base, correction=correction))
+    (grad,) = torch.autograd.grad(loss, lp)
+    plain, _ = compute_policy_loss(lp, prox, prox.clone(), adv, mask, AlgorithmConfig(**base, correction="none"))
+    (plain_grad,) = torch.autograd.grad(plain, lp)
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-6, abs=1e-7)
+    torch.testing.assert_close(grad, plain_grad)
+    torch.testing.assert_close(parts["weight"] * mask, mask)
+    torch.testing.assert_close(parts["keep"], mask)
+    if policy_loss == "ppo_clip":  # and plain PPO is exactly ppo_clip_loss, token-mean
+        by_hand, _ = ppo_clip_loss(lp, prox, adv, clip[0], clip[1])
+        assert loss.item() == pytest.approx(((by_hand * mask).sum() / mask.sum()).item(), rel=1e-6)
+
+
+def test_stale_samples_make_the_corrections_differ():
+    lp, prox, adv, mask = _random_case(1)
+    mu = prox - torch.linspace(-1.5, 1.5, 15).reshape(3, 5)  # weights from e^-1.5 to e^1.5
+    losses = {
+        c: compute_policy_loss(lp, prox, mu, adv, mask, AlgorithmConfig(correction=c, is_cap=2.0))[0].item()
+        for c in CORRECTIONS
+    }
+    assert len({round(v, 6) for v in losses.values()}) == len(CORRECTIONS) - 1  # tis == decoupled at one cap
+    assert losses["tis"] == pytest.approx(losses["decoupled"])

@@ -1,0 +1,70 @@
+"""A real HTTP server on 127.0.0.1 for reward tests and the benchmark, run in a background thread.
+
+``FaultServer(behaviour)`` serves POST on any path; ``behaviour(key, attempt, body)`` (key = the
+``Idempotency-Key`` header, attempt = 1, 2, ... per key) returns what to do:
+``("ok", score)``, ``("status", code, retry_after)``, ``("sleep", seconds, score)``,
+``("garbage",)`` or ``("chat", text)`` (an OpenAI chat-completions reply). It records every
+request's key and headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+from aiohttp import web
+
+
+class FaultServer:
+    def __init__(self, behaviour):
+        self.behaviour = behaviour
+        self.attempts: Counter[str] = Counter()
+        self.headers: list[dict] = []
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        assert self._ready.wait(10), "the fault server did not start"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/score"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        key = request.headers.get("Idempotency-Key", "")
+        self.attempts[key] += 1
+        self.headers.append(dict(request.headers))
+        body = await request.json()
+        action = self.behaviour(key, self.attempts[key], body)
+        if action[0] == "sleep":
+            await asyncio.sleep(action[1])
+            action = ("ok", action[2])
+        if action[0] == "ok":
+            return web.json_response({"score": action[1]})
+        if action[0] == "chat":
+            return web.json_response({"choices": [{"message": {"role": "assistant", "content": action[1]}}]})
+        if action[0] == "status":
+            headers = {"Retry-After": str(action[2])} if action[2] is not None else {}
+            return web.Response(status=action[1], text="fault", headers=headers)
+        return web.Response(status=200, text="{not json", content_type="application/json")
+
+    def close(self) -> None:
+        async def stop():
+            await self.runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

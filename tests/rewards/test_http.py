@@ -1,0 +1,158 @@
+"""The HTTP rewards against a real local server that injects faults: every sample ends scored or
+unscored with its reason, none lost or duplicated, retries bounded, the API key sent but never shown."""
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from asyncrl.metrics import REGISTRY
+from asyncrl.rewards.base import Unscored, score_with
+from asyncrl.rewards.http import CircuitBreaker, TokenBucket
+from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward, JudgeConfig, OpenAIJudgeReward
+from tests.factories import make_group
+from tests.rewards.fault_server import FaultServer
+
+MAX_RETRIES = 3
+
+
+def faults(key: str, attempt: int, body: dict):
+    """Each sample's fault is picked by its index (uid ``g/i``)."""
+    i = int(key.rsplit("/", 1)[1])
+    score = i / 10
+    kind = i % 8
+    if kind == 1 and attempt <= 2:
+        return ("status", 429, 0.05)  # rate limited twice, with Retry-After
+    if kind == 2 and attempt == 1:
+        return ("status", 503, None)
+    if kind == 3 and attempt == 1:
+        return ("sleep", 2.0, score)  # past the client's timeout
+    if kind == 4:
+        return ("sleep", 0.2, score)  # slow but in time
+    if kind == 5:
+        return ("garbage",)
+    if kind == 6:
+        return ("status", 500, None)  # fails for good
+    if kind == 7:
+        return ("status", 429, 0.01)  # rate limited for good
+    return ("ok", score)
+
+
+@pytest.fixture
+def server():
+    s = FaultServer(faults)
+    yield s
+    s.close()
+
+
+def test_every_sample_ends_scored_or_unscored_with_its_reason(server, monkeypatch, caplog):
+    monkeypatch.setenv("TEST_SCORER_KEY", "sk-secret-123")
+    cfg = JsonScorerConfig(
+        url=server.url,
+        api_key_env="TEST_SCORER_KEY",
+        timeout_s=0.5,
+        max_retries=MAX_RETRIES,
+        backoff_base_s=0.01,
+        backoff_max_s=0.2,
+        concurrency=8,
+    )
+    reward = JsonScorerReward("faulty", cfg)  # a name of its own: metric values are this test's
+    group = make_group("g", n=16)
+    caplog.set_level(logging.DEBUG)
+    results = asyncio.run(_score_and_close(reward, group))
+
+    for i, result in enumerate(results):
+        kind = i % 8
+        if kind in (0, 1, 2, 3, 4):
+            assert result == pytest.approx(i / 10), (i, result)
+        else:
+            assert isinstance(result, Unscored), (i, result)
+            assert result.reason == {5: "bad_json", 6: "http_5xx", 7: "http_429"}[kind]
+    # Bounded retries, one key per sample, nothing lost or sent for another sample.
+    assert set(server.attempts) == {s.uid for s in group.samples}
+    assert max(server.attempts.values()) <= MAX_RETRIES + 1
+    assert server.attempts["g/6"] == MAX_RETRIES + 1 and server.attempts["g/5"] == 1  # bad JSON is not retried
+    assert server.attempts["g/1"] == 3 and server.attempts["g/0"] == 1
+    # Metrics: requests, retries and errors by kind, latency per reward.
+    value = REGISTRY.get_sample_value
+    assert value("asyncrl_reward_requests_total", {"reward": "faulty"}) == sum(server.attempts.values())
+    assert value("asyncrl_reward_retries_total", {"reward": "faulty"}) == sum(server.attempts.values()) - 16
+    # samples 1, 9: two 429s each; 7, 15: 429 on every attempt; 3, 11: one timeout each
+    assert value("asyncrl_reward_errors_total", {"reward": "faulty", "kind": "http_429"}) == 2 * 2 + 2 * (
+        MAX_RETRIES + 1
+    )
+    assert value("asyncrl_reward_errors_total", {"reward": "faulty", "kind": "timeout"}) == 2
+    # The key is sent as a bearer token and shown nowhere.
+    assert all(h["Authorization"] == "Bearer sk-secret-123" for h in server.headers)
+    assert "sk-secret-123" not in caplog.text and "sk-secret-123" not in repr(reward.client)
+
+
+async def _score_and_close(reward, group):
+    try:
+        return await reward.score(group)
+    finally:
+        await reward.close()
+
+
+def test_a_group_with_a_failed_sample_is_unscored_with_the_reward_and_reason(server):
+    cfg = JsonScorerConfig(url=server.url, timeout_s=0.5, max_retries=1, backoff_base_s=0.01)
+    group = make_group("g", n=7)  # sample 6 fails for good
+    reward = JsonScorerReward("scorer", cfg)
+    asyncio.run(score_with(group, [(reward, 1.0)]))
+    asyncio.run(reward.close())
+    assert not group.scored and all(s.reward is None for s in group.samples)
+    assert group.meta["unscored_reason"].startswith("reward_failed: scorer: ")
+    assert group.samples[0].reward_parts == {"scorer": 0.0} and "scorer" in group.samples[0].reward_seconds
+
+
+def test_the_judge_parses_scores_and_leaves_garbage_unscored(server):
+    replies = {0: "7", 1: "Score: 10 (great)", 2: "no idea", 3: "42"}
+    server.behaviour = lambda key, attempt, body: ("chat", replies[int(key.rsplit("/", 1)[1])])
+    cfg = JudgeConfig(url=server.url, prompt_template="Q {prompt} A {response} R {answer}", timeout_s=2, max_retries=0)
+    reward = OpenAIJudgeReward("judge", cfg)
+    results = asyncio.run(_score_and_close(reward, make_group("j", n=4)))
+    assert results[:2] == [0.7, 1.0]
+    assert results[2] == Unscored("unparsable_score", "'no idea'")
+    assert isinstance(results[3], Unscored) and results[3].reason == "score_out_of_range"
+
+
+def test_the_circuit_breaker_fails_fast_then_probes(server):
+    server.behaviour = lambda key, attempt, body: ("status", 500, None)
+    cfg = JsonScorerConfig(url=server.url, max_retries=0, breaker_failures=3, breaker_cooldown_s=0.3, concurrency=1)
+    reward = JsonScorerReward("scorer", cfg)
+    results = asyncio.run(_score_and_close(reward, make_group("b", n=6)))
+    assert [r.reason for r in results] == ["http_5xx"] * 3 + ["circuit_open"] * 3
+    assert sum(server.attempts.values()) == 3
+    breaker = CircuitBreaker(failures=1, cooldown_s=0.05)
+    breaker.record(ok=False)
+    assert not breaker.allow()
+    time.sleep(0.06)
+    assert breaker.allow() and not breaker.allow()  # one probe at a time
+    breaker.record(ok=True)
+    assert breaker.allow()
+
+
+def test_the_token_bucket_holds_the_rate():
+    async def take_all():
+        bucket = TokenBucket(rate_per_min=600, capacity=2)  # 10 per second, burst of 2
+        start = time.monotonic()
+        for _ in range(6):
+            await bucket.take(1)
+        return time.monotonic() - start
+
+    assert 0.35 < asyncio.run(take_all()) < 1.0  # 2 at once, then 4 at 0.1 s each
+
+
+def test_the_request_rate_limit_spaces_requests_and_each_sample_records_its_time(server):
+    server.behaviour = lambda key, attempt, body: ("ok", 1.0)
+    cfg = JsonScorerConfig(url=server.url, rpm=1200, burst_s=0.1, max_retries=0)  # 20/s, bursts of 2
+    reward = JsonScorerReward("limited", cfg)
+    group = make_group("r", n=12)
+    start = time.monotonic()
+    asyncio.run(score_with(group, [(reward, 1.0)]))
+    asyncio.run(reward.close())
+    assert time.monotonic() - start > 0.45  # 2 at once, then 10 at 0.05 s each
+    assert group.scored
+    seconds = [s.reward_seconds["limited"] for s in group.samples]
+    assert max(seconds) > 0.4 and min(seconds) < 0.2  # per sample, waiting for the limit included
