@@ -3,7 +3,7 @@
 asyncrl train CONFIG [dotted.key=value ...]   run a training job on this machine
 asyncrl build-tiny-model OUT_DIR              build the character-level tiny Qwen2 (no download)
 asyncrl show-config [CONFIG] [overrides ...]  print the resolved config with every field's doc
-asyncrl reward-worker --connect RUN_DIR [--name NAME] [reward.key=value ...]
+asyncrl reward-worker --connect RUN_DIR|ADDRESS [--name NAME] [reward.key=value ...]
                                               join a running stream as one more reward worker;
                                               SIGTERM/Ctrl-C leaves it without losing a sample
 """
@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("config", nargs="?")
     show.add_argument("overrides", nargs="*")
     hot = sub.add_parser("reward-worker", help="join a running stream as one more reward worker")
-    hot.add_argument("--connect", required=True, help="the run directory (its endpoints.json and config.yaml)")
+    hot.add_argument(
+        "--connect",
+        required=True,
+        help="the run directory (its endpoints.json and config.yaml), or the address of the run's "
+        "reward_share socket (tcp://HOST:PORT), whose owner then tells the config and endpoints",
+    )
     hot.add_argument("--name", help="process name in metrics and the ledger (default: reward-hot-PID)")
     hot.add_argument(
         "overrides", nargs="*", help="dotted overrides of the run's reward section, e.g. reward.concurrency=8"
@@ -100,13 +105,34 @@ def run_hot_reward_worker(run_dir: str, name: str, overrides: list[str]) -> int:
     if bad:
         raise SystemExit(f"overrides ({bad}) must be of the reward section (reward.key=value)")
     configure_process()
-    ctx = ProcessContext("reward", name, run_dir)
+    if "://" in run_dir:  # an address: the owner of the stream tells us the run's config and endpoints
+        cfg, endpoints = fetch_run(run_dir)
+        ctx = ProcessContext("reward", name, None, cfg, endpoints)
+    else:
+        ctx = ProcessContext("reward", name, run_dir)
     ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
     try:
         run_reward_worker(ctx, owner=False)
     finally:
         ctx.close()
     return 0
+
+
+def fetch_run(address: str, timeout: float = 30.0):
+    """Ask the reward worker that owns a stream (its ``reward_share`` address) for the run's
+    resolved config and endpoints."""
+    from asyncrl.config import RunConfig
+    from asyncrl.endpoints import Endpoints
+    from asyncrl.transport import RequestClient
+
+    client = RequestClient(address, name="reward-worker.join")
+    try:
+        reply = client.request("want_run", {}, timeout=timeout)
+    finally:
+        client.close()
+    if reply is None or reply[0] != "run":
+        raise SystemExit(f"no reward worker answered at {address} within {timeout:.0f} s")
+    return RunConfig(**reply[1]["config"]), Endpoints(**reply[1]["endpoints"])
 
 
 def print_config(cfg: BaseModel, prefix: str = "") -> None:

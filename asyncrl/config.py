@@ -25,6 +25,7 @@ from asyncrl.rewards.worker import RewardConfig
 from asyncrl.sft import SFTConfig
 from asyncrl.tasks import TaskConfig
 from asyncrl.tinymodel import TinyModelConfig
+from asyncrl.weights.config import WeightSyncConfig
 
 
 class RunSection(Config):
@@ -95,6 +96,8 @@ class RunConfig(Config):
     """The learner loop and its trainer."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
     """What the learner optimises: advantage estimator, policy loss, off-policy correction, KL, entropy."""
+    weights: WeightSyncConfig = WeightSyncConfig()
+    """How and when the learner's weights reach the generators (transport, buckets, schedule, probe)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
     simulation: SimulationConfig = SimulationConfig()

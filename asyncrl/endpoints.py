@@ -30,6 +30,8 @@ class Endpoints(BaseModel):
     """PUB of the buffer: learner version and retired groups, for the dispatcher's admission rule."""
     weights: str
     """PUB of the learner: announcements of published weights."""
+    weights_stream: str | None = None
+    """PUB of the learner: streamed weight buckets (``weights.transport: zmq``)."""
     events: str
     """PULL of the controller: progress and reports from every process."""
     control: str

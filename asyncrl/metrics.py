@@ -42,13 +42,15 @@ SAMPLES = Counter("asyncrl_samples", "Samples passing this process, by outcome."
 DROPPED = Counter("asyncrl_dropped_samples", "Samples dropped, by reason.", ["reason"], registry=REGISTRY)
 
 
-def serve_metrics(run_dir: str | Path, name: str) -> int:
-    """Serve ``REGISTRY`` on 127.0.0.1 at a free port; record the port; return it."""
+def serve_metrics(run_dir: str | Path | None, name: str) -> int:
+    """Serve ``REGISTRY`` on 127.0.0.1 at a free port; record the port (when there is a run
+    directory); return it."""
     server, _thread = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
     port = server.server_port
-    path = Path(run_dir) / "metrics" / f"{name}.port"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(str(port))
+    if run_dir is not None:
+        path = Path(run_dir) / "metrics" / f"{name}.port"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(port))
     return port
 
 
@@ -125,4 +127,27 @@ REWARD_UNSCORED = Counter(
 )
 REWARD_QUEUE_DEPTH = Gauge(
     "asyncrl_reward_queue_groups", "Groups waiting in a reward worker, by state.", ["state"], registry=REGISTRY
+)
+
+# -- weight sync -----------------------------------------------------------------------------
+WEIGHT_BROADCAST_SECONDS = Histogram(
+    "asyncrl_weight_broadcast_seconds",
+    "Seconds the learner spent publishing one version (gather, pack, send or write).",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+WEIGHT_BYTES = Counter(
+    "asyncrl_weight_bytes", "Bytes of weights published (learner) or received (generator).", registry=REGISTRY
+)
+WEIGHT_APPLY_SECONDS = Histogram(
+    "asyncrl_weight_apply_seconds",
+    "Seconds a generator took to receive, verify, load and probe one version.",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+WEIGHT_FAILURES = Counter(
+    "asyncrl_weight_failures",
+    "Weight updates that failed, by stage (receive: checksum, order, timeout; apply: load, probe; send: stalled subscriber).",
+    ["stage"],
+    registry=REGISTRY,
 )

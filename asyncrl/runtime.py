@@ -22,12 +22,21 @@ log = logging.getLogger(__name__)
 
 
 class ProcessContext:
-    def __init__(self, role: str, name: str, run_dir: str | Path):
+    def __init__(
+        self,
+        role: str,
+        name: str,
+        run_dir: str | Path | None,
+        cfg: RunConfig | None = None,
+        endpoints: Endpoints | None = None,
+    ):
+        """Read config and endpoints from ``run_dir``, or take them as given (a process that joined
+        a run by address has no run directory: its metrics port is then not written down)."""
         self.role = role
         self.name = name
-        self.run_dir = Path(run_dir)
-        self.cfg: RunConfig = load_run_config(self.run_dir / "config.yaml")
-        self.endpoints = Endpoints.load(self.run_dir)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.cfg: RunConfig = cfg if cfg is not None else load_run_config(self.run_dir / "config.yaml")
+        self.endpoints = endpoints if endpoints is not None else Endpoints.load(self.run_dir)
         self.metrics_port = serve_metrics(self.run_dir, name)
         self.events = StreamSender(self.endpoints.events, name=f"{name}.events", hwm=10_000)
         self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
@@ -62,7 +71,8 @@ class ProcessContext:
                 self._go = True
 
     def close(self) -> None:
-        write_metrics_snapshot(self.run_dir, self.name)
+        if self.run_dir is not None:
+            write_metrics_snapshot(self.run_dir, self.name)
         self.events.close()
         self.control.close()
 

@@ -42,7 +42,16 @@ KINDS = (
     # buffer -> learner: `groups` (possibly empty after a timeout) and, per group, its buffer key
     # `group_keys` (int), its sampling probability `probabilities` and importance weight `is_weights`
     "batch",
-    "weights",  # learner -> generators: weights of `policy_version` are at `path`
+    # learner -> generators: weights of `policy_version` are ready: at `path` (file transport) or
+    # in shared memory `dir` + `buckets` (asyncrl.weights.shm); may carry a `probe`
+    "weights",
+    "weights_ack",  # generator -> learner (shm): `subscriber` applied `policy_version`; its memory may go
+    "weights_error",  # generator -> learner (shm): `subscriber` failed to apply `policy_version`: `error`
+    # learner -> generators (asyncrl.weights.stream): a version begins, one bucket (header frame
+    # followed by raw ~1 MiB frames), the version ends after `num_buckets`
+    "weights_begin",
+    "weights_bucket",
+    "weights_end",
     "buffer_status",  # buffer -> dispatcher: learner version and groups retired (trained or dropped)
     "event",  # any process -> controller: progress, reports, final counters
     "control",  # controller -> every process: e.g. {"command": "stop"}
@@ -50,6 +59,10 @@ KINDS = (
     "want_groups",
     # reply to want_groups: `groups`, unscored groups to score (possibly empty)
     "groups",
+    # a worker joining by address -> the reward worker that owns the stream: what is this run?
+    "want_run",
+    # reply to want_run: `config` (the run's resolved config) and `endpoints` (its socket addresses)
+    "run",
 )
 _ND = "__nd__"
 

@@ -242,16 +242,36 @@ class VLLMEngine:
     # -----------------------------------------------------------------------------------------
     # weights
 
-    def load_weights(self, weights_dir: str, version: int) -> float:
-        """Load the safetensors in ``weights_dir`` (HF parameter names) in place; returns seconds.
+    def load_weights(self, weights, version: int) -> float:
+        """Load new weights in place and serve them as ``version``; returns seconds.
 
+        ``weights`` is a directory of safetensors (HF parameter names), or a list of
+        ``(name, tensor)`` (a ``WeightUpdate``'s views of shared memory or received frames).
+        Tensors go to the worker's ``reload_weights(weights_iterator=...)`` through
+        ``collective_rpc`` with a callable, which runs in this process when the engine is
+        in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); with a separate engine process
+        vLLM would pickle the tensors as lists, so that case is refused (use the file transport).
         Call it between ``generate`` calls only: that is what makes an update atomic per batch.
         """
         start = time.perf_counter()
-        missing = self._weight_names - read_weight_names(weights_dir)
-        if missing:
-            raise ValueError(f"{weights_dir}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+        if isinstance(weights, (str, Path)):
+            missing = self._weight_names - read_weight_names(weights)
+            if missing:
+                raise ValueError(f"{weights}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights)})
+        else:
+            named = list(weights)
+            missing = self._weight_names - {name for name, _ in named}
+            if missing:
+                raise ValueError(
+                    f"version {version}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}"
+                )
+            core = type(self._llm.llm_engine.engine_core).__name__
+            if core != "InprocClient":
+                raise NotImplementedError(
+                    f"loading tensors needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), not {core}; use weights.transport=file"
+                )
+            self._llm.collective_rpc(_reload_from_tensors, args=(named,))
         # The prefix cache holds KV computed by the old weights; keeping it would mix versions.
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
@@ -270,6 +290,11 @@ class VLLMEngine:
 
 # ---------------------------------------------------------------------------------------------
 # helpers
+
+
+def _reload_from_tensors(worker, named: list) -> None:
+    """Runs on the vLLM worker (in this process): reload its model from ``(name, tensor)`` pairs."""
+    worker.reload_weights(weights_iterator=iter(named))
 
 
 def check_prompts(prompts: list[str]) -> None:

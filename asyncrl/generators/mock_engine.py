@@ -112,7 +112,8 @@ class MockEngine:
         time.sleep(max(0.0, self.batch_seconds(prompt_tokens, lengths) - (time.perf_counter() - start)))
         return out
 
-    def load_weights(self, weights_dir: str, version: int) -> float:
+    def load_weights(self, weights, version: int) -> float:
+        """``weights`` (a directory or ``(name, tensor)`` pairs) is ignored; sleeps, then serves ``version``."""
         time.sleep(self.cfg.load_weights_s)
         self.version = version
         return self.cfg.load_weights_s

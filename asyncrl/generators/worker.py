@@ -21,8 +21,17 @@ import numpy as np
 from pydantic import Field
 
 from asyncrl.configbase import Config
-from asyncrl.metrics import POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
-from asyncrl.transport import RequestClient, StreamSender, Subscriber
+from asyncrl.metrics import (
+    POLICY_VERSION,
+    ROLLOUT_SECONDS,
+    SAMPLES,
+    WEIGHT_APPLY_SECONDS,
+    WEIGHT_BYTES,
+    WEIGHT_FAILURES,
+)
+from asyncrl.transport import RequestClient, StreamSender
+from asyncrl.weights import make_subscriber
+from asyncrl.weights.probe import check_probe
 from asyncrl.wire import Group, Sample, WireError, encode_group, validate_group
 
 log = logging.getLogger(__name__)
@@ -72,17 +81,47 @@ def build_groups(
     return groups
 
 
-def apply_newest_weights(engine, weights: Subscriber, ctx) -> None:
-    """Load the newest announced version if it is newer than the one served; report it."""
-    newest = None
-    for _kind, body in weights.recv_latest():
-        version = int(body["policy_version"])
-        if version > engine.version and (newest is None or version > newest[0]):
-            newest = (version, body["path"])
-    if newest is not None:
-        seconds = engine.load_weights(newest[1], newest[0])
-        POLICY_VERSION.set(engine.version)
-        ctx.emit("version", version=engine.version, apply_s=seconds)
+def apply_newest_weights(engine, weights, ctx, probe_atol: float | None = None) -> None:
+    """Load the newest published version if it is newer than the one served; check it; report it.
+
+    ``weights`` is a subscriber of ``asyncrl.weights`` (its ``newest`` verifies each bucket's
+    checksum). With ``probe_atol`` and a probe sent along, the engine then scores the probe text
+    and must match the learner's logprobs. Any failure (checksum, missing weights, probe) is
+    counted, reported back to the learner where the transport can, and raised: a generator must
+    never go on sampling with weights it cannot vouch for.
+    """
+    start = time.perf_counter()
+    try:
+        update = weights.newest(engine.version)
+    except Exception:
+        WEIGHT_FAILURES.labels("receive").inc()
+        raise
+    if update is None:
+        return
+    try:
+        load_s = engine.load_weights(update.path if update.path is not None else update.tensors, update.version)
+        probe = update.meta.get("probe")
+        probe_diff = None
+        if probe_atol is not None and probe is not None and hasattr(engine, "score"):
+            probe_diff = check_probe(engine, probe, probe_atol, update.version)
+    except Exception as e:
+        WEIGHT_FAILURES.labels("apply").inc()
+        update.done(error=f"{type(e).__name__}: {e}")
+        raise
+    update.done()
+    apply_s = time.perf_counter() - start
+    POLICY_VERSION.set(engine.version)
+    WEIGHT_APPLY_SECONDS.observe(apply_s)
+    WEIGHT_BYTES.inc(update.nbytes)
+    ctx.emit(
+        "version",
+        version=engine.version,
+        apply_s=apply_s,
+        load_s=load_s,
+        receive_s=update.receive_s,
+        bytes=update.nbytes,
+        probe_diff=probe_diff,
+    )
 
 
 def run_generator(ctx, model_dir: str) -> None:
@@ -98,7 +137,8 @@ def run_generator(ctx, model_dir: str) -> None:
         engine = VLLMEngine(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
     dispatcher = RequestClient(ctx.endpoints.dispatcher, name=f"{ctx.name}.dispatcher")
     outbox = StreamSender(ctx.endpoints.reward_in, name=f"{ctx.name}.out")
-    weights = Subscriber(ctx.endpoints.weights, name=f"{ctx.name}.weights")
+    weights = make_subscriber(cfg.weights, ctx.endpoints.weights, ctx.endpoints.weights_stream, f"{ctx.name}.weights")
+    probe_atol = cfg.weights.probe_atol if cfg.weights.probe else None
     generated = tokens = batches = 0
     dropped: Counter[str] = Counter()
     busy_s = 0.0
@@ -106,7 +146,7 @@ def run_generator(ctx, model_dir: str) -> None:
     ctx.emit("ready", version=engine.version)
     loop_start = time.monotonic()
     while not ctx.stop_requested():
-        apply_newest_weights(engine, weights, ctx)
+        apply_newest_weights(engine, weights, ctx, probe_atol)
         reply = dispatcher.request(
             "want_prompts",
             {
@@ -120,7 +160,7 @@ def run_generator(ctx, model_dir: str) -> None:
         if reply is None or not reply[1].get("prompts"):
             continue
         rows = reply[1]["prompts"]
-        apply_newest_weights(engine, weights, ctx)  # sample with the newest weights: only less stale
+        apply_newest_weights(engine, weights, ctx, probe_atol)  # sample with the newest weights: only less stale
         start = time.monotonic()
         sampled_at = time.time()
         completions = engine.generate(

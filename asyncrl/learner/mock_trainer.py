@@ -66,6 +66,15 @@ class MockTrainer:
 
         return {"weights": torch.zeros(self.cfg.weight_bytes // 4, dtype=torch.float32)}
 
+    def weight_buckets(self, bucket_bytes: int):
+        from asyncrl.weights.buckets import state_dict_buckets
+
+        return state_dict_buckets(self.full_state_dict(), bucket_bytes)
+
+    def probe(self) -> None:
+        """A simulated learner has no model to probe."""
+        return None
+
     def save_pretrained(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

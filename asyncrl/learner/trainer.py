@@ -401,6 +401,26 @@ class PolicyTrainer:
         visit(module, "")
         return state
 
+    def weight_buckets(self, bucket_bytes: int):
+        """The weights as size-capped buckets of ``(HF name, tensor)``, for ``asyncrl.weights``
+        publishers: under ZeRO-3 each bucket is gathered only while the caller holds it, so the
+        extra memory is one bucket, not the model. Collective under ZeRO-3 (iterate on every
+        rank); tied weights appear once; tensors keep the module dtype (bf16 under bf16)."""
+        from asyncrl.weights.buckets import iter_buckets
+
+        return iter_buckets(self.engine.module, bucket_bytes)
+
+    def probe(self) -> dict:
+        """The learner's logprobs of the fixed probe text (``asyncrl.weights.probe``), sent with
+        each version so the generators can check what they serve. Collective under ZeRO-3."""
+        from transformers import AutoTokenizer
+
+        from asyncrl.weights.probe import learner_probe
+
+        if getattr(self, "_tokenizer", None) is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        return learner_probe(self.engine.module, self._tokenizer)
+
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write a Hugging Face model dir (config, fp32 ``model.safetensors``, tokenizer files).
 

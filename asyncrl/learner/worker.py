@@ -1,8 +1,10 @@
 """The learner process: batches in from the buffer, one optimizer step each, weights out.
 
 Each step asks the buffer for ``learner.batch_groups`` groups, stating its version (the buffer
-drops groups that are too stale for it), trains one staleness-corrected step, and every
-``learner.broadcast_every`` steps publishes the weights. A request that times out is logged with
+drops groups that are too stale for it), trains one staleness-corrected step, and publishes the
+weights when the ``weights.schedule`` says so (every ``learner.broadcast_every`` steps by
+default; see ``asyncrl.weights.schedule``), bucket by bucket through ``weights.transport``,
+with the learner's probe logprobs attached when ``weights.probe`` is on. A request that times out is logged with
 what it waits for and asked again; a stall beyond ``run.stall_timeout_s`` is the controller's to
 judge. At the end it saves the final model as a Hugging Face directory in ``RUN_DIR/final``.
 
@@ -22,9 +24,16 @@ from collections import Counter
 
 import numpy as np
 
-from asyncrl.learner.weights import WeightPublisher
-from asyncrl.metrics import LEARNER_STEP_SECONDS, POLICY_VERSION, SAMPLES, STALENESS
+from asyncrl.metrics import (
+    LEARNER_STEP_SECONDS,
+    POLICY_VERSION,
+    SAMPLES,
+    STALENESS,
+    WEIGHT_BROADCAST_SECONDS,
+    WEIGHT_BYTES,
+)
 from asyncrl.transport import RequestClient
+from asyncrl.weights import BroadcastSchedule, make_publisher
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +69,9 @@ def run_learner(ctx, model_dir: str) -> None:
             algo = algo.model_copy(update={"loss_norm_tokens": cfg.sampling.max_tokens})
         trainer = PolicyTrainer(model_dir, trainer_cfg, algo)
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
-    publisher = WeightPublisher(ctx.endpoints.weights, ctx.run_dir / "weights")
+    wcfg = cfg.weights
+    publisher = make_publisher(wcfg, ctx.endpoints.weights, ctx.endpoints.weights_stream, ctx.run_dir)
+    schedule = BroadcastSchedule(wcfg, cfg.learner.broadcast_every, cfg.buffer.max_staleness, cfg.learner.total_steps)
     trained = 0  # samples trained at least once
     trained_with_reuse = 0  # every time a sample was trained
     reuse = cfg.buffer.max_times_sampled != 1
@@ -112,8 +123,9 @@ def run_learner(ctx, model_dir: str) -> None:
             STALENESS.observe(s)
         now = time.time()
         latencies.extend(now - g.meta.get("sampled_at", now) for g in groups for _ in g.samples)
-        if trainer.version % cfg.learner.broadcast_every == 0 or trainer.version == cfg.learner.total_steps:
-            publisher.publish(trainer.full_state_dict(), trainer.version)
+        if schedule.due(trainer.version):
+            publish_weights(trainer, publisher, wcfg, ctx)
+            schedule.published(trainer.version)
         rewards = [s.reward for g in groups for s in g.samples]
         ctx.emit(
             "step",
@@ -153,6 +165,20 @@ def run_learner(ctx, model_dir: str) -> None:
     )
     buffer.close()
     publisher.close()
+
+
+def publish_weights(trainer, publisher, wcfg, ctx) -> dict:
+    """Publish the trainer's weights bucket by bucket, with its probe; record and report it."""
+    probe = trainer.probe() if wcfg.probe else None
+    stats = publisher.publish(
+        trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))),
+        trainer.version,
+        meta={"probe": probe} if probe is not None else None,
+    )
+    WEIGHT_BROADCAST_SECONDS.observe(stats["seconds"])
+    WEIGHT_BYTES.inc(stats["bytes"])
+    ctx.emit("broadcast", version=trainer.version, transport=publisher.transport, **stats)
+    return stats
 
 
 def _count_first_time(groups, seen: dict[int, set[str]], version: int, max_staleness: int | None) -> int:

@@ -215,6 +215,10 @@ class RewardWorker:
     def _serve_peers(self) -> None:
         while (req := self.share.recv(timeout=0)) is not None:
             client, kind, body = req
+            if kind == "want_run":  # a worker joining by address learns the run from us
+                run = {"config": self.ctx.cfg.model_dump(mode="json"), "endpoints": self.ctx.endpoints.model_dump()}
+                self.share.reply(client, "run", run, body.get("request_id"))
+                continue
             if kind != "want_groups":
                 continue
             now = time.monotonic()

@@ -20,7 +20,7 @@ from tests.rewards.fault_server import FaultServer
 pytestmark = pytest.mark.slow
 
 
-def start_hot_worker(h: Harness, name: str, *overrides: str) -> None:
+def start_hot_worker(h: Harness, name: str, *overrides: str, connect: str | None = None) -> None:
     log = open(h.run_dir / f"{name}.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [
@@ -29,7 +29,7 @@ def start_hot_worker(h: Harness, name: str, *overrides: str) -> None:
         "asyncrl.cli",
         "reward-worker",
         "--connect",
-        str(h.run_dir),
+        connect or str(h.run_dir),
         "--name",
         name,
         *overrides,
@@ -59,7 +59,7 @@ def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path)
         h.procs["reward-hot"].send_signal(signal.SIGTERM)  # leaves mid-stream, holding groups
         hot = h.wait_for("reward-hot", "final", timeout=30)
         assert h.procs["reward-hot"].wait(30) == 0
-        start_hot_worker(h, "reward-hot2")  # a second one joins the same stream
+        start_hot_worker(h, "reward-hot2", connect=h.endpoints.reward_share)  # a second one joins by address
         h.wait_for("reward-hot2", "ready")
         finals = h.stop(["reward"], ["reward-0", "reward-hot2"], timeout=60)
         finals["reward-hot"] = hot

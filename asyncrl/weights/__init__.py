@@ -1,0 +1,69 @@
+"""Weight broadcast from the learner to the generators: buckets, transports, schedule, probe.
+
+One small interface, three transports (``file``, ``shm``, ``zmq``):
+
+- publisher (learner rank 0): ``publish(buckets, version, meta) -> {bytes, buckets, seconds}``
+  consumes an iterator of buckets (``iter_buckets``: gathered one at a time under ZeRO-3);
+  ``announce()`` in the learner's idle loop (repeats, acks); ``close()``.
+- subscriber (generator): ``newest(served_version, timeout=0) -> WeightUpdate | None``, the
+  newest complete, checksum-verified version above the one served; ``close()``. The generator
+  calls ``update.done(error)`` once the engine has copied the tensors in.
+
+``make_publisher`` / ``make_subscriber`` pick the transport from ``WeightSyncConfig``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.weights.config import WeightSyncConfig
+from asyncrl.weights.schedule import BroadcastSchedule
+from asyncrl.weights.update import WeightSyncError, WeightUpdate
+
+# Buckets (torch) load with the transports: importing this package stays cheap for configs.
+
+MiB = 1 << 20
+
+
+def make_publisher(cfg: WeightSyncConfig, announce_address: str, stream_address: str | None, run_dir: Path):
+    """The learner's publisher for ``cfg.transport``."""
+    if cfg.transport == "shm":
+        from asyncrl.weights.shm import ShmWeightPublisher
+
+        return ShmWeightPublisher(announce_address, keep_s=cfg.keep_s)
+    if cfg.transport == "zmq":
+        from asyncrl.weights.stream import ZmqWeightPublisher
+
+        if stream_address is None:
+            raise ValueError("weights.transport zmq needs the endpoint weights_stream")
+        return ZmqWeightPublisher(stream_address, frame_bytes=int(cfg.frame_mb * MiB), send_timeout_s=cfg.timeout_s)
+    from asyncrl.weights.file import FileWeightPublisher
+
+    return FileWeightPublisher(announce_address, Path(run_dir) / "weights")
+
+
+def make_subscriber(cfg: WeightSyncConfig, announce_address: str, stream_address: str | None, name: str):
+    """A generator's subscriber for ``cfg.transport``."""
+    if cfg.transport == "shm":
+        from asyncrl.weights.shm import ShmWeightSubscriber
+
+        return ShmWeightSubscriber(announce_address, name=name)
+    if cfg.transport == "zmq":
+        from asyncrl.weights.stream import ZmqWeightSubscriber
+
+        if stream_address is None:
+            raise ValueError("weights.transport zmq needs the endpoint weights_stream")
+        return ZmqWeightSubscriber(stream_address, name=name, timeout_s=cfg.timeout_s)
+    from asyncrl.weights.file import FileWeightSubscriber
+
+    return FileWeightSubscriber(announce_address, name=name)
+
+
+__all__ = [
+    "BroadcastSchedule",
+    "WeightSyncConfig",
+    "WeightSyncError",
+    "WeightUpdate",
+    "make_publisher",
+    "make_subscriber",
+]

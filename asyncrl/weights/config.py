@@ -1,0 +1,43 @@
+"""Config of weight sync: how (transport), how big (buckets), when (schedule), checked how (probe)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from asyncrl.configbase import Config
+
+
+class WeightSyncConfig(Config):
+    """How the learner's weights reach the generators (the run's ``weights`` section)."""
+
+    transport: Literal["file", "shm", "zmq"] = "shm"
+    """``shm``: buckets written once into /dev/shm, mapped by every generator on this host;
+    ``zmq``: streamed in ~1 MiB frames to subscribers on any host; ``file``: one safetensors
+    file per version in RUN_DIR/weights (the original path, a whole-model copy in the learner)."""
+    bucket_mb: float = Field(64.0, gt=0)
+    """Size cap of one bucket in MiB: under ZeRO-3 the learner gathers, sends and frees one
+    bucket at a time, so its extra memory is about two buckets, not the model."""
+    frame_mb: float = Field(1.0, gt=0)
+    """Size of one ZeroMQ frame in MiB (zmq transport)."""
+    schedule: Literal["every_k", "every_s", "staleness"] = "every_k"
+    """When to publish: every ``learner.broadcast_every`` steps; every ``every_s`` seconds (after
+    the first step past it); or only when needed to keep samples within the staleness bound
+    (see ``BroadcastSchedule``). The last step is always published."""
+    every_s: float = Field(10.0, gt=0)
+    """Seconds between publications of the ``every_s`` schedule."""
+    staleness_margin: int = Field(1, ge=0)
+    """``staleness`` schedule: publish when the generators' version would be this many steps
+    short of falling outside ``buffer.max_staleness`` (room for samples still in flight)."""
+    probe: bool = True
+    """After applying a version, the generator scores a fixed prompt and continuation and
+    compares with the learner's logprobs sent along; a mismatch is an error."""
+    probe_atol: float = Field(1e-3, gt=0)
+    """Largest absolute logprob difference the probe accepts (fp32 learner and engine agree to
+    ~1e-5; bf16 needs ~0.05)."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Seconds a generator waits for the next message of a version being streamed, and the
+    learner for a bucket to leave for every subscriber; past it the wait is reported by name."""
+    keep_s: float = Field(60.0, gt=0)
+    """shm: seconds a superseded version stays in shared memory when not every generator acked it."""

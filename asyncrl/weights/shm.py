@@ -1,0 +1,240 @@
+"""Same-host weight broadcast through shared memory, announced over ZeroMQ.
+
+The learner writes each bucket once into its own file under ``/dev/shm`` (a tmpfs: pages of
+RAM, no disk), in a directory per version that is renamed into place when complete, so a
+subscriber never sees half a version. It then announces ``{policy_version, dir, buckets:
+[{file, nbytes, crc, tensors: [[name, dtype, shape, offset, nbytes]...]}], ack}`` on a PUB
+socket, and repeats the newest announcement every second (a PUB drops what was sent before a
+subscriber joined). Each subscriber maps the files (``mmap``, copy-on-write so torch gets
+writable views without copying), checks every bucket's CRC-32 and hands out views: the data
+is written once whatever the number of subscribers, which is why the time stays flat as they
+grow.
+
+Unlinking: each subscriber acks a version (PUSH to the learner's PULL, address in the
+announcement) once its engine has copied the tensors in, or reports the error. A superseded
+version is removed once every subscriber that has ever acked has acked it or a newer one, or
+``keep_s`` seconds after it was superseded, and in any case when more than ``max_versions``
+exist. A mapping survives the unlink (Linux keeps the pages until the last ``munmap``), so
+removal only races a subscriber that has not opened the files yet; it then gets a
+``WeightSyncError`` naming the missing version and takes the next one.
+
+| socket | blocks | dropped |
+| --- | --- | --- |
+| announcements PUB -> SUB | never | everything before a subscriber joins (hence the repeats) |
+| acks PUSH -> PULL | a subscriber's ack waits up to 1 s for the learner, then is dropped (logged) | nothing else |
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+import zmq
+
+from asyncrl.transport import Publisher, StreamReceiver, StreamSender, Subscriber
+from asyncrl.weights.buckets import layout, pack_into, specs_from_wire, specs_to_wire, unpack, verify
+from asyncrl.weights.update import WeightSyncError, WeightUpdate
+
+log = logging.getLogger(__name__)
+
+SHM_ROOT = "/dev/shm"
+
+
+class ShmWeightPublisher:
+    """Writes versions into shared memory, bucket by bucket, and announces the newest.
+
+    >>> pub = ShmWeightPublisher("tcp://127.0.0.1:0")  # doctest: +SKIP
+    >>> pub.publish(state_dict_buckets(model.state_dict(), 64 << 20), version=1)  # doctest: +SKIP
+    """
+
+    transport = "shm"
+
+    def __init__(
+        self,
+        address: str,
+        name: str = "learner.weights",
+        root: str | Path = SHM_ROOT,
+        keep_s: float = 60.0,
+        max_versions: int = 3,
+    ):
+        if keep_s <= 0:
+            raise ValueError(f"keep_s ({keep_s}) must be > 0")
+        if max_versions < 2:
+            raise ValueError(f"max_versions ({max_versions}) must be >= 2 (the newest and one being read)")
+        self.name = name
+        self.keep_s = keep_s
+        self.max_versions = max_versions
+        self.dir = Path(root) / f"asyncrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.dir.mkdir(parents=True)
+        self.pub = Publisher(address, name=name)
+        self.address = self.pub.address
+        self.acks = StreamReceiver("tcp://127.0.0.1:0", name=f"{name}.acks", bind=True)
+        self.latest: dict | None = None
+        self.versions: dict[int, float | None] = {}  # version -> time superseded (None: newest)
+        self.acked: dict[str, int] = {}  # subscriber -> newest version it acked
+        self.errors: list[dict] = []  # error reports from subscribers, newest last
+        self._last_sent = 0.0
+
+    def publish(
+        self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int, meta: dict | None = None
+    ) -> dict:
+        """Write every bucket (consumed one at a time), announce; returns {bytes, buckets, seconds}."""
+        start = time.perf_counter()
+        final = self.dir / f"v{version:06d}"
+        tmp = self.dir / f".v{version:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        entries, total = [], 0
+        for index, named in enumerate(buckets):
+            specs, size = layout(named)
+            size = max(size, 1)
+            fname = f"b{index:05d}"
+            with open(tmp / fname, "w+b") as f:
+                f.truncate(size)
+                with mmap.mmap(f.fileno(), size) as mm:
+                    dst = torch.frombuffer(mm, dtype=torch.uint8)
+                    crc = pack_into(named, specs, dst)
+                    del dst
+            entries.append({"file": fname, "nbytes": size, "crc": crc, "tensors": specs_to_wire(specs)})
+            total += size
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        now = time.monotonic()
+        for v, superseded in self.versions.items():
+            if superseded is None:
+                self.versions[v] = now
+        self.versions[version] = None
+        self.latest = {
+            "policy_version": version,
+            "transport": self.transport,
+            "dir": str(final),
+            "buckets": entries,
+            "ack": self.acks.address,
+            **(meta or {}),
+        }
+        self.announce(force=True)
+        self.poll()
+        return {"bytes": total, "buckets": len(entries), "seconds": time.perf_counter() - start}
+
+    def announce(self, force: bool = False) -> None:
+        """Repeat the newest announcement (at most once a second unless forced); collect acks."""
+        now = time.monotonic()
+        if self.latest is not None and (force or now - self._last_sent > 1.0):
+            self.pub.send("weights", self.latest)
+            self._last_sent = now
+        self.poll()
+
+    def poll(self) -> None:
+        """Take the acks that arrived, then unlink the versions nobody needs any more."""
+        while (msg := self.acks.recv(0)) is not None:
+            kind, body = msg
+            if kind == "weights_ack":
+                sub, v = str(body["subscriber"]), int(body["policy_version"])
+                self.acked[sub] = max(v, self.acked.get(sub, -1))
+            elif kind == "weights_error":
+                self.errors.append(body)
+                log.error(
+                    "%s: %s failed to apply version %s: %s",
+                    self.name,
+                    body.get("subscriber"),
+                    body.get("policy_version"),
+                    body.get("error"),
+                )
+        self._prune()
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        old = sorted(v for v, t in self.versions.items() if t is not None)
+        for i, v in enumerate(old):
+            everyone = bool(self.acked) and all(a >= v for a in self.acked.values())
+            expired = now - self.versions[v] > self.keep_s
+            too_many = len(self.versions) - i > self.max_versions
+            if everyone or expired or too_many:
+                if too_many and not (everyone or expired):
+                    log.warning(
+                        "%s: removing version %d before every subscriber acked it (%d versions kept at most)",
+                        self.name,
+                        v,
+                        self.max_versions,
+                    )
+                shutil.rmtree(self.dir / f"v{v:06d}", ignore_errors=True)
+                del self.versions[v]
+
+    def close(self) -> None:
+        self.pub.close()
+        self.acks.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ShmWeightSubscriber:
+    """Maps announced versions from shared memory, verifies them, and acks them when done."""
+
+    transport = "shm"
+
+    def __init__(self, address: str, name: str = "generator.weights"):
+        self.name = name
+        self.sub = Subscriber(address, name=name)
+        self._ack: StreamSender | None = None
+
+    def newest(self, served_version: int, timeout: float = 0.0) -> WeightUpdate | None:
+        """The newest announced version above ``served_version``, mapped and verified, or None.
+
+        Waits up to ``timeout`` seconds for a first announcement (0: only what is queued)."""
+        best = None
+        msg = self.sub.recv(timeout) if timeout > 0 else None
+        msgs = ([msg] if msg else []) + self.sub.recv_latest()
+        for kind, body in msgs:
+            if kind == "weights" and int(body["policy_version"]) > served_version:
+                if best is None or int(body["policy_version"]) > int(best["policy_version"]):
+                    best = body
+        return None if best is None else self.fetch(best)
+
+    def fetch(self, body: dict) -> WeightUpdate:
+        """Map and verify the version that ``body`` announces."""
+        start = time.perf_counter()
+        version = int(body["policy_version"])
+        folder = Path(body["dir"])
+        tensors, total = [], 0
+        for b in body["buckets"]:
+            path = folder / b["file"]
+            try:
+                with open(path, "rb") as f:
+                    mm = mmap.mmap(f.fileno(), int(b["nbytes"]), access=mmap.ACCESS_COPY)
+            except FileNotFoundError:
+                raise WeightSyncError(
+                    f"{self.name}: version {version} is gone from shared memory ({path}): a newer one replaced it"
+                ) from None
+            verify(mm, int(b["crc"]), f"{self.name}: version {version} bucket {b['file']}")
+            tensors.extend(unpack(mm, specs_from_wire(b["tensors"])))
+            total += int(b["nbytes"])
+        meta = {k: v for k, v in body.items() if k not in ("dir", "buckets", "ack", "transport", "policy_version")}
+        update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
+        update._on_done = lambda error: self._report(body.get("ack"), version, error)
+        return update
+
+    def _report(self, address: str | None, version: int, error: str | None) -> None:
+        if address is None:
+            return
+        if self._ack is None or self._ack.address != address:
+            if self._ack is not None:
+                self._ack.close()
+            self._ack = StreamSender(address, name=f"{self.name}.ack")
+            self._ack.sock.setsockopt(zmq.LINGER, 1000)  # a gone learner must not hold up close()
+        kind = "weights_ack" if error is None else "weights_error"
+        try:
+            self._ack.send(kind, {"subscriber": self.name, "policy_version": version, "error": error}, timeout=1.0)
+        except TimeoutError:
+            log.warning("%s: the learner took no %s for version %d within 1 s; dropped", self.name, kind, version)
+
+    def close(self) -> None:
+        self.sub.close()
+        if self._ack is not None:
+            self._ack.close()

@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from asyncrl.weights.buckets import (
+    checksum,
+    iter_buckets,
+    layout,
+    pack_into,
+    plan_buckets,
+    state_dict_buckets,
+    unpack,
+    verify,
+)
+from asyncrl.weights.update import WeightSyncError
+
+
+def _named():
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("a", torch.randn(3, 5, generator=g)),
+        ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("c", torch.arange(4, dtype=torch.int64)),
+        ("d", torch.randn(2, 2, generator=g).t()),  # not contiguous
+    ]
+
+
+def test_pack_unpack_round_trip_is_bit_identical():
+    named = _named()
+    specs, size = layout(named)
+    assert all(s.offset % 64 == 0 for s in specs)
+    buf = torch.empty(size, dtype=torch.uint8)
+    crc = pack_into(named, specs, buf)
+    assert crc == checksum(buf.numpy())
+    for (name, t), (name2, v) in zip(named, unpack(buf, specs)):
+        assert name == name2 and v.dtype == t.dtype and torch.equal(v, t)
+
+
+def test_checksum_catches_one_flipped_byte():
+    named = _named()
+    specs, size = layout(named)
+    buf = torch.empty(size, dtype=torch.uint8)
+    crc = pack_into(named, specs, buf)
+    buf[5] ^= 1
+    with pytest.raises(WeightSyncError, match="bucket 0: checksum mismatch"):
+        verify(buf.numpy(), crc, "bucket 0")
+
+
+def test_buckets_stay_under_the_cap_and_keep_every_weight_once():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    model[1].weight = torch.nn.Parameter(torch.randn(4, 16))
+    cap = 16 * 16 * 4  # exactly the first weight
+    plans = plan_buckets(model, cap)
+    assert [[n for n, _ in p] for p in plans] == [["0.weight"], ["0.bias", "1.weight", "1.bias"]]
+    got = {n: t for b in iter_buckets(model, cap) for n, t in b}
+    assert got.keys() == dict(model.named_parameters()).keys()
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets(model, 0)
+
+
+def test_tied_weights_appear_once():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    names = [n for b in iter_buckets(model, 1 << 20) for n, _ in b]
+    assert names == ["emb.weight"]
+
+
+def test_state_dict_buckets_cap():
+    sd = {f"w{i}": torch.zeros(256) for i in range(5)}  # 1 KiB each
+    assert [len(b) for b in state_dict_buckets(sd, 2048)] == [2, 2, 1]

@@ -1,0 +1,122 @@
+"""Weight updates applied to a real vLLM engine (CPU build) from each transport, checked by the probe."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("vllm")
+
+from asyncrl.generators.worker import apply_newest_weights  # noqa: E402
+from asyncrl.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E402
+from asyncrl.weights.buckets import iter_buckets  # noqa: E402
+from asyncrl.weights.probe import learner_probe  # noqa: E402
+from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
+from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
+from asyncrl.weights.update import WeightSyncError  # noqa: E402
+
+TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
+
+
+class Ctx:
+    def __init__(self):
+        self.events = []
+
+    def emit(self, kind, **body):
+        self.events.append((kind, body))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {
+        name: Path(build_tiny_model(TinyModelConfig(seed=seed), root / name)) for name, seed in (("a", 1), ("b", 2))
+    }
+
+
+@pytest.fixture(scope="module")
+def learner(models):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(models["b"], dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(models["b"])
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+
+    e = VLLMEngine(str(models["a"]), EngineConfig())
+    yield e
+    e.close()
+
+
+def _apply(engine, sub, ctx, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    version = engine.version
+    while engine.version == version and time.monotonic() < deadline:
+        apply_newest_weights(engine, sub, ctx, probe_atol=1e-3)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_apply_between_requests_serves_the_published_weights(engine, learner, transport):
+    model, tok = learner
+    Pub, Sub = TRANSPORTS[transport]
+    pub, sub, ctx = Pub("tcp://127.0.0.1:0"), None, Ctx()
+    sub = Sub(pub.address, name="gen-0.weights")
+    time.sleep(0.3)
+    probe = learner_probe(model, tok)
+    before = engine.score(probe["prompt"], probe["continuation_ids"])
+    version = engine.version + 1
+    pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
+    _apply(engine, sub, ctx)
+    assert engine.version == version
+    ((kind, ev),) = ctx.events
+    assert kind == "version" and ev["version"] == version and ev["probe_diff"] <= 1e-3 and ev["bytes"] > 0
+    assert abs(before - probe["logprobs"]).max() > 1e-3 or transport != "shm"  # it really changed (first test)
+    pub.close()
+    sub.close()
+
+
+def test_probe_catches_a_deliberately_corrupted_bucket(engine, learner):
+    model, tok = learner
+    pub = ShmWeightPublisher("tcp://127.0.0.1:0")
+    sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
+    time.sleep(0.3)
+    probe = learner_probe(model, tok)
+
+    def corrupted():  # a learner-side bug: right checksum, wrong numbers
+        for i, bucket in enumerate(iter_buckets(model, 64 << 10)):
+            yield [(n, t * 1.5) if i == 1 else (n, t) for n, t in bucket]
+
+    version = engine.version + 1
+    pub.publish(corrupted(), version, meta={"probe": probe})
+    with pytest.raises(WeightSyncError, match=f"probe after applying version {version}: .* > atol 0.001"):
+        _apply(engine, sub, Ctx())
+    deadline = time.monotonic() + 5
+    while not pub.errors and time.monotonic() < deadline:
+        pub.announce()
+        time.sleep(0.05)
+    assert pub.errors and pub.errors[0]["subscriber"] == "gen-0.weights" and "probe" in pub.errors[0]["error"]
+    pub.close()
+    sub.close()
+
+
+def test_an_update_missing_weights_is_refused(engine, learner):
+    model, _ = learner
+    named = [(n, t) for n, t in model.named_parameters() if "layers.0." not in n]
+    with pytest.raises(ValueError, match="lacks"):
+        engine.load_weights(named, engine.version + 1)

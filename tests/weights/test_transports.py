@@ -1,0 +1,179 @@
+"""Round trips of the CPU transports (bit-identical), corruption, timeouts, dead subscribers."""
+
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+import torch
+import zmq
+
+from asyncrl import wire
+from asyncrl.weights.buckets import state_dict_buckets
+from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
+from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber
+from asyncrl.weights.update import WeightSyncError
+
+TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
+
+
+def _state(seed=0, big=1000):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.embed_tokens.weight": torch.randn(big, 64, generator=g),
+        "model.norm.weight": torch.randn(64, generator=g).to(torch.bfloat16),
+        "lm_head.bias": torch.randn(3, generator=g).half(),
+        "step": torch.arange(5),
+        "model.layers.0.mlp.up_proj.weight": torch.randn(256, 64, generator=g),
+    }
+
+
+def _receive(sub, served=0, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        update = sub.newest(served, timeout=0.2)
+        if update is not None:
+            return update
+    raise AssertionError("no update arrived")
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_round_trip_is_bit_identical_to_every_subscriber(transport):
+    Pub, Sub = TRANSPORTS[transport]
+    pub = Pub("tcp://127.0.0.1:0")
+    subs = [Sub(pub.address, name=f"g{i}") for i in range(2)]
+    time.sleep(0.3)  # slow joiners
+    sd = _state()
+    stats = pub.publish(state_dict_buckets(sd, 64 << 10), 7, meta={"probe": {"prompt": "x"}})
+    assert stats["buckets"] >= 3 and stats["bytes"] >= sum(t.numel() * t.element_size() for t in sd.values())
+    for sub in subs:
+        update = _receive(sub)
+        assert update.version == 7 and update.meta["probe"] == {"prompt": "x"}
+        got = dict(update.tensors)
+        assert list(got) == list(sd)
+        for name, t in sd.items():
+            assert got[name].dtype == t.dtype and got[name].shape == t.shape and torch.equal(got[name], t), name
+        update.done()
+        assert sub.newest(7) is None  # nothing newer
+    pub.close()
+    for sub in subs:
+        sub.close()
+
+
+def _until(cond, pub, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        pub.announce()
+        time.sleep(0.02)
+    return cond()
+
+
+def test_shm_keeps_a_version_until_every_subscriber_is_past_it():
+    pub = ShmWeightPublisher("tcp://127.0.0.1:0")
+    g0, g1 = (ShmWeightSubscriber(pub.address, name=n) for n in ("g0", "g1"))
+    time.sleep(0.3)
+    pub.publish(state_dict_buckets(_state(), 1 << 20), 1)
+    _receive(g0).done()
+    _receive(g1).done()
+    assert _until(lambda: pub.acked == {"g0": 1, "g1": 1}, pub)
+    pub.publish(state_dict_buckets(_state(1), 1 << 20), 2)
+    _receive(g0, served=1).done()  # g1 is busy and misses version 2
+    assert _until(lambda: pub.acked["g0"] == 2, pub)
+    pub.publish(state_dict_buckets(_state(2), 1 << 20), 3)
+    pub.announce()
+    assert not (pub.dir / "v000001").exists()  # everyone is past it
+    assert (pub.dir / "v000002").exists()  # g1 might still be reading it
+    update = _receive(g1, served=1)
+    assert update.version == 3  # the newest, not the one it missed
+    update.done()
+    assert _until(lambda: not (pub.dir / "v000002").exists(), pub)
+    assert (pub.dir / "v000003").exists()
+    pub.close()
+    g0.close()
+    g1.close()
+    assert not pub.dir.exists()
+
+
+def test_shm_checksum_catches_a_corrupted_bucket_and_reports_it():
+    pub = ShmWeightPublisher("tcp://127.0.0.1:0")
+    sub = ShmWeightSubscriber(pub.address, name="g0")
+    time.sleep(0.3)
+    pub.publish(state_dict_buckets(_state(), 64 << 10), 3)
+    path = pub.dir / "v000003" / "b00001"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(WeightSyncError, match="version 3 bucket b00001: checksum mismatch"):
+        _receive(sub)
+    pub.close()
+    sub.close()
+
+
+def test_zmq_checksum_catches_a_corrupted_bucket():
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="g0", timeout_s=2)
+    time.sleep(0.3)
+    pub.send(wire.encode("weights_begin", {"policy_version": 1}))
+    header = {"policy_version": 1, "index": 0, "crc": 12345, "nbytes": 8, "tensors": [["w", "float32", [2], 0, 8]]}
+    pub.send_multipart([wire.encode("weights_bucket", header), b"\0" * 8])
+    with pytest.raises(WeightSyncError, match="version 1 bucket 0: checksum mismatch"):
+        _receive(sub)
+    pub.close()
+    sub.close()
+
+
+def test_zmq_timeout_names_what_it_waited_for():
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="gen-3.weights", timeout_s=0.5)
+    time.sleep(0.3)
+    pub.send(wire.encode("weights_begin", {"policy_version": 9}))  # ... and the learner goes silent
+    with pytest.raises(
+        TimeoutError, match=r"gen-3.weights: waited 0.5 s for bucket 0 \(or the end\) of version 9 from tcp://"
+    ):
+        _receive(sub)
+    pub.close()
+    sub.close()
+
+
+def _dying_subscriber(address, ready):
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVHWM, 2)
+    sock.setsockopt(zmq.RCVBUF, 1 << 16)
+    sock.connect(address)
+    ready.set()
+    sock.recv_multipart()  # weights_begin
+    sock.recv_multipart()  # bucket 0
+    os._exit(0)  # dies mid-broadcast, without closing anything
+
+
+def test_a_subscriber_that_dies_mid_broadcast_does_not_block_the_others():
+    pub = ZmqWeightPublisher("tcp://127.0.0.1:0", send_timeout_s=20)
+    ready = mp.get_context("spawn").Event()
+    proc = mp.get_context("spawn").Process(target=_dying_subscriber, args=(pub.address, ready))
+    proc.start()
+    live = ZmqWeightSubscriber(pub.address, name="live", timeout_s=10)
+    assert ready.wait(60)
+    time.sleep(0.5)
+    sd = {f"w{i}": torch.full((1 << 18,), float(i)) for i in range(32)}  # 32 MiB in 1 MiB buckets
+    import threading
+
+    got = {}
+
+    def consume():
+        got["update"] = _receive(live, timeout=30)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    stats = pub.publish(state_dict_buckets(sd, 1 << 20), 1)
+    t.join(30)
+    proc.join(10)
+    assert proc.exitcode == 0
+    assert stats["seconds"] < 10 and pub.stalled == 0, stats
+    assert all(torch.equal(dict(got["update"].tensors)[k], v) for k, v in sd.items())
+    pub.close()
+    live.close()
