@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from asyncrl.accounting import summarize
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
@@ -145,6 +147,20 @@ def evaluate(cfg: RunConfig, model_dir: Path) -> float:
     return evaluate_exact_match(model_dir, None, prompts, max_new_tokens=cfg.eval.max_new_tokens)
 
 
+def write_scrape_config(run_dir: Path) -> Path:
+    """``RUN_DIR/prometheus.yml``: a Prometheus scrape job over every process's metrics port."""
+    targets = [
+        {"targets": [f"127.0.0.1:{port.read_text().strip()}"], "labels": {"component": port.stem}}
+        for port in sorted((run_dir / "metrics").glob("*.port"))
+    ]
+    scrape = {
+        "scrape_configs": [{"job_name": f"asyncrl-{run_dir.name}", "scrape_interval": "5s", "static_configs": targets}]
+    }
+    path = run_dir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(scrape, sort_keys=False))
+    return path
+
+
 class Controller:
     """Runs one training job on this machine."""
 
@@ -224,6 +240,7 @@ class Controller:
             if ev and ev["type"] == "ready":
                 ready.add(ev["source"])
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
+        write_scrape_config(self.run_dir)
         for _ in range(10):  # PUB: repeat, so that no subscriber misses it
             self.control.send("control", {"command": "go"})
             time.sleep(0.01)

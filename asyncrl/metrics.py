@@ -1,17 +1,21 @@
 """Prometheus metrics of one process, served on a local port.
 
-Each process calls ``serve_metrics(run_dir, name)`` once: it starts an HTTP server on
-127.0.0.1 (port 0 = any free port) and writes the port to ``run_dir/metrics/{name}.port`` so
-the controller, a test or a scrape config can find it; at exit it writes its last values to
-``run_dir/metrics/{name}.prom``. Metric objects live in one registry per
-process (``REGISTRY``); names are ``asyncrl_*`` with units in the name, as Prometheus advises.
+Each process calls ``serve_metrics(run_dir, name)`` once: it starts an HTTP server on 127.0.0.1
+(port 0 = any free port) answering ``/metrics`` and ``/health``, and writes the port to
+``run_dir/metrics/{name}.port``, from which the controller writes the run's scrape config
+(``run_dir/prometheus.yml``); at exit the process writes its last values to
+``run_dir/metrics/{name}.prom``. Metric objects live in one registry per process
+(``REGISTRY``); names are ``asyncrl_*`` with units in the name, as Prometheus advises.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
 
 REGISTRY = CollectorRegistry()
 
@@ -42,10 +46,31 @@ SAMPLES = Counter("asyncrl_samples", "Samples passing this process, by outcome."
 DROPPED = Counter("asyncrl_dropped_samples", "Samples dropped, by reason.", ["reason"], registry=REGISTRY)
 
 
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # a scrape every few seconds must not fill the log
+        pass
+
+
+def metrics_app(environ, start_response):
+    """``/metrics`` (and any other path, as Prometheus' own exporters do) and ``/health``."""
+    if environ.get("PATH_INFO") == "/health":
+        start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"ok\n"]
+    return _METRICS_APP(environ, start_response)
+
+
+_METRICS_APP = make_wsgi_app(REGISTRY)
+
+
 def serve_metrics(run_dir: str | Path | None, name: str) -> int:
-    """Serve ``REGISTRY`` on 127.0.0.1 at a free port; record the port (when there is a run
-    directory); return it."""
-    server, _thread = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
+    """Serve ``/metrics`` and ``/health`` on 127.0.0.1 at a free port, in a daemon thread; record
+    the port (when there is a run directory); return it."""
+    server = make_server("127.0.0.1", 0, metrics_app, _ThreadingServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     port = server.server_port
     if run_dir is not None:
         path = Path(run_dir) / "metrics" / f"{name}.port"

@@ -9,6 +9,17 @@ VENV=${VENV:-.venv}
 EXTRA=${ASYNCRL_EXTRA:-cpu}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
+# promtool (from Debian's prometheus package, unpacked, not installed) checks the metrics
+# exposition in the tests; it is fetched once, next to the venv.
+if [ ! -x .tools/prometheus/usr/bin/promtool ] && command -v apt-get >/dev/null 2>&1; then
+  mkdir -p .tools
+  (
+    cd .tools &&
+      { apt-get download prometheus >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1; }; } &&
+      dpkg-deb -x prometheus_*.deb prometheus && rm -f prometheus_*.deb
+  ) || echo "setup: could not fetch promtool (Debian's prometheus package); the exposition test will fail"
+fi
 stamp="$VENV/.asyncrl-stamp"
 want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRA"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -68,6 +68,7 @@ def test_bad_frames_are_rejected_counted_logged_once_and_serving_goes_on(stream,
 
     for name, socket in (("reward-0", "reward.in"), ("buffer", "buffer.in")):
         port = int((tmp_path / "metrics" / f"{name}.port").read_text())
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read() == b"ok\n"
         assert metric(port, "asyncrl_rejected_frames_total", f'reason="malformed",socket="{socket}"') == 1
         assert metric(port, "asyncrl_rejected_frames_total", f'reason="bad_schema",socket="{socket}"') == 1
         assert metric(port, "asyncrl_rejected_frames_total", f'reason="nonfinite_logprobs",socket="{socket}"') == 2

@@ -1,6 +1,12 @@
 """The whole control plane with simulated engines: four generators, reward worker, buffer,
 dispatcher and learner loop as real processes, a few seconds of simulated work."""
 
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
 from asyncrl.config import load_config
 from asyncrl.controller import Controller
 from asyncrl.pipeline_bench import capacities
@@ -24,6 +30,30 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     assert sum(summary["staleness_hist"].values()) == summary["trained"] == 8 * 16 * 8
     assert summary["latency_s"]["p95"] >= summary["latency_s"]["p50"] > 0
     assert len(summary["generator_versions"]) == 4 and set(summary["generator_versions"].values()) == {8}
+
+    # Every process's exposition passes the real promtool, and the scrape config lists them all.
+    run_dir = tmp_path / "bench"
+    promtool = find_promtool()
+    snapshots = sorted((run_dir / "metrics").glob("*.prom"))
+    assert {p.stem for p in snapshots} == {"buffer", "dispatcher", "learner", "reward-0"} | {
+        f"generator-{i}" for i in range(4)
+    }
+    for snapshot in snapshots:
+        check = subprocess.run([promtool, "check", "metrics"], input=snapshot.read_bytes(), capture_output=True)
+        assert check.returncode == 0, (snapshot.name, check.stdout, check.stderr)
+    scrape = yaml.safe_load((run_dir / "prometheus.yml").read_text())
+    components = {t["labels"]["component"] for t in scrape["scrape_configs"][0]["static_configs"]}
+    assert components == {p.stem for p in snapshots}
+    check = subprocess.run([promtool, "check", "config", str(run_dir / "prometheus.yml")], capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def find_promtool() -> str:
+    """Debian's promtool, unpacked by scripts/setup.sh into .tools/ (or one on PATH)."""
+    local = Path(__file__).resolve().parents[2] / ".tools/prometheus/usr/bin/promtool"
+    found = str(local) if local.exists() else shutil.which("promtool")
+    assert found, "promtool is missing: scripts/setup.sh unpacks Debian's prometheus package into .tools/"
+    return found
 
 
 def test_capacities_come_from_the_timing_models():
