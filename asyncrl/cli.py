@@ -1,11 +1,14 @@
 """``asyncrl`` command line.
 
-asyncrl train CONFIG [dotted.key=value ...]   run a training job on this machine
-asyncrl build-tiny-model OUT_DIR              build the character-level tiny Qwen2 (no download)
-asyncrl show-config [CONFIG] [overrides ...]  print the resolved config with every field's doc
+asyncrl train CONFIG [dotted.key=value ...]        run a training job on this machine
+asyncrl show-config [CONFIG] [overrides ...]       print the resolved config with every field's doc
+asyncrl build-tiny-model OUT_DIR [--warm-start]    build the character-level tiny Qwen2 (no download),
+                                                   optionally SFT-warm-started on two-digit addition
 asyncrl reward-worker --connect RUN_DIR|ADDRESS [--name NAME] [reward.key=value ...]
-                                              join a running stream as one more reward worker;
-                                              SIGTERM/Ctrl-C leaves it without losing a sample
+                                                   join a running stream as one more reward worker;
+                                                   SIGTERM/Ctrl-C leaves it without losing a sample
+asyncrl bench pipeline [--modes ...] [overrides]   throughput of the pipeline under simulated engines
+asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks; `asyncrl bench pipeline --help` for the options")
     bench.add_argument("which", choices=["pipeline"])
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+    plot = sub.add_parser("plot", help="draw a run's reward, staleness and throughput curves to PNG")
+    plot.add_argument("run_dir")
+    plot.add_argument("--out", help="PNG path (default RUN_DIR/plots.png)")
     show = sub.add_parser("show-config", help="print the resolved config and its documentation")
     show.add_argument("config", nargs="?")
     show.add_argument("overrides", nargs="*")
@@ -85,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.pipeline_bench import main as bench_pipeline
 
         bench_pipeline(args.args)
+        return 0
+    if args.command == "plot":
+        from asyncrl.plot import plot_run
+
+        print(plot_run(args.run_dir, args.out))
         return 0
     if args.command == "show-config":
         from asyncrl.config import load_config

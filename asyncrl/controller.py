@@ -314,7 +314,10 @@ class Controller:
                 1000 * ev["apply_s"],
             )
         elif kind == "step":
+            ev["t"] = time.monotonic() - self.go_at  # seconds since go: the x axis of throughput plots
             self.step_events.append(ev)
+            with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
+                f.write(json.dumps(ev) + "\n")
             print(
                 f"step {ev['version']:4d}  loss {ev['loss']:+.4f}  reward {ev['reward']:.3f}  "
                 f"staleness mean {ev['staleness_mean']:.2f} max {ev['staleness_max']}  "

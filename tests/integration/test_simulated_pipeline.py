@@ -1,12 +1,14 @@
 """The whole control plane with simulated engines: four generators, reward worker, buffer,
 dispatcher and learner loop as real processes, a few seconds of simulated work."""
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
+from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller import Controller
 from asyncrl.pipeline_bench import capacities
@@ -46,6 +48,11 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     assert components == {p.stem for p in snapshots}
     check = subprocess.run([promtool, "check", "config", str(run_dir / "prometheus.yml")], capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+    # One JSON line per learner step, and the curves drawn from them.
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == list(range(1, 9))
+    assert main(["plot", str(run_dir)]) == 0 and (run_dir / "plots.png").stat().st_size > 10_000
 
 
 def find_promtool() -> str:
