@@ -220,6 +220,8 @@ class Controller:
         fleet.start("buffer", "buffer")
         fleet.start("reward", "reward-0")
         fleet.start("dispatcher", "dispatcher")
+        if cfg.algorithm.kl.enabled and cfg.algorithm.kl.reference == "process":
+            fleet.start("reference", "reference")
         fleet.start(
             "learner",
             "learner",
@@ -257,7 +259,7 @@ class Controller:
     def _stop_in_order(self) -> None:
         self._stop(["dispatcher"])
         self._await_final_weights()
-        for roles in (["generator"], ["reward"], ["buffer"], ["learner"]):
+        for roles in (["generator"], ["reward"], ["buffer"], ["learner"], ["reference"]):
             self._stop(roles)
 
     def _stop(self, roles: list[str], timeout: float = 120) -> None:

@@ -38,6 +38,8 @@ class Endpoints(BaseModel):
     """PUB of the controller: commands (stop) to every process."""
     reward_share: str | None = None
     """ROUTER of the first reward worker: hot-plugged reward workers ask for groups to score here."""
+    reference: str | None = None
+    """ROUTER of the reference process (``algorithm.kl.reference: process``): reference logprobs."""
 
     @classmethod
     def allocate(cls) -> Endpoints:

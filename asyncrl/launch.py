@@ -12,7 +12,7 @@ import sys
 
 from asyncrl.runtime import ProcessContext, configure_process
 
-ROLES = ("dispatcher", "generator", "reward", "buffer", "learner")
+ROLES = ("dispatcher", "generator", "reward", "buffer", "learner", "reference")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             from asyncrl.learner.worker import run_learner
 
             run_learner(ctx, args.model_dir)
+        elif args.role == "reference":
+            from asyncrl.learner.reference import run_reference
+
+            run_reference(ctx, args.model_dir)
     except Exception as e:
         logging.getLogger(args.name).exception("crashed")
         ctx.emit("error", error=f"{type(e).__name__}: {e}")

@@ -63,6 +63,10 @@ KINDS = (
     "want_run",
     # reply to want_run: `config` (the run's resolved config) and `endpoints` (its socket addresses)
     "run",
+    # learner -> reference process: `input_ids` (B, L) int32, `attention_mask` (B, L) int8, `temperature`
+    "want_ref_logprobs",
+    # reply: `logprobs` (B, L-1) float32, the reference's logprob of every next token
+    "ref_logprobs",
 )
 _ND = "__nd__"
 

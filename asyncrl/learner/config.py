@@ -92,8 +92,9 @@ class KLConfig(Config):
     """Adaptive controller: the token-mean KL to the reference that beta is steered towards."""
     horizon: int = Field(10000, ge=1)
     """Adaptive controller: samples over which a 20% KL error changes beta by 20%."""
-    reference: Literal["colocated"] = "colocated"
-    """Where the reference model runs: a frozen copy inside each learner rank (no optimizer); a separate process is not implemented yet."""
+    reference: Literal["colocated", "process"] = "colocated"
+    """Where the reference model runs: a frozen copy inside each learner rank (no optimizer), or
+    its own process that the learner asks over ZeroMQ (no second model in the learner's memory)."""
 
     @field_validator("coef", "target")
     @classmethod

@@ -7,8 +7,9 @@ accumulated) of the corrected policy loss (``compute_policy_loss``) plus the KL 
 terms, one optimizer step, ``version += 1``. ``full_state_dict()`` and ``save_pretrained()``
 hand the new weights to the generators.
 
-The KL reference is a frozen copy of the starting weights in each rank (``kl.reference:
-colocated``), run without gradient and without a DeepSpeed engine; it is loaded only when
+The KL reference is a frozen copy of the starting weights, run without gradient and without a
+DeepSpeed engine, in each rank (``kl.reference: colocated``) or in its own process
+(``kl.reference: process``, see ``asyncrl.learner.reference``); it is used only when
 ``algorithm.kl.coef > 0``. As a reward penalty the per-token KL is taken between the behaviour
 logprobs mu and the reference (the policy that sampled the answer, as OpenRLHF does at
 experience time), so it needs no extra policy forward pass.
@@ -42,6 +43,7 @@ from asyncrl.learner.batch import TrainBatch, collate, token_logprobs
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
 from asyncrl.learner.kl import KL_ESTIMATORS, make_kl_controller
 from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
+from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.wire import Group
 
 # Files of a Hugging Face model dir that ``save_pretrained`` writes itself instead of copying.
@@ -87,7 +89,13 @@ class PolicyTrainer:
     ``save_pretrained`` are collective under ZeRO-3 and must be called on every rank.
     """
 
-    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, algo: AlgorithmConfig | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        cfg: TrainerConfig,
+        algo: AlgorithmConfig | None = None,
+        reference_address: str | None = None,
+    ):
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
         import deepspeed
@@ -140,13 +148,16 @@ class PolicyTrainer:
             from asyncrl.learner.critic import CriticTrainer
 
             self.critic = CriticTrainer(self.model_dir, self.algo.critic, cfg)
-        self.ref_model = None
+        self.reference = None
         """Frozen reference policy for the KL term (the starting weights); None when kl.coef == 0."""
         if self.algo.kl.enabled:
-            ref = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-            ref.config.use_cache = False
-            ref.eval().requires_grad_(False)
-            self.ref_model = ref.to(self.device, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
+            if self.algo.kl.reference == "process":
+                if reference_address is None:
+                    raise ValueError("algorithm.kl.reference (process) needs the reference process's address")
+                self.reference = RemoteReference(reference_address)
+            else:
+                dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+                self.reference = ColocatedReference(str(self.model_dir), self.device, dtype)
 
     # -----------------------------------------------------------------------------------------
     # training
@@ -225,14 +236,13 @@ class PolicyTrainer:
         # The reference's logprobs, per micro batch, before anything else: a reward penalty
         # changes the advantages.
         ref_logprobs: list[torch.Tensor | None] = [None] * len(bounds)
-        if self.ref_model is not None:
+        if self.reference is not None:
             with torch.no_grad():
                 for index, (lo, hi) in enumerate(bounds):
                     micro = batch.slice(lo, hi).to(self.device)
-                    out = self.ref_model(
-                        input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
+                    ref_logprobs[index] = self.reference.logprobs(  # (b, l-1)
+                        micro.input_ids, micro.attention_mask, cfg.temperature
                     )
-                    ref_logprobs[index] = token_logprobs(out.logits, micro.input_ids, cfg.temperature)  # (b, l-1)
             if algo.kl.use_in == "reward" and algo.adv_estimator != "gae":  # gae: per token, below
                 kl_fn = KL_ESTIMATORS[algo.kl.estimator]
                 seq_kl = torch.cat(
@@ -351,7 +361,7 @@ class PolicyTrainer:
             "tokens": batch.num_tokens,
             **critic_stats,
         }
-        if self.ref_model is not None:
+        if self.reference is not None:
             stats["ref_kl"] = acc["ref_kl"]
             stats["kl_coef"] = beta
             self.kl_controller.update(acc["ref_kl"], n_samples=num_rows)

@@ -67,7 +67,7 @@ def run_learner(ctx, model_dir: str) -> None:
         algo = cfg.algorithm
         if algo.loss_norm_tokens is None:
             algo = algo.model_copy(update={"loss_norm_tokens": cfg.sampling.max_tokens})
-        trainer = PolicyTrainer(model_dir, trainer_cfg, algo)
+        trainer = PolicyTrainer(model_dir, trainer_cfg, algo, reference_address=ctx.endpoints.reference)
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     wcfg = cfg.weights
     publisher = make_publisher(wcfg, ctx.endpoints.weights, ctx.endpoints.weights_stream, ctx.run_dir)

@@ -25,6 +25,9 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
             "sft.steps=20",
             "eval.num_prompts=20",
             "learner.trainer.zero_stage=3",
+            # KL to a reference policy served by its own process
+            "algorithm.kl.coef=0.05",
+            "algorithm.kl.reference=process",
         ],
     )
     summary = Controller(cfg).run()
@@ -46,7 +49,9 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
     assert 0 <= summary["eval_after"] <= 1 and 0 <= summary["eval_before"] <= 1
     assert (run_dir / "final" / "model.safetensors").exists()
     assert (run_dir / "config.yaml").exists()
-    for name in ("buffer", "reward-0", "dispatcher", "learner", "generator-0", "generator-1"):
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1, 2, 3, 4] and all("ref_kl" in s for s in steps)
+    for name in ("buffer", "reward-0", "dispatcher", "learner", "reference", "generator-0", "generator-1"):
         assert (run_dir / "metrics" / f"{name}.port").exists()
     metrics = {
         name: (run_dir / "metrics" / f"{name}.prom").read_text()

@@ -372,3 +372,30 @@ def test_log_linear_proximal_equals_recompute_with_one_step_per_batch(model_dir,
     wa, wb = a.full_state_dict(), b.full_state_dict()
     for key in wa:
         torch.testing.assert_close(wa[key], wb[key])
+
+
+def test_a_reference_in_its_own_process_trains_exactly_like_a_colocated_one(model_dir, groups, tmp_path):
+    """algorithm.kl.reference: process — the real reference process, asked over ZeroMQ."""
+    from asyncrl.config import RunConfig
+    from tests.integration.harness import Harness
+
+    kl = {"coef": 0.2, "controller": "adaptive", "target": 1e-6, "horizon": 16}
+    h = Harness(tmp_path, RunConfig(algorithm={"kl": {**kl, "reference": "process"}}))
+    try:
+        h.start("reference", "reference", model_dir=str(model_dir))
+        h.wait_for("reference", "ready", timeout=120)
+        remote = PolicyTrainer(
+            model_dir, config(0), AlgorithmConfig(kl={**kl, "reference": "process"}), h.endpoints.reference
+        )
+        remote_stats = [remote.train_step(groups) for _ in range(2)]
+        served = h.stop(["reference"], ["reference"])["reference"]["served"]
+    finally:
+        h.close()
+    local = PolicyTrainer(model_dir, config(0), AlgorithmConfig(kl=kl))
+    local_stats = [local.train_step(groups) for _ in range(2)]
+    assert served == 2 * sum(len(g.samples) for g in groups)
+    for r, c in zip(remote_stats, local_stats):
+        assert r["ref_kl"] == pytest.approx(c["ref_kl"], abs=1e-7) and r["kl_coef"] == c["kl_coef"]
+        assert r["loss"] == pytest.approx(c["loss"], rel=1e-6, abs=1e-8)
+    with pytest.raises(ValueError, match="needs the reference process's address"):
+        PolicyTrainer(model_dir, config(0), AlgorithmConfig(kl={**kl, "reference": "process"}))

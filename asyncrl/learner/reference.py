@@ -1,0 +1,91 @@
+"""The frozen reference policy of the KL term, colocated in the learner or in its own process.
+
+Both give the same thing — ``logprobs(input_ids, attention_mask, temperature) -> (B, L-1)``, the
+reference's log-probability of every next token — so the trainer does not care where it runs:
+
+- ``ColocatedReference``: a frozen copy of the starting weights inside the learner rank (no
+  optimizer state), the cheapest choice when memory allows;
+- ``RemoteReference``: asks a reference process (``run_reference``, role ``reference``, started
+  by the controller when ``algorithm.kl.reference: process``) over ZeroMQ; the learner's memory
+  then holds no second model, and the reference can sit on another device or node.
+
+The request/reply pair is a ``RequestClient``/``ReplyServer`` (DEALER/ROUTER): the learner blocks
+on its request up to ``timeout_s`` and raises naming what it waited for; the server never blocks
+and drops a reply to a learner that has gone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from asyncrl.learner.batch import token_logprobs
+from asyncrl.transport import ReplyServer, RequestClient
+
+log = logging.getLogger(__name__)
+
+
+def load_frozen_model(model_dir: str, device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.config.use_cache = False
+    model.eval().requires_grad_(False)
+    return model.to(device, dtype)
+
+
+class ColocatedReference:
+    """A frozen copy of the starting weights in this process."""
+
+    def __init__(self, model_dir: str, device, dtype: torch.dtype = torch.float32):
+        self.model = load_frozen_model(model_dir, device, dtype)
+
+    @torch.no_grad()
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return token_logprobs(out.logits, input_ids, temperature)  # (B, L-1)
+
+
+class RemoteReference:
+    """The reference policy in another process, asked per micro batch."""
+
+    def __init__(self, address: str, timeout_s: float = 60.0):
+        self.client = RequestClient(address, name="learner.reference")
+        self.timeout_s = timeout_s
+
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+        body = {
+            "input_ids": input_ids.cpu().numpy().astype(np.int32),
+            "attention_mask": attention_mask.cpu().numpy().astype(np.int8),
+            "temperature": float(temperature),
+        }
+        reply = self.client.request("want_ref_logprobs", body, timeout=self.timeout_s)
+        if reply is None or reply[0] != "ref_logprobs":
+            raise TimeoutError(f"the reference process did not answer within {self.timeout_s} s")
+        return torch.from_numpy(np.array(reply[1]["logprobs"])).to(input_ids.device)  # (B, L-1)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def run_reference(ctx, model_dir: str) -> None:
+    """The reference process: answer logprob requests until told to stop."""
+    torch.set_num_threads(1)
+    reference = ColocatedReference(model_dir, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    server = ReplyServer(ctx.endpoints.reference, name="reference.requests")
+    served = 0
+    ctx.emit("ready")
+    while not ctx.stop_requested():
+        req = server.recv(timeout=0.1)
+        if req is None or req[1] != "want_ref_logprobs":
+            continue
+        client, _kind, body = req
+        input_ids = torch.from_numpy(np.asarray(body["input_ids"], dtype=np.int64))
+        mask = torch.from_numpy(np.asarray(body["attention_mask"], dtype=np.int64))
+        logprobs = reference.logprobs(input_ids, mask, float(body["temperature"]))
+        server.reply(client, "ref_logprobs", {"logprobs": logprobs.cpu().numpy()}, body.get("request_id"))
+        served += len(input_ids)
+    ctx.emit("final", served=served)
+    server.close()
