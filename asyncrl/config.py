@@ -105,7 +105,7 @@ class RunConfig(Config):
 
     @model_validator(mode="after")
     def _check_algorithm(self) -> RunConfig:
-        self.algorithm.check_run(group_size=self.sampling.n)
+        self.algorithm.check_run(group_size=self.sampling.n, greedy_baseline=self.generator.greedy_baseline)
         return self
 
 

@@ -112,6 +112,14 @@ class MockEngine:
         time.sleep(max(0.0, self.batch_seconds(prompt_tokens, lengths) - (time.perf_counter() - start)))
         return out
 
+    def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
+        """Argmax answers: right when the simulated accuracy is at least one half; one decode step
+        per token of the median length."""
+        check_prompts(prompts)
+        length = min(max_tokens, max(1, round(self.cfg.length_median)))
+        time.sleep(self.cfg.overhead_s + length * (self.cfg.decode_step_s + self.cfg.decode_s_per_seq * len(prompts)))
+        return [simulated_answer(p, self.cfg.accuracy >= 0.5) for p in prompts]
+
     def load_weights(self, weights, version: int) -> float:
         """``weights`` (a directory or ``(name, tensor)`` pairs) is ignored; sleeps, then serves ``version``."""
         time.sleep(self.cfg.load_weights_s)

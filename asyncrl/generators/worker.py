@@ -43,6 +43,9 @@ class GeneratorConfig(Config):
     request_timeout_s: float = Field(0.25, gt=0)
     """Seconds a request for prompts waits before it is asked again, with the version then served
     (short, because the dispatcher's admission is computed from the version in the request)."""
+    greedy_baseline: bool = False
+    """Also decode each prompt greedily and send that answer with its group (``meta['greedy_text']``),
+    for ReMax's baseline; the reward worker scores it into ``meta['greedy_reward']``."""
     send_timeout_s: float = Field(30.0, gt=0)
     """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
 
@@ -163,13 +166,16 @@ def run_generator(ctx, model_dir: str) -> None:
         apply_newest_weights(engine, weights, ctx, probe_atol)  # sample with the newest weights: only less stale
         start = time.monotonic()
         sampled_at = time.time()
-        completions = engine.generate(
-            [r["text"] for r in rows], cfg.sampling, seed=hash((cfg.run.seed, gen_index, batches)) & 0x7FFFFFFF
-        )
+        prompts = [r["text"] for r in rows]
+        completions = engine.generate(prompts, cfg.sampling, seed=hash((cfg.run.seed, gen_index, batches)) & 0x7FFFFFFF)
+        # ReMax's baseline, by the same weights as the samples (no update runs between the calls).
+        greedy = engine.greedy(prompts, cfg.sampling.max_tokens) if cfg.generator.greedy_baseline else None
         rollout_s = time.monotonic() - start
         busy_s += rollout_s
         batches += 1
-        for group in build_groups(rows, completions, engine.version, ctx.name, rollout_s, sampled_at):
+        for index, group in enumerate(build_groups(rows, completions, engine.version, ctx.name, rollout_s, sampled_at)):
+            if greedy is not None:
+                group.meta["greedy_text"] = greedy[index]
             ROLLOUT_SECONDS.observe(rollout_s)
             try:
                 validate_group(group)

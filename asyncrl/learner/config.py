@@ -138,7 +138,7 @@ class AlgorithmConfig(Config):
     """
 
     adv_estimator: AdvEstimator = "grpo"
-    """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs greedy samples), gae (per-token, needs algorithm.critic)."""
+    """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs generator.greedy_baseline), gae (per-token, needs algorithm.critic)."""
     policy_loss: PolicyLoss = "ppo_clip"
     """ppo_clip (token ratio, clip_low/clip_high, dual_clip), gspo (sequence ratio, length-normalised), cispo (clipped stop-gradient weight on log pi)."""
     loss_agg_mode: LossAggMode = "token-mean"
@@ -196,11 +196,6 @@ class AlgorithmConfig(Config):
             raise ValueError(
                 f"algorithm.critic is set but algorithm.adv_estimator '{self.adv_estimator}' does not use it (only 'gae' does)"
             )
-        if self.adv_estimator == "remax":
-            raise ValueError(
-                "algorithm.adv_estimator 'remax' needs the reward of a greedy answer per prompt, which the "
-                "generators do not produce yet (remax_advantages exists as a function)"
-            )
         if self.policy_loss == "gspo" and self.correction_level == "token" and self.correction in ("tis", "mis"):
             raise ValueError(
                 f"algorithm.policy_loss 'gspo' is sequence-level: algorithm.correction '{self.correction}' needs "
@@ -217,8 +212,14 @@ class AlgorithmConfig(Config):
             )
         return self
 
-    def check_run(self, group_size: int) -> None:
-        """Checks that need other sections: ``sampling.n`` (the group size)."""
+    def check_run(self, group_size: int, greedy_baseline: bool = False) -> None:
+        """Checks that need other sections: ``sampling.n`` (the group size) and whether the
+        generators decode a greedy answer per prompt (``generator.greedy_baseline``)."""
+        if self.adv_estimator == "remax" and not greedy_baseline:
+            raise ValueError(
+                "algorithm.adv_estimator 'remax' needs the reward of each prompt's greedy answer: "
+                "set generator.greedy_baseline: true"
+            )
         group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")  # gae and reinforce_pp need no group
         if self.adv_estimator in group_estimators and group_size < 2:
             raise ValueError(

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS
+from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS, remax_advantages
 from asyncrl.learner.batch import TrainBatch, collate, token_logprobs
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
 from asyncrl.learner.kl import KL_ESTIMATORS, make_kl_controller
@@ -173,6 +173,12 @@ class PolicyTrainer:
                 if not group.scored:
                     raise ValueError(f"group {group.group_id}: every sample needs a reward before training")
             rewards = [np.asarray([s.reward for s in g.samples], dtype=np.float32) for g in groups]
+        if self.algo.adv_estimator == "remax":  # baseline: the reward of each prompt's greedy answer
+            missing = [g.group_id for g in groups if "greedy_reward" not in g.meta]
+            if missing:
+                raise ValueError(f"groups {missing[:3]} have no meta['greedy_reward'] (generator.greedy_baseline)")
+            greedy = [float(g.meta["greedy_reward"]) for g in groups]
+            return [remax_advantages(r[None], np.array([b], dtype=np.float32))[0] for r, b in zip(rewards, greedy)]
         # gae's advantages are per token and need the critic (``train_step``); here, for replay
         # priorities, it stands in with the group-centred rewards.
         estimator = ADV_ESTIMATORS["dr_grpo" if self.algo.adv_estimator == "gae" else self.algo.adv_estimator]

@@ -26,6 +26,7 @@ long each took (``Sample.reward_seconds``); ``Group.meta['rewards']`` lists the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -35,7 +36,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.configbase import Config
 from asyncrl.metrics import REWARD_LATENCY, REWARD_UNSCORED
-from asyncrl.wire import Group
+from asyncrl.wire import Group, Sample
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,27 @@ async def score_with(group: Group, rewards: list[tuple[Reward, float]]) -> Group
     )
     group.reward_s = time.perf_counter() - start
     return group
+
+
+async def score_greedy_baseline(group: Group, rewards: list[tuple[Reward, float]]) -> None:
+    """Score ``meta['greedy_text']`` (ReMax's baseline answer) with the same rewards, into
+    ``meta['greedy_reward']``; if it cannot be scored the group is unscored with that reason
+    (its samples' advantages would have no baseline)."""
+    answer = Sample(
+        uid=f"{group.group_id}/greedy",
+        response_ids=np.zeros(0, dtype=np.int32),
+        logprobs=np.zeros(0, dtype=np.float32),
+        text=group.meta["greedy_text"],
+        finish_reason="stop",
+    )
+    twin = dataclasses.replace(group, samples=[answer], meta={})
+    await score_with(twin, rewards)
+    if twin.scored:
+        group.meta["greedy_reward"] = float(answer.reward)
+        return
+    for sample in group.samples:
+        sample.reward = None
+    group.meta["unscored_reason"] = f"{twin.meta.get('unscored_reason', 'reward_failed')} (greedy baseline)"
 
 
 async def _timed(reward: Reward, group: Group) -> tuple[list[RewardResult], float | list[float]]:

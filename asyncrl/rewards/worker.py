@@ -48,7 +48,7 @@ from pydantic import Field
 
 from asyncrl.configbase import Config
 from asyncrl.metrics import REWARD_QUEUE_DEPTH, REWARD_SECONDS, SAMPLES
-from asyncrl.rewards.base import Reward, RewardSpec, build_reward, score_with
+from asyncrl.rewards.base import Reward, RewardSpec, build_reward, score_greedy_baseline, score_with
 from asyncrl.transport import ReplyServer, RequestClient, StreamReceiver, StreamSender
 from asyncrl.wire import Group, encode, encode_group, group_to_dict
 
@@ -263,6 +263,8 @@ class RewardWorker:
             sample.reward_parts.clear()
             sample.reward_seconds.clear()
         await score_with(group, self.rewards)
+        if group.scored and "greedy_text" in group.meta:  # ReMax's baseline answer
+            await score_greedy_baseline(group, self.rewards)
         REWARD_SECONDS.observe(group.reward_s)
         if not group.scored and self.cfg.on_failure == "requeue" and item.requeues < self.cfg.max_requeues:
             self.requeued += len(group.samples)

@@ -22,7 +22,6 @@ def test_defaults_are_decoupled_grpo_and_the_demo_loads():
     "kwargs, message",
     [
         ({"adv_estimator": "gae"}, r"algorithm.adv_estimator 'gae' needs a critic"),
-        ({"adv_estimator": "remax"}, r"algorithm.adv_estimator 'remax' needs the reward of a greedy answer"),
         (
             {"policy_loss": "gspo", "correction": "tis"},
             r"algorithm.policy_loss 'gspo' is sequence-level: algorithm.correction 'tis' needs algorithm.correction_level 'sequence'",
@@ -50,6 +49,13 @@ def test_group_estimators_need_a_group():
     with pytest.raises(ValueError, match=r"algorithm.adv_estimator 'rloo' needs sampling.n >= 2"):
         load_config(None, ["algorithm.adv_estimator=rloo", "sampling.n=1"])
     assert load_config(None, ["algorithm.adv_estimator=reinforce_pp", "sampling.n=1"]).sampling.n == 1
+
+
+def test_remax_needs_the_generators_greedy_answers():
+    with pytest.raises(ValueError, match=r"'remax' needs .* set generator.greedy_baseline: true"):
+        load_config(None, ["algorithm.adv_estimator=remax"])
+    cfg = load_config(None, ["algorithm.adv_estimator=remax", "generator.greedy_baseline=true"])
+    assert cfg.algorithm.adv_estimator == "remax"
 
 
 def test_gspo_with_sequence_level_correction_is_accepted():

@@ -91,3 +91,14 @@ def test_the_config_checks_reward_options_when_read():
         RewardConfig(rewards=[{"kind": "http_json", "options": {"url": "http://127.0.0.1:1", "concurency": 3}}])
     with pytest.raises(ValidationError):
         RewardSpec(kind="llm")
+
+
+def test_the_greedy_baseline_is_scored_with_the_same_rewards():
+    from asyncrl.rewards.base import build_reward, score_greedy_baseline
+
+    rewards = [(build_reward(RewardSpec(kind="exact_match")), 1.0)]
+    g = make_group(n=2)  # texts "0", "1"; answer "3"
+    g.meta["greedy_text"] = "3"
+    asyncio.run(score_with(g, rewards))
+    asyncio.run(score_greedy_baseline(g, rewards))
+    assert g.meta["greedy_reward"] == 1.0 and [s.reward for s in g.samples] == [0.0, 0.0]
