@@ -9,6 +9,7 @@ asyncrl reward-worker --connect RUN_DIR|ADDRESS [--name NAME] [reward.key=value 
                                                    SIGTERM/Ctrl-C leaves it without losing a sample
 asyncrl bench pipeline [--modes ...] [overrides]   throughput of the pipeline under simulated engines
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
+asyncrl export RUN_DIR [--step N] OUT_DIR          the policy as a Hugging Face model directory
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks; `asyncrl bench pipeline --help` for the options")
     bench.add_argument("which", choices=["pipeline"])
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+    exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
+    exp.add_argument("run_dir")
+    exp.add_argument("out_dir")
+    exp.add_argument("--step", type=int, help="the weights published at this policy version (default: the final model)")
     plot = sub.add_parser("plot", help="draw a run's reward, staleness and throughput curves to PNG")
     plot.add_argument("run_dir")
     plot.add_argument("--out", help="PNG path (default RUN_DIR/plots.png)")
@@ -91,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.pipeline_bench import main as bench_pipeline
 
         bench_pipeline(args.args)
+        return 0
+    if args.command == "export":
+        from asyncrl.export import export
+
+        print(export(args.run_dir, args.out_dir, args.step))
         return 0
     if args.command == "plot":
         from asyncrl.plot import plot_run
