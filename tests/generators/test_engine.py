@@ -22,7 +22,6 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
 from asyncrl.generators.engine import Completion, EngineConfig, SamplingConfig, VLLMEngine  # noqa: E402
