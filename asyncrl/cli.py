@@ -10,6 +10,7 @@ asyncrl reward-worker --connect RUN_DIR|ADDRESS [--name NAME] [reward.key=value 
 asyncrl bench pipeline [--modes ...] [overrides]   throughput of the pipeline under simulated engines
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
 asyncrl export RUN_DIR [--step N] OUT_DIR          the policy as a Hugging Face model directory
+asyncrl inspect RUN_DIR [--json]                   health, versions and counters of a live run's processes
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("run_dir")
     exp.add_argument("out_dir")
     exp.add_argument("--step", type=int, help="the weights published at this policy version (default: the final model)")
+    insp = sub.add_parser("inspect", help="the state of a live run: health, versions and counters of each process")
+    insp.add_argument("run_dir")
+    insp.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     plot = sub.add_parser("plot", help="draw a run's reward, staleness and throughput curves to PNG")
     plot.add_argument("run_dir")
     plot.add_argument("--out", help="PNG path (default RUN_DIR/plots.png)")
@@ -101,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.export import export
 
         print(export(args.run_dir, args.out_dir, args.step))
+        return 0
+    if args.command == "inspect":
+        from asyncrl.inspect_run import main as inspect_main
+
+        inspect_main(args.run_dir, args.json)
         return 0
     if args.command == "plot":
         from asyncrl.plot import plot_run

@@ -10,6 +10,7 @@ import pytest
 
 from asyncrl import wire
 from asyncrl.config import RunConfig
+from asyncrl.inspect_run import inspect_run
 from asyncrl.transport import RequestClient, StreamSender
 from tests.factories import make_group
 from tests.integration.harness import Harness
@@ -72,6 +73,9 @@ def test_bad_frames_are_rejected_counted_logged_once_and_serving_goes_on(stream,
         assert metric(port, "asyncrl_rejected_frames_total", f'reason="malformed",socket="{socket}"') == 1
         assert metric(port, "asyncrl_rejected_frames_total", f'reason="bad_schema",socket="{socket}"') == 1
         assert metric(port, "asyncrl_rejected_frames_total", f'reason="nonfinite_logprobs",socket="{socket}"') == 2
+
+    live = inspect_run(tmp_path)  # what `asyncrl inspect` shows while they run
+    assert live["buffer"]["up"] and live["reward-0"]["up"] and live["reward-0"]["rejected_frames"] == 4
 
     finals = h.stop(["reward"], ["reward-0"])
     finals.update(h.stop(["buffer"], ["buffer"]))

@@ -11,6 +11,7 @@ import yaml
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller import Controller
+from asyncrl.inspect_run import inspect_run
 from asyncrl.pipeline_bench import capacities
 
 
@@ -53,6 +54,12 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == list(range(1, 9))
     assert main(["plot", str(run_dir)]) == 0 and (run_dir / "plots.png").stat().st_size > 10_000
+
+    # inspect: every process is down now, and shows the counters it last exported.
+    state = inspect_run(run_dir)
+    assert not any(row["up"] for row in state.values())
+    assert state["learner"]["samples"]["trained"] == summary["trained"] and state["learner"]["version"] == 8
+    assert sum(state[f"generator-{i}"]["samples"]["generated"] for i in range(4)) == summary["generated"]
 
 
 def find_promtool() -> str:

@@ -1,0 +1,91 @@
+"""``asyncrl inspect RUN_DIR``: the state of a live run, from each process's own endpoints.
+
+For every process that wrote ``RUN_DIR/metrics/NAME.port`` it asks ``/health`` and ``/metrics``
+(a second at most each) and prints one row: up or down, the policy version it holds or serves,
+its sample counters by outcome and drops by reason, the buffer's size, and requests/rejects;
+``--json`` prints the same as one JSON object, for scripts. A process that has exited shows as
+down with the values it last exported (``NAME.prom``), when it wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+SHOWN = {
+    "asyncrl_policy_version": "version",
+    "asyncrl_buffer_groups": "buffer_groups",
+    "asyncrl_buffer_samples": "buffer_samples",
+}
+
+
+def scrape(port: int, path: str, timeout: float = 1.0) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+            return resp.read().decode()
+    except OSError:
+        return None
+
+
+def summarize_exposition(text: str) -> dict:
+    """The few numbers a person looks at first, from a Prometheus text exposition."""
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in SHOWN:
+                out[SHOWN[sample.name]] = sample.value
+            elif sample.name == "asyncrl_samples_total":
+                out.setdefault("samples", {})[sample.labels["outcome"]] = sample.value
+            elif sample.name == "asyncrl_dropped_samples_total":
+                out.setdefault("dropped", {})[sample.labels["reason"]] = sample.value
+            elif sample.name == "asyncrl_rejected_frames_total":
+                out["rejected_frames"] = out.get("rejected_frames", 0) + sample.value
+    return out
+
+
+def inspect_run(run_dir: str | Path) -> dict:
+    run_dir = Path(run_dir)
+    ports = sorted((run_dir / "metrics").glob("*.port"))
+    if not ports:
+        raise FileNotFoundError(f"{run_dir}/metrics has no *.port file: is it a run directory?")
+    state = {}
+    for port_file in ports:
+        name = port_file.stem
+        port = int(port_file.read_text())
+        up = scrape(port, "/health") == "ok\n"
+        text = scrape(port, "/metrics") if up else None
+        snapshot = run_dir / "metrics" / f"{name}.prom"
+        if text is None and snapshot.exists():
+            text = snapshot.read_text()
+        row = summarize_exposition(text) if text else {}
+        # Every process registers every metric; show the gauges where they mean something.
+        if not name.startswith("buffer"):
+            row.pop("buffer_groups", None), row.pop("buffer_samples", None)
+        if name.startswith(("dispatcher", "reward")):
+            row.pop("version", None)
+        state[name] = {"up": up, "port": port, **row}
+    return state
+
+
+def print_state(state: dict) -> None:
+    for name, row in state.items():
+        extras = {k: v for k, v in row.items() if k not in ("up", "port")}
+        fields = "  ".join(f"{k}={_fmt(v)}" for k, v in extras.items())
+        print(f"{name:14s} {'up  ' if row['up'] else 'DOWN'} :{row['port']:<6d} {fields}")
+
+
+def _fmt(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{int(v)}" for k, v in value.items()) + "}"
+    return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
+
+
+def main(run_dir: str, as_json: bool) -> None:
+    state = inspect_run(run_dir)
+    if as_json:
+        print(json.dumps(state, indent=2))
+    else:
+        print_state(state)
