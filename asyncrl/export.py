@@ -1,8 +1,9 @@
 """``asyncrl export RUN_DIR [--step N] OUT_DIR``: a run's policy as a Hugging Face model directory.
 
 Without ``--step`` it is the final model the learner saved (``RUN_DIR/final``); with it, the
-weights published at policy version N (``RUN_DIR/weights/vNNNNNN``, the newest few are kept)
-joined with the config and tokenizer of the model the run started from. Either way the result is
+weights published at policy version N (``RUN_DIR/weights/vNNNNNN``, the newest few are kept;
+only the ``weights.transport: file`` broadcast leaves versions in the run directory) joined with
+the config and tokenizer of the model the run started from. Either way the result is
 ``config.json`` + ``model.safetensors`` + tokenizer files, which ``from_pretrained`` and vLLM
 load. It is written to a temporary folder and renamed, so a half-written export never exists.
 """

@@ -30,13 +30,15 @@ def make_publisher(cfg: WeightSyncConfig, announce_address: str, stream_address:
     if cfg.transport == "shm":
         from asyncrl.weights.shm import ShmWeightPublisher
 
-        return ShmWeightPublisher(announce_address, keep_s=cfg.keep_s)
+        return ShmWeightPublisher(announce_address, keep_s=cfg.keep_s, hash=cfg.checksum)
     if cfg.transport == "zmq":
         from asyncrl.weights.stream import ZmqWeightPublisher
 
         if stream_address is None:
             raise ValueError("weights.transport zmq needs the endpoint weights_stream")
-        return ZmqWeightPublisher(stream_address, frame_bytes=int(cfg.frame_mb * MiB), send_timeout_s=cfg.timeout_s)
+        return ZmqWeightPublisher(
+            stream_address, frame_bytes=int(cfg.frame_mb * MiB), send_timeout_s=cfg.timeout_s, hash=cfg.checksum
+        )
     from asyncrl.weights.file import FileWeightPublisher
 
     return FileWeightPublisher(announce_address, Path(run_dir) / "weights")

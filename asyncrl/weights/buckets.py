@@ -9,8 +9,8 @@ asks for the next one. Peak extra memory is then one gathered bucket plus what t
 keeps (one or two packed buckets), never the whole model.
 
 A packed bucket is the tensors' raw bytes back to back, each at an offset aligned to
-``ALIGN`` bytes, described by a list of ``TensorSpec`` and guarded by one CRC-32 of the whole
-buffer (``zlib.crc32``: ~2 GB/s here, dependency-free, about memcpy speed on a fresh buffer).
+``ALIGN`` bytes, described by a list of ``TensorSpec`` and guarded by one checksum of the whole
+buffer (``HASHES``: a 64-bit word sum by default, CRC-32 on request).
 ``unpack`` returns zero-copy views of a buffer (shared memory, a ZeroMQ frame).
 """
 
@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from asyncrl.weights.update import WeightSyncError
@@ -61,9 +62,9 @@ def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorSpec], int
     return specs, offset
 
 
-def pack_into(named: list[tuple[str, torch.Tensor]], specs: list[TensorSpec], buf) -> int:
+def pack_into(named: list[tuple[str, torch.Tensor]], specs: list[TensorSpec], buf, algo: str = "sum64") -> int:
     """Copy each tensor's bytes into ``buf`` (a writable buffer of the bucket's size) at its
-    spec's offset; return the CRC-32 of the whole buffer (padding included: it is zeroed)."""
+    spec's offset; return the ``algo`` checksum of the whole buffer (padding included: it is zeroed)."""
     dst = torch.frombuffer(buf, dtype=torch.uint8) if not isinstance(buf, torch.Tensor) else buf
     end = 0
     for (_name, t), spec in zip(named, specs):
@@ -74,12 +75,29 @@ def pack_into(named: list[tuple[str, torch.Tensor]], specs: list[TensorSpec], bu
         end = spec.offset + spec.nbytes
     if dst.numel() > end:
         dst[end:].zero_()
-    return checksum(dst.numpy())
+    return checksum(dst.numpy(), algo)
 
 
-def checksum(buf) -> int:
-    """CRC-32 of a buffer's bytes (anything with the buffer protocol)."""
-    return zlib.crc32(buf) & 0xFFFFFFFF
+HASHES = ("sum64", "crc32")
+"""Bucket checksums: ``sum64`` (default) is the sum mod 2^64 of the bucket's 8-byte words, read
+at memory speed (~14 GB/s here): it catches truncation, a zeroed or flipped frame, any change
+confined to one word; not a reordering of whole words, nor anything adversarial. ``crc32``
+(zlib) catches all of that too but runs at ~2.3 GB/s, slower than the copy it guards: the
+benchmark's shared-memory path falls from ~50 % to ~15 % of memcpy with it."""
+
+
+def checksum(buf, algo: str = "sum64") -> int:
+    """Checksum of a buffer's bytes (anything with the buffer protocol); see ``HASHES``."""
+    if algo == "crc32":
+        return zlib.crc32(buf) & 0xFFFFFFFF
+    if algo != "sum64":
+        raise ValueError(f"checksum algo ({algo!r}) must be one of {HASHES}")
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    head = len(arr) // 8 * 8
+    total = int(np.add.reduce(arr[:head].view(np.uint64), dtype=np.uint64)) if head else 0
+    if head < len(arr):
+        total += int.from_bytes(arr[head:].tobytes(), "little")
+    return total & 0xFFFFFFFFFFFFFFFF
 
 
 def unpack(buf, specs: list[TensorSpec]) -> list[tuple[str, torch.Tensor]]:
@@ -92,12 +110,12 @@ def unpack(buf, specs: list[TensorSpec]) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def verify(buf, crc: int, what: str) -> None:
-    """Raise ``WeightSyncError`` naming ``what`` when the buffer's CRC-32 is not ``crc``."""
-    got = checksum(buf)
+def verify(buf, crc: int, what: str, algo: str = "sum64") -> None:
+    """Raise ``WeightSyncError`` naming ``what`` when the buffer's ``algo`` checksum is not ``crc``."""
+    got = checksum(buf, algo)
     if got != crc:
         raise WeightSyncError(
-            f"{what}: checksum mismatch (got {got:#010x}, expected {crc:#010x}): corrupted in transit"
+            f"{what}: {algo} checksum mismatch (got {got:#x}, expected {crc:#x}): corrupted in transit"
         )
 
 
@@ -177,6 +195,7 @@ __all__ = [
     "ALIGN",
     "TensorSpec",
     "WeightSyncError",
+    "HASHES",
     "checksum",
     "iter_buckets",
     "layout",

@@ -19,6 +19,9 @@ class WeightSyncConfig(Config):
     bucket_mb: float = Field(64.0, gt=0)
     """Size cap of one bucket in MiB: under ZeRO-3 the learner gathers, sends and frees one
     bucket at a time, so its extra memory is about two buckets, not the model."""
+    checksum: Literal["sum64", "crc32"] = "sum64"
+    """Per-bucket checksum checked on arrival: a 64-bit word sum (memory speed) or CRC-32 (~2 GB/s);
+    see ``asyncrl.weights.buckets.HASHES``."""
     frame_mb: float = Field(1.0, gt=0)
     """Size of one ZeroMQ frame in MiB (zmq transport)."""
     schedule: Literal["every_k", "every_s", "staleness"] = "every_k"

@@ -4,11 +4,13 @@ One PUB socket carries, per version: a ``weights_begin`` message, then one multi
 per bucket — a header frame ``{policy_version, index, crc, nbytes, tensors}`` followed by the
 bucket's bytes cut into ``frame_bytes`` slices sent with ``copy=False`` (no copy on the learner;
 libzmq fans the same buffer out to every subscriber) — then ``weights_end {num_buckets,
-bytes}``. Each subscriber checks the order, every bucket's CRC-32, and the count at the end.
+bytes}``. Each subscriber checks the order, every bucket's checksum, and the count at the end.
 
 Memory: the publisher tracks each bucket's frames (``track=True``) and, before packing bucket
-i+2, waits until bucket i has left for every subscriber, so at most two packed buckets exist
-(plus, under ZeRO-3, the gathered one). A subscriber that dies mid-broadcast drops its
+i, waits until bucket i-1 has left for every subscriber, so at most two packed buckets exist
+(plus, under ZeRO-3, the gathered one); packing buffers whose frames have left are reused, as
+are a subscriber's receive buffers once the update holding them is ``done()`` (warm memory:
+no page faults on the next version), which is why its tensors are valid only until then. A subscriber that dies mid-broadcast drops its
 connection, and with it its queue: the others are not held up. A live subscriber that stops
 reading holds the wait up to ``send_timeout_s``; the publisher then logs it, counts a failure
 and moves on (the bucket stays queued for that subscriber, at most ``SNDHWM`` buckets).
@@ -29,7 +31,8 @@ import torch
 import zmq
 
 from asyncrl import wire
-from asyncrl.weights.buckets import layout, pack_into, specs_from_wire, specs_to_wire, unpack, verify
+from asyncrl.metrics import WEIGHT_FAILURES
+from asyncrl.weights.buckets import HASHES, layout, pack_into, specs_from_wire, specs_to_wire, unpack, verify
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -48,12 +51,16 @@ class ZmqWeightPublisher:
         name: str = "learner.weights.stream",
         frame_bytes: int = FRAME_BYTES,
         send_timeout_s: float = 60.0,
+        hash: str = "sum64",
     ):
         if frame_bytes < 1:
             raise ValueError(f"frame_bytes ({frame_bytes}) must be >= 1")
         if send_timeout_s <= 0:
             raise ValueError(f"send_timeout_s ({send_timeout_s}) must be > 0")
+        if hash not in HASHES:
+            raise ValueError(f"hash ({hash!r}) must be one of {HASHES}")
         self.name = name
+        self.hash = hash
         self.frame_bytes = frame_bytes
         self.send_timeout_s = send_timeout_s
         self.sock = zmq.Context.instance().socket(zmq.PUB)
@@ -62,6 +69,7 @@ class ZmqWeightPublisher:
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.stalled = 0  # buckets some live subscriber had not taken within send_timeout_s
+        self._spare: list[torch.Tensor] = []  # packing buffers whose frames have left: reused, warm
 
     def publish(
         self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int, meta: dict | None = None
@@ -72,17 +80,20 @@ class ZmqWeightPublisher:
         in_flight: list[tuple[int, list[zmq.MessageTracker], torch.Tensor]] = []
         total = count = 0
         for index, named in enumerate(buckets):
-            if len(in_flight) >= 2:
-                self._wait_sent(version, *in_flight.pop(0)[:2])
+            if in_flight:  # bucket i-1 must have left before bucket i is packed: two buckets at most
+                sent = in_flight.pop(0)
+                if self._wait_sent(version, sent[0], sent[1]):
+                    self._spare.append(sent[2])
             specs, size = layout(named)
-            buf = torch.empty(max(size, 1), dtype=torch.uint8)
-            crc = pack_into(named, specs, buf)
+            buf = self._buffer(max(size, 1))
+            crc = pack_into(named, specs, buf, self.hash)
             header = wire.encode(
                 "weights_bucket",
                 {
                     "policy_version": version,
                     "index": index,
                     "crc": crc,
+                    "hash": self.hash,
                     "nbytes": buf.numel(),
                     "tensors": specs_to_wire(specs),
                 },
@@ -96,12 +107,22 @@ class ZmqWeightPublisher:
             in_flight.append((index, trackers, buf))
             total += buf.numel()
             count += 1
-        for index, trackers, _buf in in_flight:
-            self._wait_sent(version, index, trackers)
+        for index, trackers, buf in in_flight:
+            if self._wait_sent(version, index, trackers):
+                self._spare.append(buf)
+        self._spare = self._spare[-2:]
         self.sock.send(wire.encode("weights_end", {"policy_version": version, "num_buckets": count, "bytes": total}))
         return {"bytes": total, "buckets": count, "seconds": time.perf_counter() - start}
 
-    def _wait_sent(self, version: int, index: int, trackers: list) -> None:
+    def _buffer(self, size: int) -> torch.Tensor:
+        """A packing buffer of ``size`` bytes, from a spare one when one is big enough."""
+        for i, spare in enumerate(self._spare):
+            if spare.numel() >= size:
+                return self._spare.pop(i)[:size]
+        return torch.empty(size, dtype=torch.uint8)
+
+    def _wait_sent(self, version: int, index: int, trackers: list) -> bool:
+        """Wait until a bucket's frames have left for every subscriber; False past the timeout."""
         deadline = time.monotonic() + self.send_timeout_s
         for t in trackers:
             left = deadline - time.monotonic()
@@ -109,6 +130,7 @@ class ZmqWeightPublisher:
                 t.wait(max(left, 0.001))
             except zmq.NotDone:
                 self.stalled += 1
+                WEIGHT_FAILURES.labels("send").inc()
                 log.error(
                     "%s: version %d bucket %d had not left for every subscriber after %.0f s (a subscriber stopped reading); moving on",
                     self.name,
@@ -116,7 +138,8 @@ class ZmqWeightPublisher:
                     index,
                     self.send_timeout_s,
                 )
-                return
+                return False
+        return True
 
     def announce(self, force: bool = False) -> None:
         """Nothing to repeat: a subscriber that joined late takes the next version."""
@@ -144,6 +167,7 @@ class ZmqWeightSubscriber:
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.sock.connect(address)
+        self._spare: list[bytearray] = []  # receive buffers of versions applied: reused, warm
 
     def _recv(self, timeout: float, what: str) -> list[zmq.Frame]:
         if not self.sock.poll(int(timeout * 1000), zmq.POLLIN):
@@ -171,6 +195,7 @@ class ZmqWeightSubscriber:
         start = time.perf_counter()
         version = int(begin["policy_version"])
         tensors, total, index = [], 0, 0
+        buffers: list[bytearray] = []
         while True:
             frames = self._recv(self.timeout_s, f"bucket {index} (or the end) of version {version}")
             kind, body = wire.decode(frames[0].bytes)
@@ -184,7 +209,9 @@ class ZmqWeightSubscriber:
                         f"{self.name}: version {version} ended after {index} buckets, the learner sent {body['num_buckets']}"
                     )
                 meta = {k: v for k, v in begin.items() if k != "policy_version"}
-                return WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
+                update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
+                update._on_done = lambda error: self._spare.extend(buffers)
+                return update
             if int(body["index"]) != index:
                 raise WeightSyncError(
                     f"{self.name}: version {version}: got bucket {body['index']}, expected {index} (frames were dropped)"
@@ -194,15 +221,22 @@ class ZmqWeightSubscriber:
                 raise WeightSyncError(
                     f"{self.name}: version {version} bucket {index}: {got} bytes, expected {body['nbytes']}"
                 )
-            data = bytearray(got)  # one copy out of the frames: tensors need contiguous memory
+            data = self._recv_buffer(got)  # one copy out of the frames: tensors need contiguous memory
+            buffers.append(data)
             view, offset = memoryview(data), 0
             for f in frames[1:]:
                 view[offset : offset + len(f.buffer)] = f.buffer
                 offset += len(f.buffer)
-            verify(data, int(body["crc"]), f"{self.name}: version {version} bucket {index}")
+            verify(data, int(body["crc"]), f"{self.name}: version {version} bucket {index}", body.get("hash", "crc32"))
             tensors.extend(unpack(data, specs_from_wire(body["tensors"])))
             total += len(data)
             index += 1
+
+    def _recv_buffer(self, size: int) -> bytearray:
+        for i, spare in enumerate(self._spare):
+            if len(spare) == size:
+                return self._spare.pop(i)
+        return bytearray(size)
 
     def close(self) -> None:
         self.sock.close()

@@ -41,7 +41,7 @@ def test_checksum_catches_one_flipped_byte():
     buf = torch.empty(size, dtype=torch.uint8)
     crc = pack_into(named, specs, buf)
     buf[5] ^= 1
-    with pytest.raises(WeightSyncError, match="bucket 0: checksum mismatch"):
+    with pytest.raises(WeightSyncError, match="bucket 0: sum64 checksum mismatch"):
         verify(buf.numpy(), crc, "bucket 0")
 
 
@@ -69,3 +69,16 @@ def test_tied_weights_appear_once():
 def test_state_dict_buckets_cap():
     sd = {f"w{i}": torch.zeros(256) for i in range(5)}  # 1 KiB each
     assert [len(b) for b in state_dict_buckets(sd, 2048)] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("algo", ["sum64", "crc32"])
+def test_each_checksum_catches_a_zeroed_frame_and_truncation(algo):
+    data = torch.arange(1 << 16, dtype=torch.int32).view(torch.uint8).numpy().copy()
+    crc = checksum(data, algo)
+    bad = data.copy()
+    bad[4096:8192] = 0
+    assert checksum(bad, algo) != crc
+    assert checksum(data[:-8], algo) != crc
+    assert checksum(data[:13], algo) == checksum(data[:13].copy(), algo)  # tails that are not whole words
+    with pytest.raises(ValueError, match="must be one of"):
+        checksum(data, "md5")

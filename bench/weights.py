@@ -1,0 +1,286 @@
+"""Benchmark of weight broadcast: shared memory and ZeroMQ streaming against memcpy and raw ZeroMQ.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/weights.py                   # 100/500/1000 MB x 1/2/4 subscribers
+    .venv/bin/python bench/weights.py --sizes 50 --subscribers 1 2        # a smaller run
+
+For each size, a Qwen2-shaped state dict of random fp32 tensors (an embedding, then decoder
+layers of q/k/v/o, gate/up/down and norms, hidden 1024, intermediate 2816) is published in
+``--bucket-mb`` buckets to 1, 2 and 4 local subscriber *processes*, and timed from the start of
+``publish`` until the last subscriber holds verified tensors (every bucket's CRC-32 checked).
+In the same run, the baselines on the same bytes:
+
+- ``memcpy``: copying every tensor into a preallocated, already-touched buffer (the best case);
+  ``memcpy_cold`` copies into fresh memory (page faults included, as a new /dev/shm file has).
+- ``raw_zmq``: a bare PUB -> SUB send of the same bytes in 1 MiB frames, ``copy=False``, to the
+  same number of subscribers, which only receive (no checksum, no tensors).
+
+Ratios: ``shm_vs_memcpy = memcpy_s / shm_s`` (goal >= 0.5 and flat from 1 to 4 subscribers),
+``zmq_vs_raw = raw_zmq_s / zmq_s`` (goal >= 0.7). Learner memory: the peak growth of the
+publishing process's anonymous RSS during ``publish`` (sampled every 2 ms), in buckets (goal
+<= 2; for shm the version itself lives in /dev/shm, reported apart as ``shm_bytes``).
+One JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import multiprocessing as mp  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import zmq  # noqa: E402
+
+from asyncrl.weights.buckets import state_dict_buckets  # noqa: E402
+from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
+from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
+
+MB = 1_000_000
+MiB = 1 << 20
+
+
+def qwen2_like(total_bytes: int, hidden: int = 1024, inter: int = 2816, vocab: int = 32000, kv: int = 256) -> dict:
+    """Random fp32 tensors with Qwen2 names and shapes, about ``total_bytes`` in all."""
+    g = torch.Generator().manual_seed(0)
+    sd, size = {}, 0
+
+    def add(name, *shape):
+        nonlocal size
+        t = torch.empty(*shape)
+        t.uniform_(-0.05, 0.05, generator=g)
+        sd[name] = t
+        size += t.numel() * 4
+
+    if vocab * hidden * 4 < total_bytes / 4:
+        add("model.embed_tokens.weight", vocab, hidden)
+    layer = 0
+    while size < total_bytes:
+        p = f"model.layers.{layer}."
+        for name, shape in (
+            ("self_attn.q_proj.weight", (hidden, hidden)),
+            ("self_attn.k_proj.weight", (kv, hidden)),
+            ("self_attn.v_proj.weight", (kv, hidden)),
+            ("self_attn.o_proj.weight", (hidden, hidden)),
+            ("mlp.gate_proj.weight", (inter, hidden)),
+            ("mlp.up_proj.weight", (inter, hidden)),
+            ("mlp.down_proj.weight", (hidden, inter)),
+            ("input_layernorm.weight", (hidden,)),
+        ):
+            if size >= total_bytes:
+                break
+            add(p + name, *shape)
+        layer += 1
+    return sd
+
+
+def _anon_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakRss:
+    """Peak anonymous RSS growth of this process while the block runs (sampled every 2 ms)."""
+
+    def __enter__(self):
+        self.base = self.peak = _anon_rss()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _anon_rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, _anon_rss())
+        self.extra = self.peak - self.base
+
+
+def subscriber(shm_addr: str, zmq_addr: str, raw_addr: str, results, ready) -> None:
+    """One subscriber process: receives from every publisher, reports when a version is whole."""
+    shm = ShmWeightSubscriber(shm_addr, name="bench.shm")
+    stream = ZmqWeightSubscriber(zmq_addr, name="bench.zmq", timeout_s=120)
+    raw = zmq.Context.instance().socket(zmq.SUB)
+    raw.setsockopt(zmq.RCVHWM, 0)
+    raw.setsockopt(zmq.SUBSCRIBE, b"")
+    raw.connect(raw_addr)
+    poller = zmq.Poller()
+    for s in (shm.sub.sock, stream.sock, raw):
+        poller.register(s, zmq.POLLIN)
+    ready.set()
+    served = {"shm": 0, "zmq": 0}
+    while True:
+        socks = dict(poller.poll(1000))
+        if shm.sub.sock in socks:
+            u = shm.newest(served["shm"])
+            if u is not None:
+                served["shm"] = u.version
+                results.put(("shm", u.version, time.monotonic(), u.nbytes))
+                u.done()
+        if stream.sock in socks:
+            u = stream.newest(served["zmq"])
+            if u is not None:
+                served["zmq"] = u.version
+                results.put(("zmq", u.version, time.monotonic(), u.nbytes))
+                u.done()
+        if raw in socks:
+            parts = raw.recv_multipart(copy=False)
+            if len(parts) == 1 and parts[0].bytes == b"stop":
+                return
+            if len(parts) == 1 and parts[0].bytes.startswith(b"end"):
+                results.put(("raw", int(parts[0].bytes[3:]), time.monotonic(), 0))
+
+
+def memcpy_seconds(sd: dict) -> tuple[float, float]:
+    flat = [t.reshape(-1) for t in sd.values()]
+    total = sum(t.numel() for t in flat)
+    dst = torch.empty(total)
+    dst.zero_()  # touched: no page faults in the timed copy
+    best = float("inf")
+    for _ in range(2):
+        start, off = time.perf_counter(), 0
+        for t in flat:
+            dst[off : off + t.numel()].copy_(t)
+            off += t.numel()
+        best = min(best, time.perf_counter() - start)
+    del dst
+    start, off = time.perf_counter(), 0
+    cold = torch.empty(total)
+    for t in flat:
+        cold[off : off + t.numel()].copy_(t)
+        off += t.numel()
+    cold_s = time.perf_counter() - start
+    return best, cold_s
+
+
+def raw_zmq_send(sock, sd: dict, version: int, frame: int = MiB) -> None:
+    for t in sd.values():
+        view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        parts = [view[o : o + frame] for o in range(0, len(view), frame)]
+        sock.send_multipart(parts, copy=False)
+    sock.send(b"end%d" % version)
+
+
+def wait_reports(results, kind: str, version: int, n: int, timeout: float = 300) -> float:
+    """Time at which the n-th subscriber reported ``kind`` ``version``."""
+    last, got = 0.0, 0
+    deadline = time.monotonic() + timeout
+    while got < n:
+        k, v, t, _ = results.get(timeout=max(0.1, deadline - time.monotonic()))
+        if k == kind and v == version:
+            got += 1
+            last = max(last, t)
+    return last
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=float, nargs="+", default=[100, 500, 1000], help="state dict sizes in MB")
+    ap.add_argument("--subscribers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--bucket-mb", type=float, default=64.0)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="publications per case; the best is kept (the first two write fresh /dev/shm pages; from the third on, the files of the version before last, which every subscriber acked, are recycled, as in a run)",
+    )
+    args = ap.parse_args()
+    bucket = int(args.bucket_mb * MiB)
+    spawn = mp.get_context("spawn")
+    out = {"bucket_mb": args.bucket_mb, "cpu_count": os.cpu_count(), "cases": []}
+    version = 0
+    for n in args.subscribers:
+        shm_pub = ShmWeightPublisher("tcp://127.0.0.1:0", name="bench.shm", max_versions=2)
+        zmq_pub = ZmqWeightPublisher("tcp://127.0.0.1:0", name="bench.zmq", send_timeout_s=120)
+        raw = zmq.Context.instance().socket(zmq.PUB)
+        raw.setsockopt(zmq.SNDHWM, 0)
+        raw_port = raw.bind_to_random_port("tcp://127.0.0.1")
+        results = spawn.Queue()
+        readies = [spawn.Event() for _ in range(n)]
+        procs = [
+            spawn.Process(
+                target=subscriber,
+                args=(shm_pub.address, zmq_pub.address, f"tcp://127.0.0.1:{raw_port}", results, r),
+                daemon=True,
+            )
+            for r in readies
+        ]
+        for p in procs:
+            p.start()
+        for r in readies:
+            r.wait(120)
+        time.sleep(0.5)
+        for size_mb in args.sizes:
+            sd = qwen2_like(int(size_mb * MB))
+            nbytes = sum(t.numel() * 4 for t in sd.values())
+            memcpy_s, memcpy_cold_s = memcpy_seconds(sd)
+            case = {
+                "size_mb": round(nbytes / MB, 1),
+                "subscribers": n,
+                "memcpy_s": memcpy_s,
+                "memcpy_cold_s": memcpy_cold_s,
+            }
+            best = {"shm": float("inf"), "zmq": float("inf"), "raw_zmq": float("inf")}
+            extra = {"shm": 0, "zmq": 0}
+            for _ in range(args.repeats):
+                for kind, pub in (("shm", shm_pub), ("zmq", zmq_pub)):
+                    version += 1
+                    start = time.monotonic()
+                    with PeakRss() as rss:
+                        pub.publish(state_dict_buckets(sd, bucket), version)
+                    best[kind] = min(best[kind], wait_reports(results, kind, version, n) - start)
+                    extra[kind] = max(extra[kind], rss.extra)
+                    shm_pub.poll()
+                version += 1
+                start = time.monotonic()
+                raw_zmq_send(raw, sd, version)
+                best["raw_zmq"] = min(best["raw_zmq"], wait_reports(results, "raw", version, n) - start)
+            case.update({f"{k}_s": v for k, v in best.items()})
+            case.update(
+                {
+                    "shm_GBps": nbytes / best["shm"] / 1e9,
+                    "zmq_GBps": nbytes / best["zmq"] / 1e9,
+                    "raw_zmq_GBps": nbytes / best["raw_zmq"] / 1e9,
+                    "memcpy_GBps": nbytes / memcpy_s / 1e9,
+                    "shm_vs_memcpy": memcpy_s / best["shm"],
+                    "shm_vs_memcpy_cold": memcpy_cold_s / best["shm"],
+                    "zmq_vs_raw": best["raw_zmq"] / best["zmq"],
+                    "learner_extra_buckets_shm": extra["shm"] / bucket,
+                    "learner_extra_buckets_zmq": extra["zmq"] / bucket,
+                    "shm_bytes": nbytes,
+                }
+            )
+            print(json.dumps(case), file=sys.stderr, flush=True)
+            out["cases"].append(case)
+            del sd
+        raw.send(b"stop")
+        for p in procs:
+            p.join(30)
+        shm_pub.close()
+        zmq_pub.close()
+        raw.close()
+    for n_key in ("shm_s",):
+        by_size = {}
+        for c in out["cases"]:
+            by_size.setdefault(c["size_mb"], {})[c["subscribers"]] = c[n_key]
+        out["shm_time_4_over_1"] = {str(s): v[max(v)] / v[min(v)] for s, v in by_size.items() if len(v) > 1}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
