@@ -59,9 +59,7 @@ class CriticTrainer:
     """The value model's DeepSpeed engine; one optimizer step per batch, like the policy."""
 
     def __init__(self, model_dir: str | Path, cfg: CriticConfig, trainer_cfg: TrainerConfig):
-        import deepspeed
-
-        from asyncrl.learner.trainer import init_single_process_distributed
+        from asyncrl.learner.trainer import deepspeed_engine, init_single_process_distributed
 
         if not torch.distributed.is_initialized():
             init_single_process_distributed()
@@ -69,15 +67,7 @@ class CriticTrainer:
         model = ValueModel(model_dir)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(trainer_cfg.betas))
-        ds_config = {
-            "train_micro_batch_size_per_gpu": trainer_cfg.micro_batch_size,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": trainer_cfg.grad_clip,
-            "zero_optimization": {"stage": trainer_cfg.zero_stage},
-            "bf16": {"enabled": trainer_cfg.dtype == "bf16"},
-            "steps_per_print": 1 << 30,
-        }
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.engine = deepspeed_engine(model, optimizer, trainer_cfg)
         self.device = self.engine.device
 
     def advantages_and_step(

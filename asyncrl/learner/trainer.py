@@ -81,6 +81,25 @@ def init_single_process_distributed(backend: str | None = None) -> None:
     deepspeed.init_distributed(dist_backend=backend)
 
 
+def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig):
+    """A DeepSpeed engine around ``model`` with the run's ZeRO stage, precision and clipping: one
+    micro batch per "DeepSpeed step", the caller owns the accumulation boundary (policy and critic
+    alike)."""
+    import deepspeed
+
+    ds_config = {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": cfg.dtype == "bf16"},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    return engine
+
+
 class PolicyTrainer:
     """The learner's model, optimizer and step counter.
 
@@ -98,7 +117,6 @@ class PolicyTrainer:
     ):
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
-        import deepspeed
         import torch._dynamo  # noqa: F401
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -130,17 +148,7 @@ class PolicyTrainer:
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
-        ds_config = {
-            # One micro batch per "DeepSpeed step"; train_step owns the accumulation boundary.
-            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage},
-            "bf16": {"enabled": cfg.dtype == "bf16"},
-            "steps_per_print": 1 << 30,
-            "wall_clock_breakdown": False,
-        }
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.engine = deepspeed_engine(model, optimizer, cfg)
         self.device = self.engine.device
         self.critic = None
         """The value model's trainer, for ``adv_estimator: gae``; None otherwise."""
