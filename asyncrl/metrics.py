@@ -44,6 +44,12 @@ STALENESS = Histogram(
 POLICY_VERSION = Gauge("asyncrl_policy_version", "Policy version this process holds or serves.", registry=REGISTRY)
 SAMPLES = Counter("asyncrl_samples", "Samples passing this process, by outcome.", ["outcome"], registry=REGISTRY)
 DROPPED = Counter("asyncrl_dropped_samples", "Samples dropped, by reason.", ["reason"], registry=REGISTRY)
+BUSY_SECONDS = Counter(
+    "asyncrl_busy_seconds",
+    "Seconds spent on the work the process exists for (sampling, optimizer steps); its rate is the busy fraction.",
+    ["role"],
+    registry=REGISTRY,
+)
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):

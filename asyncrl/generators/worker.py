@@ -22,6 +22,7 @@ from pydantic import Field
 
 from asyncrl.configbase import Config
 from asyncrl.metrics import (
+    BUSY_SECONDS,
     POLICY_VERSION,
     ROLLOUT_SECONDS,
     SAMPLES,
@@ -172,6 +173,7 @@ def run_generator(ctx, model_dir: str) -> None:
         greedy = engine.greedy(prompts, cfg.sampling.max_tokens) if cfg.generator.greedy_baseline else None
         rollout_s = time.monotonic() - start
         busy_s += rollout_s
+        BUSY_SECONDS.labels("generator").inc(rollout_s)
         batches += 1
         for index, group in enumerate(build_groups(rows, completions, engine.version, ctx.name, rollout_s, sampled_at)):
             if greedy is not None:

@@ -25,6 +25,7 @@ from collections import Counter
 import numpy as np
 
 from asyncrl.metrics import (
+    BUSY_SECONDS,
     LEARNER_STEP_SECONDS,
     POLICY_VERSION,
     SAMPLES,
@@ -105,6 +106,7 @@ def run_learner(ctx, model_dir: str) -> None:
         wait_s = time.monotonic() - wait_start
         stats = trainer.train_step(groups, weights=reply[1].get("is_weights"))
         busy_s += stats["seconds"]
+        BUSY_SECONDS.labels("learner").inc(stats["seconds"])
         LEARNER_STEP_SECONDS.observe(stats["seconds"])
         POLICY_VERSION.set(trainer.version)
         n = sum(len(g.samples) for g in groups)

@@ -2,6 +2,7 @@
 dispatcher and learner loop as real processes, a few seconds of simulated work."""
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -49,6 +50,19 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     assert components == {p.stem for p in snapshots}
     check = subprocess.run([promtool, "check", "config", str(run_dir / "prometheus.yml")], capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+    # Every metric the Grafana dashboard queries is exported by some process.
+    exported = {line.split()[2] for p in snapshots for line in p.read_text().splitlines() if line.startswith("# TYPE")}
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "configs/grafana/asyncrl-dashboard.json").read_text())
+    queried = {
+        re.sub(r"_(bucket|count|sum)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"asyncrl_[a-z_]+", target["expr"])
+    }
+    assert queried <= exported | {name.removesuffix("_total") for name in exported} | {
+        name + "_total" for name in exported
+    }, queried - exported
 
     # One JSON line per learner step, and the curves drawn from them.
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
