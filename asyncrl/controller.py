@@ -18,8 +18,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import yaml
 from asyncrl.accounting import summarize
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
+from asyncrl.fleet import ProcessFleet
 from asyncrl.transport import Publisher, StreamReceiver
 
 log = logging.getLogger("asyncrl")
@@ -63,50 +62,6 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-class Fleet:
-    """The component processes of one run."""
-
-    def __init__(self, run_dir: Path, model_dir: Path, env: dict[str, str]):
-        self.run_dir = run_dir
-        self.model_dir = model_dir
-        self.env = env
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.roles: dict[str, str] = {}
-        (run_dir / "logs").mkdir(exist_ok=True)
-
-    def start(self, role: str, name: str, extra_env: dict[str, str] | None = None) -> None:
-        logf = open(self.run_dir / "logs" / f"{name}.log", "w")
-        cmd = [sys.executable, "-m", "asyncrl.launch", role, name, str(self.run_dir), str(self.model_dir)]
-        self.procs[name] = subprocess.Popen(
-            cmd, stdout=logf, stderr=subprocess.STDOUT, env={**self.env, **(extra_env or {})}, cwd=os.getcwd()
-        )
-        self.roles[name] = role
-        logf.close()
-
-    def names(self, role: str) -> list[str]:
-        return [n for n, r in self.roles.items() if r == role]
-
-    def dead(self) -> dict[str, int]:
-        """Processes that exited with an error."""
-        return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None and p.returncode != 0}
-
-    def exited(self, names: list[str]) -> bool:
-        return all(self.procs[n].poll() is not None for n in names)
-
-    def terminate(self, timeout: float = 10.0) -> None:
-        """Stop every child this run started, by PID: TERM, then KILL after ``timeout``."""
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + timeout
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def prepare_run_dir(cfg: RunConfig) -> Path:
@@ -186,7 +141,7 @@ class Controller:
         endpoints.save(self.run_dir)
         self.events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)
         self.control = Publisher(endpoints.control, name="controller.control")
-        self.fleet = Fleet(self.run_dir, model_dir, child_env(self.run_dir))
+        self.fleet = ProcessFleet(self.run_dir, model_dir, child_env(self.run_dir))
         rl_start = time.monotonic()
         cpu_start = time.process_time()
         try:
