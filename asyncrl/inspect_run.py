@@ -18,7 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 SHOWN = {
     "asyncrl_policy_version": "version",
     "asyncrl_buffer_groups": "buffer_groups",
-    "asyncrl_buffer_samples": "buffer_samples",
+    "asyncrl_buffer_items": "buffer_samples",
+    "asyncrl_busy_seconds_total": "busy_s",
+    "asyncrl_generated_tokens_total": "generated_tokens",
+    "asyncrl_last_step_timestamp_seconds": "last_step_at",
+    "asyncrl_mismatch_kl": "mismatch_kl",
 }
 
 
@@ -39,7 +43,7 @@ def summarize_exposition(text: str) -> dict:
                 out[SHOWN[sample.name]] = sample.value
             elif sample.name == "asyncrl_samples_total":
                 out.setdefault("samples", {})[sample.labels["outcome"]] = sample.value
-            elif sample.name == "asyncrl_dropped_samples_total":
+            elif sample.name == "asyncrl_dropped_total":
                 out.setdefault("dropped", {})[sample.labels["reason"]] = sample.value
             elif sample.name == "asyncrl_rejected_frames_total":
                 out["rejected_frames"] = out.get("rejected_frames", 0) + sample.value
@@ -66,6 +70,12 @@ def inspect_run(run_dir: str | Path) -> dict:
             row.pop("buffer_groups", None), row.pop("buffer_samples", None)
         if name.startswith(("dispatcher", "reward")):
             row.pop("version", None)
+        if not name.startswith("generator"):
+            row.pop("generated_tokens", None)
+        if not name.startswith("learner"):
+            row.pop("last_step_at", None), row.pop("mismatch_kl", None)
+        if not row.get("busy_s"):
+            row.pop("busy_s", None)
         state[name] = {"up": up, "port": port, **row}
     return state
 

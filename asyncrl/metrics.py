@@ -5,136 +5,135 @@ Each process calls ``serve_metrics(run_dir, name)`` once: it starts an HTTP serv
 ``run_dir/metrics/{name}.port``, from which the controller writes the run's scrape config
 (``run_dir/prometheus.yml``); at exit the process writes its last values to
 ``run_dir/metrics/{name}.prom``. Metric objects live in one registry per process
-(``REGISTRY``); names are ``asyncrl_*`` with units in the name, as Prometheus advises.
+(``REGISTRY``).
+
+Names follow Prometheus conventions: ``asyncrl_`` prefix, base units in the name (``_seconds``,
+``_bytes``), ``_total`` on counters (the client appends it). Metrics that every kind of process
+reports (``asyncrl_policy_version``, ``asyncrl_busy_seconds_total``) carry a ``component`` label,
+the process's name (``generator-0``, ``learner``, ``buffer``), so one query compares them all;
+call sites write ``POLICY_VERSION.set(v)`` and the label is filled in. GPU memory gauges appear
+only in a process that has initialised CUDA.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
 
 REGISTRY = CollectorRegistry()
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 
+_component = "main"  # this process's name; serve_metrics sets it
+
+
+def component() -> str:
+    """The ``component`` label of this process's metrics (its name, e.g. ``generator-0``)."""
+    return _component
+
+
+def set_component(name: str) -> None:
+    global _component
+    if not name:
+        raise ValueError(f"component name ({name!r}) must be a non-empty string")
+    _component = name
+
+
+class ComponentMetric:
+    """A metric with a ``component`` label that is always this process's name: ``set``,
+    ``inc``, ``observe``... go to that child, so call sites read as for an unlabelled metric."""
+
+    def __init__(self, metric):
+        self.metric = metric
+
+    def __getattr__(self, attr: str):
+        return getattr(self.metric.labels(component=_component), attr)
+
+
+# -- every process -----------------------------------------------------------------------------
 REJECTED_FRAMES = Counter(
     "asyncrl_rejected_frames", "Frames rejected by a receiver, by reason.", ["socket", "reason"], registry=REGISTRY
 )
-ROLLOUT_SECONDS = Histogram(
-    "asyncrl_rollout_seconds", "Seconds to sample one group.", buckets=LATENCY_BUCKETS, registry=REGISTRY
+POLICY_VERSION = ComponentMetric(
+    Gauge(
+        "asyncrl_policy_version",
+        "Policy version a process holds (learner), serves (generator) or last heard of (buffer).",
+        ["component"],
+        registry=REGISTRY,
+    )
 )
-REWARD_SECONDS = Histogram(
-    "asyncrl_reward_seconds", "Seconds to score one group.", buckets=LATENCY_BUCKETS, registry=REGISTRY
+BUSY_SECONDS = ComponentMetric(
+    Counter(
+        "asyncrl_busy_seconds",
+        "Seconds spent on the work the process exists for (sampling, optimizer steps); its rate is the busy fraction.",
+        ["component"],
+        registry=REGISTRY,
+    )
 )
-LEARNER_STEP_SECONDS = Histogram(
-    "asyncrl_learner_step_seconds", "Seconds per learner optimizer step.", buckets=LATENCY_BUCKETS, registry=REGISTRY
-)
-BUFFER_GROUPS = Gauge("asyncrl_buffer_groups", "Groups held by the replay buffer.", registry=REGISTRY)
-BUFFER_SAMPLES = Gauge("asyncrl_buffer_samples", "Samples held by the replay buffer.", registry=REGISTRY)
-STALENESS = Histogram(
-    "asyncrl_staleness_versions",
-    "Staleness of trained samples: learner version at the update minus the sampling version.",
-    buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32),
-    registry=REGISTRY,
-)
-POLICY_VERSION = Gauge("asyncrl_policy_version", "Policy version this process holds or serves.", registry=REGISTRY)
 SAMPLES = Counter("asyncrl_samples", "Samples passing this process, by outcome.", ["outcome"], registry=REGISTRY)
-DROPPED = Counter("asyncrl_dropped_samples", "Samples dropped, by reason.", ["reason"], registry=REGISTRY)
-BUSY_SECONDS = Counter(
-    "asyncrl_busy_seconds",
-    "Seconds spent on the work the process exists for (sampling, optimizer steps); its rate is the busy fraction.",
-    ["role"],
-    registry=REGISTRY,
-)
+DROPPED = Counter("asyncrl_dropped", "Samples dropped, by reason.", ["reason"], registry=REGISTRY)
 
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, *args) -> None:  # a scrape every few seconds must not fill the log
-        pass
-
-
-def metrics_app(environ, start_response):
-    """``/metrics`` (and any other path, as Prometheus' own exporters do) and ``/health``."""
-    if environ.get("PATH_INFO") == "/health":
-        start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"ok\n"]
-    return _METRICS_APP(environ, start_response)
-
-
-_METRICS_APP = make_wsgi_app(REGISTRY)
-
-
-def serve_metrics(run_dir: str | Path | None, name: str) -> int:
-    """Serve ``/metrics`` and ``/health`` on 127.0.0.1 at a free port, in a daemon thread; record
-    the port (when there is a run directory); return it."""
-    server = make_server("127.0.0.1", 0, metrics_app, _ThreadingServer, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    port = server.server_port
-    if run_dir is not None:
-        path = Path(run_dir) / "metrics" / f"{name}.port"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(port))
-    return port
-
-
-def write_metrics_snapshot(run_dir: str | Path, name: str) -> Path:
-    """Write the registry in the text exposition format to ``run_dir/metrics/{name}.prom``
-    (at exit, so the last values outlive the process and its port)."""
-    path = Path(run_dir) / "metrics" / f"{name}.prom"
-    path.write_bytes(generate_latest(REGISTRY))
-    return path
-
-
-# -- replay buffer ---------------------------------------------------------------------------
-BUFFER_BYTES = Gauge(
-    "asyncrl_buffer_bytes", "Bytes of token ids and logprobs held by the replay buffer.", registry=REGISTRY
-)
-BUFFER_INSERTED = Counter("asyncrl_buffer_inserted_groups", "Groups stored by the replay buffer.", registry=REGISTRY)
-BUFFER_SAMPLED = Counter(
-    "asyncrl_buffer_sampled_groups", "Groups handed to learners, first hand-out or repeat.", ["use"], registry=REGISTRY
-)
-BUFFER_REMOVED = Counter(
-    "asyncrl_buffer_removed_samples",
-    "Samples that left the replay buffer other than by a hand-out, by reason (evicted, stale, max_times_sampled...).",
-    ["reason"],
-    registry=REGISTRY,
-)
-BUFFER_SAMPLE_AGE_VERSIONS = Histogram(
-    "asyncrl_buffer_sample_age_versions",
-    "Learner version minus the group's policy version when the buffer hands it out.",
-    buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32),
-    registry=REGISTRY,
-)
-BUFFER_SAMPLE_AGE_SECONDS = Histogram(
-    "asyncrl_buffer_sample_age_seconds",
-    "Seconds a group waited in the buffer before a hand-out.",
+# -- generators --------------------------------------------------------------------------------
+ROLLOUT_SECONDS = Histogram(
+    "asyncrl_rollout_latency_seconds",
+    "Seconds from the start of sampling a batch to its groups being ready, per group.",
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-BUFFER_PRIORITY = Histogram(
-    "asyncrl_buffer_priority",
-    "Priority of each group as it arrives (before the floor).",
-    buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 1, 2, 5),
+GENERATED_TOKENS = Counter(
+    "asyncrl_generated_tokens", "Response tokens generated (sent on to the reward workers).", registry=REGISTRY
+)
+
+# -- learner -----------------------------------------------------------------------------------
+LEARNER_STEP_SECONDS = Histogram(
+    "asyncrl_learner_step_duration_seconds",
+    "Seconds per learner optimizer step.",
+    buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-BUFFER_RATE_LIMITED_SECONDS = Counter(
-    "asyncrl_buffer_rate_limited_seconds",
-    "Seconds inserts or samples were held by the rate limiter.",
-    ["side"],
+STALENESS = Histogram(
+    "asyncrl_staleness",
+    "Staleness of trained samples in versions: learner version at the update minus the sampling version.",
+    buckets=VERSION_BUCKETS,
+    registry=REGISTRY,
+)
+LAST_STEP_TIMESTAMP = Gauge(
+    "asyncrl_last_step_timestamp_seconds",
+    "Unix time of the learner's last optimizer step (alert when time() minus it grows).",
+    registry=REGISTRY,
+)
+MISMATCH_KL = Gauge(
+    "asyncrl_mismatch_kl",
+    "KL between the behaviour (sampler) and the learner's logprobs on samples of staleness 0, last step.",
     registry=REGISTRY,
 )
 
-# -- reward workers --------------------------------------------------------------------------
+
+def record_learner_step(stats: dict) -> None:
+    """The per-step gauges: when the step ended, and the sampler-vs-learner mismatch KL when the
+    trainer measured it (only on batches with on-policy samples)."""
+    LAST_STEP_TIMESTAMP.set(time.time())
+    if stats.get("mismatch_kl") is not None:
+        MISMATCH_KL.set(stats["mismatch_kl"])
+
+
+# -- reward workers ------------------------------------------------------------------------------
+REWARD_SECONDS = Histogram(
+    "asyncrl_reward_group_duration_seconds",
+    "Seconds to score one group with every reward.",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 REWARD_LATENCY = Histogram(
-    "asyncrl_reward_latency_seconds",
+    "asyncrl_reward_duration_seconds",
     "Seconds one reward took to score one group (all its samples), by reward.",
     ["reward"],
     buckets=LATENCY_BUCKETS,
@@ -160,21 +159,60 @@ REWARD_QUEUE_DEPTH = Gauge(
     "asyncrl_reward_queue_groups", "Groups waiting in a reward worker, by state.", ["state"], registry=REGISTRY
 )
 
-# -- weight sync -----------------------------------------------------------------------------
-WEIGHT_BROADCAST_SECONDS = Histogram(
-    "asyncrl_weight_broadcast_seconds",
-    "Seconds the learner spent publishing one version (gather, pack, send or write).",
+# -- replay buffer -----------------------------------------------------------------------------
+BUFFER_SAMPLES = Gauge("asyncrl_buffer_items", "Samples held by the replay buffer.", registry=REGISTRY)
+BUFFER_GROUPS = Gauge("asyncrl_buffer_groups", "Groups held by the replay buffer.", registry=REGISTRY)
+BUFFER_BYTES = Gauge(
+    "asyncrl_buffer_bytes", "Bytes of token ids and logprobs held by the replay buffer.", registry=REGISTRY
+)
+BUFFER_INSERTED = Counter("asyncrl_buffer_inserted_groups", "Groups stored by the replay buffer.", registry=REGISTRY)
+BUFFER_SAMPLED = Counter(
+    "asyncrl_buffer_sampled_groups", "Groups handed to learners, first hand-out or repeat.", ["use"], registry=REGISTRY
+)
+BUFFER_REMOVED = Counter(
+    "asyncrl_buffer_removed_samples",
+    "Samples that left the replay buffer other than by a hand-out, by reason (evicted, stale, max_times_sampled...).",
+    ["reason"],
+    registry=REGISTRY,
+)
+BUFFER_SAMPLE_AGE_VERSIONS = Histogram(
+    "asyncrl_buffer_sample_age_versions",
+    "Learner version minus the group's policy version when the buffer hands it out.",
+    buckets=VERSION_BUCKETS,
+    registry=REGISTRY,
+)
+BUFFER_SAMPLE_AGE_SECONDS = Histogram(
+    "asyncrl_buffer_sample_age_seconds",
+    "Seconds a group waited in the buffer before a hand-out.",
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+BUFFER_PRIORITY = Histogram(
+    "asyncrl_buffer_priority",
+    "Priority of each group as it arrives (before the floor).",
+    buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 1, 2, 5),
+    registry=REGISTRY,
+)
+BUFFER_RATE_LIMITED_SECONDS = Counter(
+    "asyncrl_buffer_rate_limited_seconds",
+    "Seconds inserts or samples were held by the rate limiter.",
+    ["side"],
+    registry=REGISTRY,
+)
+
+# -- weight sync -------------------------------------------------------------------------------
+WEIGHT_SYNC_SECONDS = Histogram(
+    "asyncrl_weight_sync_duration_seconds",
+    "Seconds of one weight update, by stage: publish (learner: gather, pack, send or write) and "
+    "apply (generator: receive, verify, load, probe).",
+    ["stage"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+WEIGHT_BROADCAST_SECONDS = WEIGHT_SYNC_SECONDS.labels(stage="publish")
+WEIGHT_APPLY_SECONDS = WEIGHT_SYNC_SECONDS.labels(stage="apply")
 WEIGHT_BYTES = Counter(
     "asyncrl_weight_bytes", "Bytes of weights published (learner) or received (generator).", registry=REGISTRY
-)
-WEIGHT_APPLY_SECONDS = Histogram(
-    "asyncrl_weight_apply_seconds",
-    "Seconds a generator took to receive, verify, load and probe one version.",
-    buckets=LATENCY_BUCKETS,
-    registry=REGISTRY,
 )
 WEIGHT_FAILURES = Counter(
     "asyncrl_weight_failures",
@@ -182,3 +220,80 @@ WEIGHT_FAILURES = Counter(
     ["stage"],
     registry=REGISTRY,
 )
+
+
+# -- GPU memory ----------------------------------------------------------------------------------
+class GPUMemoryCollector:
+    """``asyncrl_gpu_memory_{allocated,reserved,total}_bytes{device}``, read at scrape time, only in
+    a process that has imported torch and initialised CUDA: a scrape must neither import torch
+    into a process that does not use it nor create a CUDA context."""
+
+    def collect(self):
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        allocated = GaugeMetricFamily(
+            "asyncrl_gpu_memory_allocated_bytes", "GPU memory held by tensors, by device.", labels=["device"]
+        )
+        reserved = GaugeMetricFamily(
+            "asyncrl_gpu_memory_reserved_bytes",
+            "GPU memory reserved by the caching allocator, by device.",
+            labels=["device"],
+        )
+        total = GaugeMetricFamily("asyncrl_gpu_memory_total_bytes", "GPU memory of the device.", labels=["device"])
+        for index in range(torch.cuda.device_count()):
+            device = str(index)
+            allocated.add_metric([device], torch.cuda.memory_allocated(index))
+            reserved.add_metric([device], torch.cuda.memory_reserved(index))
+            total.add_metric([device], torch.cuda.get_device_properties(index).total_memory)
+        yield from (allocated, reserved, total)
+
+    def describe(self):
+        return []  # no collect() at registration: families appear only once CUDA is up
+
+
+REGISTRY.register(GPUMemoryCollector())
+
+
+# -- serving -------------------------------------------------------------------------------------
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # a scrape every few seconds must not fill the log
+        pass
+
+
+def metrics_app(environ, start_response):
+    """``/metrics`` (and any other path, as Prometheus' own exporters do) and ``/health``."""
+    if environ.get("PATH_INFO") == "/health":
+        start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"ok\n"]
+    return _METRICS_APP(environ, start_response)
+
+
+_METRICS_APP = make_wsgi_app(REGISTRY)
+
+
+def serve_metrics(run_dir: str | Path | None, name: str) -> int:
+    """Serve ``/metrics`` and ``/health`` on 127.0.0.1 at a free port, in a daemon thread; name
+    this process ``name`` in the ``component`` label; record the port (when there is a run
+    directory); return it."""
+    set_component(name)
+    server = make_server("127.0.0.1", 0, metrics_app, _ThreadingServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    port = server.server_port
+    if run_dir is not None:
+        path = Path(run_dir) / "metrics" / f"{name}.port"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(port))
+    return port
+
+
+def write_metrics_snapshot(run_dir: str | Path, name: str) -> Path:
+    """Write the registry in the text exposition format to ``run_dir/metrics/{name}.prom``
+    (at exit, so the last values outlive the process and its port)."""
+    path = Path(run_dir) / "metrics" / f"{name}.prom"
+    path.write_bytes(generate_latest(REGISTRY))
+    return path

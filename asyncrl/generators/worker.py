@@ -23,6 +23,7 @@ from pydantic import Field
 from asyncrl.configbase import Config
 from asyncrl.metrics import (
     BUSY_SECONDS,
+    GENERATED_TOKENS,
     POLICY_VERSION,
     ROLLOUT_SECONDS,
     SAMPLES,
@@ -145,6 +146,7 @@ def run_generator(ctx, model_dir: str) -> None:
     probe_atol = cfg.weights.probe_atol if cfg.weights.probe else None
     generated = tokens = batches = 0
     dropped: Counter[str] = Counter()
+    dropped_ids: list[str] = []  # told to the dispatcher with the next request, so it settles them
     busy_s = 0.0
     POLICY_VERSION.set(engine.version)
     ctx.emit("ready", version=engine.version)
@@ -158,9 +160,11 @@ def run_generator(ctx, model_dir: str) -> None:
                 "max_prompts": cfg.generator.prompts_per_batch,
                 "policy_version": engine.version,
                 "timeout_s": cfg.generator.request_timeout_s,
+                "dropped": dropped_ids,
             },
             timeout=cfg.generator.request_timeout_s,
         )
+        dropped_ids = []
         if reply is None or not reply[1].get("prompts"):
             continue
         rows = reply[1]["prompts"]
@@ -173,7 +177,7 @@ def run_generator(ctx, model_dir: str) -> None:
         greedy = engine.greedy(prompts, cfg.sampling.max_tokens) if cfg.generator.greedy_baseline else None
         rollout_s = time.monotonic() - start
         busy_s += rollout_s
-        BUSY_SECONDS.labels("generator").inc(rollout_s)
+        BUSY_SECONDS.inc(rollout_s)
         batches += 1
         for index, group in enumerate(build_groups(rows, completions, engine.version, ctx.name, rollout_s, sampled_at)):
             if greedy is not None:
@@ -184,11 +188,14 @@ def run_generator(ctx, model_dir: str) -> None:
             except WireError as e:
                 log.warning("%s: dropping invalid group %s: %s", ctx.name, group.group_id, e)
                 dropped["invalid"] += len(group.samples)
+                dropped_ids.append(group.group_id)
+                ctx.ledger.write("dropped", [group.group_id], reason="invalid")
                 generated += len(group.samples)
                 continue
             outbox.send_until_taken(encode_group(group), cfg.generator.send_timeout_s)
             generated += len(group.samples)
             tokens += group.num_tokens
+            GENERATED_TOKENS.inc(group.num_tokens)
             SAMPLES.labels("generated").inc(len(group.samples))
     wall = time.monotonic() - loop_start
     ctx.emit(

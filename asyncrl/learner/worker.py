@@ -18,12 +18,17 @@ are remembered only while their group could still come back (``buffer.max_stalen
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from asyncrl.checkpoint import staging_dir
+from asyncrl.ledger import GroupIdSet
 from asyncrl.metrics import (
     BUSY_SECONDS,
     LEARNER_STEP_SECONDS,
@@ -32,6 +37,7 @@ from asyncrl.metrics import (
     STALENESS,
     WEIGHT_BROADCAST_SECONDS,
     WEIGHT_BYTES,
+    record_learner_step,
 )
 from asyncrl.transport import RequestClient
 from asyncrl.weights import BroadcastSchedule, make_publisher
@@ -73,16 +79,20 @@ def run_learner(ctx, model_dir: str) -> None:
     wcfg = cfg.weights
     publisher = make_publisher(wcfg, ctx.endpoints.weights, ctx.endpoints.weights_stream, ctx.run_dir)
     schedule = BroadcastSchedule(wcfg, cfg.learner.broadcast_every, cfg.buffer.max_staleness, cfg.learner.total_steps)
-    trained = 0  # samples trained at least once
-    trained_with_reuse = 0  # every time a sample was trained
+    counters = Counters()
     reuse = cfg.buffer.max_times_sampled != 1
     seen: dict[int, set[str]] = {}  # policy_version -> uids trained, while a group may come back
+    trained_ids = GroupIdSet()  # every group trained in this run's history: exactly-once across failures
     priority_updates: dict | None = None
-    staleness_hist: Counter[int] = Counter()
-    trained_tokens = 0  # response tokens of every batch trained
+    just_trained: dict | None = None  # the last step's groups, reported to the dispatcher via the buffer
     latencies: list[float] = []  # seconds from the start of sampling to the end of training, per sample
-    busy_s = 0.0
+    if ctx.resume_dir is not None:
+        trained_ids = load_learner_part(trainer, counters, ctx.resume_dir / "learner")
+        log.info("learner: resumed at version %d from %s", trainer.version, ctx.resume_dir)
     ctx.emit("ready", version=trainer.version)
+    if trainer.version > 0:  # generators start from the initial weights: bring them to this version
+        publish_weights(trainer, publisher, wcfg, ctx)
+        schedule.published(trainer.version)
     loop_start = time.monotonic()
     while trainer.version < cfg.learner.total_steps and not ctx.stop_requested():
         publisher.announce()
@@ -94,40 +104,66 @@ def run_learner(ctx, model_dir: str) -> None:
         }
         if priority_updates is not None:
             request["priority_updates"] = priority_updates
+        if just_trained is not None:
+            request["trained"] = just_trained
         reply = buffer.request("want_batch", request, timeout=cfg.learner.batch_timeout_s)
         if reply is not None:
-            priority_updates = None  # delivered with that request
+            priority_updates = just_trained = None  # delivered with that request
         groups = reply[1]["groups"] if reply is not None else []
+        if groups and not reuse:
+            # A group trained before (a copy dispatched again after a failure) is not trained twice.
+            copies = [g for g in groups if g.group_id in trained_ids]
+            if copies:
+                groups = [g for g in groups if g.group_id not in trained_ids]
+                counters.dropped["duplicate"] += sum(len(g.samples) for g in copies)
+                ctx.ledger.write("dropped", [g.group_id for g in copies], reason="duplicate")
+                if not groups:
+                    continue
         if not groups:
             log.info(
                 "learner: waiting for a batch of %d groups at version %d", cfg.learner.batch_groups, trainer.version
             )
             continue
         wait_s = time.monotonic() - wait_start
-        stats = trainer.train_step(groups, weights=reply[1].get("is_weights"))
-        busy_s += stats["seconds"]
-        BUSY_SECONDS.labels("learner").inc(stats["seconds"])
+        is_weights = reply[1].get("is_weights")
+        if is_weights is not None and len(is_weights) != len(groups):  # some copies were taken out
+            keep = {g.group_id for g in groups}
+            is_weights = [w for g, w in zip(reply[1]["groups"], is_weights) if g.group_id in keep]
+        stats = trainer.train_step(groups, weights=is_weights)
+        for g in groups:
+            trained_ids.add(g.group_id)
+        just_trained = {"version": trainer.version, "group_ids": [g.group_id for g in groups]}
+        ctx.ledger.write("trained", just_trained["group_ids"], version=trainer.version)
+        counters.busy_s += stats["seconds"]
+        BUSY_SECONDS.inc(stats["seconds"])
         LEARNER_STEP_SECONDS.observe(stats["seconds"])
         POLICY_VERSION.set(trainer.version)
+        record_learner_step(stats)
         n = sum(len(g.samples) for g in groups)
-        trained_with_reuse += n
-        trained_tokens += sum(g.num_tokens for g in groups)
+        counters.trained_with_reuse += n
+        counters.trained_tokens += sum(g.num_tokens for g in groups)
         if reuse:
-            trained += _count_first_time(groups, seen, trainer.version, cfg.buffer.max_staleness)
+            counters.trained += _count_first_time(groups, seen, trainer.version, cfg.buffer.max_staleness)
             if cfg.buffer.sampler == "prioritized" and "group_keys" in reply[1]:
                 priority = [float(np.abs(a).mean()) for a in trainer.advantages(groups)]
                 priority_updates = {"group_keys": reply[1]["group_keys"], "priorities": priority}
         else:
-            trained += n
+            counters.trained += n
         SAMPLES.labels("trained").inc(n)
         for s in stats["staleness"]:
-            staleness_hist[int(s)] += 1
+            counters.staleness_hist[int(s)] += 1
             STALENESS.observe(s)
         now = time.time()
         latencies.extend(now - g.meta.get("sampled_at", now) for g in groups for _ in g.samples)
         if schedule.due(trainer.version):
             publish_weights(trainer, publisher, wcfg, ctx)
             schedule.published(trainer.version)
+        every = cfg.checkpoint.every_steps
+        if every and trainer.version % every == 0:
+            stage = staging_dir(ctx.run_dir, trainer.version)
+            save_start = time.monotonic()
+            save_learner_part(trainer, counters, trained_ids, stage / "learner")
+            ctx.emit("checkpoint_part", part="learner", version=trainer.version, seconds=time.monotonic() - save_start)
         rewards = [s.reward for g in groups for s in g.samples]
         ctx.emit(
             "step",
@@ -153,20 +189,63 @@ def run_learner(ctx, model_dir: str) -> None:
         late = buffer.receive(timeout=0.1)
         if late is not None and late[0] == "batch":
             held += sum(len(g.samples) for g in late[1]["groups"])
+            ctx.ledger.write("held", [g.group_id for g in late[1]["groups"]])
     ctx.emit(
         "final",
-        trained=trained,
-        trained_with_reuse=trained_with_reuse,
+        trained=counters.trained,
+        trained_with_reuse=counters.trained_with_reuse,
         held=held,
+        dropped=dict(counters.dropped),
         version=trainer.version,
-        staleness_hist={str(k): v for k, v in sorted(staleness_hist.items())},
+        staleness_hist={str(k): v for k, v in sorted(counters.staleness_hist.items())},
         latency_s=latency_summary(latencies),
-        trained_tokens=trained_tokens,
-        busy_s=busy_s,
+        trained_tokens=counters.trained_tokens,
+        busy_s=counters.busy_s,
         wall_s=wall,
     )
     buffer.close()
     publisher.close()
+
+
+@dataclass
+class Counters:
+    """The learner's running totals; saved in checkpoints so a resumed run's totals continue."""
+
+    trained: int = 0
+    """Samples trained at least once."""
+    trained_with_reuse: int = 0
+    """Every time a sample was trained."""
+    trained_tokens: int = 0
+    """Response tokens of every batch trained."""
+    busy_s: float = 0.0
+    staleness_hist: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+    """Samples not trained here, by reason (``duplicate``: a copy of a group already trained)."""
+
+
+def save_learner_part(trainer, counters: Counters, trained_ids: GroupIdSet, out: Path) -> None:
+    """The learner's part of a checkpoint (see ``asyncrl.checkpoint``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    trainer.save_state(out)
+    (out / "trained_ids.bin").write_bytes(trained_ids.to_bytes())
+    state = asdict(counters)
+    state["staleness_hist"] = {str(k): v for k, v in counters.staleness_hist.items()}
+    (out / "learner_state.json").write_text(json.dumps({"version": trainer.version, "counters": state}))
+
+
+def load_learner_part(trainer, counters: Counters, src: Path) -> GroupIdSet:
+    trainer.load_state(src)
+    state = json.loads((src / "learner_state.json").read_text())
+    if int(state["version"]) != trainer.version:
+        raise ValueError(f"{src}: learner_state.json says version {state['version']}, the trainer {trainer.version}")
+    saved = state["counters"]
+    counters.trained = saved["trained"]
+    counters.trained_with_reuse = saved["trained_with_reuse"]
+    counters.trained_tokens = saved["trained_tokens"]
+    counters.busy_s = saved["busy_s"]
+    counters.staleness_hist = Counter({int(k): v for k, v in saved["staleness_hist"].items()})
+    counters.dropped = Counter(saved["dropped"])
+    return GroupIdSet.from_bytes((src / "trained_ids.bin").read_bytes())
 
 
 def publish_weights(trainer, publisher, wcfg, ctx) -> dict:

@@ -57,10 +57,10 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
         name: (run_dir / "metrics" / f"{name}.prom").read_text()
         for name in ("buffer", "reward-0", "learner", "generator-0")
     }
-    assert "asyncrl_learner_step_seconds_count 4.0" in metrics["learner"]
-    assert "asyncrl_policy_version 4.0" in metrics["learner"]
-    assert "asyncrl_staleness_versions_count 64.0" in metrics["learner"]
-    assert "asyncrl_rollout_seconds_count" in metrics["generator-0"]
-    assert "asyncrl_policy_version 4.0" in metrics["generator-0"]
-    assert "asyncrl_reward_seconds_count" in metrics["reward-0"]
-    assert "asyncrl_buffer_groups" in metrics["buffer"]
+    assert "asyncrl_learner_step_duration_seconds_count 4.0" in metrics["learner"]
+    assert 'asyncrl_policy_version{component="learner"} 4.0' in metrics["learner"]
+    assert "asyncrl_staleness_count 64.0" in metrics["learner"]
+    assert "asyncrl_rollout_latency_seconds_count" in metrics["generator-0"]
+    assert 'asyncrl_policy_version{component="generator-0"} 4.0' in metrics["generator-0"]
+    assert "asyncrl_reward_group_duration_seconds_count" in metrics["reward-0"]
+    assert "asyncrl_buffer_items" in metrics["buffer"]

@@ -35,10 +35,17 @@ def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule
     assert set(summary["generator_versions"].values()) == {6}
     assert max(int(k) for k in summary["staleness_hist"]) <= 3
     learner = (tmp_path / "bench" / "metrics" / "learner.prom").read_text()
-    count = next(line for line in learner.splitlines() if line.startswith("asyncrl_weight_broadcast_seconds_count"))
+    count = next(
+        line
+        for line in learner.splitlines()
+        if line.startswith('asyncrl_weight_sync_duration_seconds_count{stage="publish"}')
+    )
     assert float(count.split()[-1]) >= 2
     if schedule == "staleness":  # publish when versions would reach the bound - margin: steps 2, 4, 6
         assert float(count.split()[-1]) == 3
     gen = (tmp_path / "bench" / "metrics" / "generator-0.prom").read_text()
-    assert "asyncrl_weight_apply_seconds_count" in gen and "asyncrl_policy_version 6.0" in gen
+    assert (
+        'asyncrl_weight_sync_duration_seconds_count{stage="apply"}' in gen
+        and 'asyncrl_policy_version{component="generator-0"} 6.0' in gen
+    )
     assert json.loads((tmp_path / "bench" / "summary.json").read_text())["learner_steps"] == 6
