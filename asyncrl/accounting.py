@@ -29,6 +29,7 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None,
     for g in gens:
         dropped.update(g["dropped"])
     dropped.update(buffer["dropped"])
+    dropped.update(learner.get("dropped", {}))
     generated = sum(g["generated"] for g in gens)
     in_flight = sum(g["held"] for g in gens) + sum(r["held"] for r in rewards) + learner.get("held", 0)
     # What left one process and did not reach the next, per link: 0 after a drained stop; a
@@ -39,11 +40,15 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None,
         - sum(g["held"] for g in gens)
         - sum(r["received"] for r in rewards),
         "rewards->buffer": sum(r["forwarded"] for r in rewards) - buffer["inserted"],
-        "buffer->learner": buffer["sampled"] - learner["trained"] - learner.get("held", 0),
+        "buffer->learner": buffer["sampled"]
+        - learner["trained"]
+        - learner.get("held", 0)
+        - dropped_by(learner),
         "buffer->learner (with reuse)": buffer["sampled"]
         + buffer.get("resampled", 0)
         - learner.get("trained_with_reuse", learner["trained"])
-        - learner.get("held", 0),
+        - learner.get("held", 0)
+        - dropped_by(learner),
     }
     tokens = sum(g["tokens"] for g in gens)
     summary = {

@@ -20,13 +20,18 @@ the generator has stopped waiting for it.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+from pydantic import Field
 
 from asyncrl.configbase import Config
+from asyncrl.ledger import group_id_of
 from asyncrl.tasks import Prompt
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,9 @@ log = logging.getLogger(__name__)
 class DispatcherConfig(Config):
     epochs: int | None = None
     """Passes over the training prompts; None cycles forever (reshuffled each pass)."""
+    lease_s: float = Field(600.0, gt=0)
+    """Seconds a dispatched group may go unseen by the buffer before its prompt is dispatched
+    again (a safety net: deaths the controller sees are acted on at once)."""
 
 
 class Admission:
@@ -62,6 +70,11 @@ class Admission:
         v = self.version if version is None else min(version, self.version)
         bound = (self.max_staleness + v + 1) * self.batch_groups
         return max(0, bound - (self.dispatched - self.dropped))
+
+    def behind(self, version: int) -> bool:
+        """True when a generator serving ``version`` gets nothing now but would at the learner's
+        version: it should load the newer weights and ask again rather than wait."""
+        return version < self.version and self.capacity(version) == 0 and self.capacity() > 0
 
     def update(self, version: int, dropped_groups: int) -> None:
         self.version = max(self.version, version)
@@ -108,6 +121,131 @@ class _Pending:
     deadline: float
 
 
+DISPATCHED, BUFFERED, TRAINED = "dispatched", "buffered", "trained"
+
+
+@dataclass
+class _Entry:
+    row: dict
+    state: str = DISPATCHED
+    generator: str = ""
+    at: float = 0.0
+    version: int = -1
+    """For TRAINED: the learner version of the step that trained it."""
+
+
+@dataclass
+class Outstanding:
+    """Every group dispatched and not yet settled for good, and the queue of groups to hand out again.
+
+    A group is settled for good when it is dropped with a reason, or trained by a step that a
+    committed checkpoint holds (``forget_trained``). Until then its prompt row is kept, so that
+    whatever is lost downstream — a generator or reward worker killed with its groups, a buffer
+    restarted empty, a learner restored to an older version — is dispatched again under the same
+    group id. What the buffer and learner report arrives on a PUB socket that may drop messages
+    under load; a missed report only makes a group go out again, and ids keep the copy from being
+    trained twice.
+    """
+
+    lease_s: float = 600.0
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    again: deque = field(default_factory=deque)
+    """Rows to dispatch again, before any new prompt."""
+    requeued: int = 0
+
+    def dispatched(self, row: dict, generator: str, now: float) -> None:
+        e = self.entries.get(row["group_id"])
+        if e is None:
+            self.entries[row["group_id"]] = _Entry(row, DISPATCHED, generator, now)
+        else:
+            e.state, e.generator, e.at = DISPATCHED, generator, now
+
+    def settle(self, body: dict) -> None:
+        """Apply a status report: ``inserted``, ``dropped`` ids, ``trained`` [version, ids] pairs."""
+        for gid in body.get("inserted", ()):
+            e = self.entries.get(gid)
+            if e is not None and e.state == DISPATCHED:
+                e.state = BUFFERED
+        for gid in body.get("dropped", ()):
+            self.entries.pop(gid, None)
+        for version, gids in body.get("trained", ()):
+            for gid in gids:
+                e = self.entries.get(gid)
+                if e is not None:
+                    e.state, e.version = TRAINED, int(version)
+
+    def forget_trained(self, version: int) -> None:
+        """A checkpoint at ``version`` is committed: its trained groups can never come back."""
+        for gid in [g for g, e in self.entries.items() if e.state == TRAINED and e.version <= version]:
+            del self.entries[gid]
+
+    def requeue(self, scope: str, generator: str | None = None, now: float | None = None) -> int:
+        """Queue again the groups a failure may have lost; returns how many.
+
+        ``generator``: those dispatched to that generator and not yet in the buffer;
+        ``in_flight``: every group not yet in the buffer (a reward worker died);
+        ``buffered``: every group not yet trained (the buffer died);
+        ``expired``: groups not in the buffer after ``lease_s`` (``now`` required).
+        """
+        queued = {r["group_id"] for r in self.again}
+        states = {"generator": (DISPATCHED,), "in_flight": (DISPATCHED,), "buffered": (DISPATCHED, BUFFERED)}
+        if scope == "expired":
+            picked = [e for e in self.entries.values() if e.state == DISPATCHED and now - e.at > self.lease_s]
+        elif scope in states:
+            picked = [e for e in self.entries.values() if e.state in states[scope]]
+            if scope == "generator":
+                picked = [e for e in picked if e.generator == generator]
+        else:
+            raise ValueError(f"requeue scope {scope!r} is not one of generator, in_flight, buffered, expired")
+        picked = [e for e in picked if e.row["group_id"] not in queued]
+        for e in picked:
+            e.state, e.at = DISPATCHED, float("inf")  # not expired again while it waits in the queue
+            self.again.append(e.row)
+        self.requeued += len(picked)
+        return len(picked)
+
+    def to_checkpoint(self, version: int) -> list[dict]:
+        """Rows a resume from a checkpoint of ``version`` must dispatch again (less what it holds)."""
+        return [e.row for e in self.entries.values() if not (e.state == TRAINED and e.version <= version)]
+
+
+def save_dispatcher(path: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding, version: int):
+    state = {
+        "epoch": cursor.epoch,
+        "index": cursor.index,
+        "dispatched": admission.dispatched,
+        "dropped": admission.dropped,
+        "version": version,
+        "rows": outstanding.to_checkpoint(version),
+    }
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding) -> dict:
+    """Load the dispatcher's part of checkpoint ``ckpt``; queue again what the other parts lack."""
+    from asyncrl.ledger import GroupIdSet
+
+    state = json.loads((ckpt / "dispatcher.json").read_text())
+    cursor.epoch = int(state["epoch"])
+    cursor._order = cursor._permutation(cursor.epoch)
+    cursor.index = int(state["index"])
+    admission.dispatched = int(state["dispatched"])
+    admission.dropped = int(state["dropped"])
+    admission.version = int(state["version"])
+    held = set(json.loads((ckpt / "buffer" / "buffer_ids.json").read_text()))
+    trained = GroupIdSet.from_bytes((ckpt / "learner" / "trained_ids.bin").read_bytes())
+    again = [r for r in state["rows"] if r["group_id"] not in held and r["group_id"] not in trained]
+    for row in state["rows"]:
+        if row["group_id"] in held:
+            outstanding.entries[row["group_id"]] = _Entry(row, BUFFERED)
+    for row in again:
+        outstanding.entries[row["group_id"]] = _Entry(row, DISPATCHED, at=float("inf"))
+        outstanding.again.append(row)
+    return {"version": admission.version, "dispatched": admission.dispatched, "again": len(again)}
+
+
 def run_dispatcher(ctx) -> None:
     """Serve prompt requests until told to stop."""
     from asyncrl.tasks import load_prompts
@@ -116,20 +254,31 @@ def run_dispatcher(ctx) -> None:
     cfg = ctx.cfg
     cursor = PromptCursor(load_prompts(cfg.task, "train"), cfg.run.seed, cfg.dispatcher.epochs)
     admission = Admission(cfg.learner.batch_groups, cfg.buffer.max_staleness)
+    outstanding = Outstanding(lease_s=cfg.dispatcher.lease_s)
+    if ctx.resume_dir is not None:
+        restored = restore_dispatcher(ctx.resume_dir, cursor, admission, outstanding)
+        log.info("dispatcher: resumed from %s: %s", ctx.resume_dir, restored)
     server = ReplyServer(ctx.endpoints.dispatcher, name="dispatcher.requests")
     status = Subscriber(ctx.endpoints.buffer_status, name="dispatcher.buffer_status")
     pending: list[_Pending] = []
+    nudged: dict[str, int] = {}  # generator -> the version it was last told to move on from
     ctx.emit("ready")
     # Hold every request until the whole fleet is up, so no generator runs ahead alone.
     while not ctx.go_given() and not ctx.stop_requested():
         time.sleep(0.05)
+    last_lease_check = time.monotonic()
     while not ctx.stop_requested():
+        for command in ctx.commands():
+            _on_command(ctx, command, cursor, admission, outstanding)
         for _kind, body in status.recv_latest():
             admission.update(int(body["learner_version"]), int(body["dropped_groups"]))
+            outstanding.settle(body)
         req = server.recv(timeout=0.05)
         if req is not None:
             client, kind, body = req
             if kind == "want_prompts":
+                # Groups the generator dropped (invalid) are settled: their reason is in its ledger.
+                outstanding.settle({"dropped": body.get("dropped", ())})
                 margin = 0.05  # answer only requests whose generator is surely still waiting
                 request = _Pending(
                     client,
@@ -142,15 +291,21 @@ def run_dispatcher(ctx) -> None:
                 # A generator waits on one request at a time: a new one replaces its older ones.
                 pending = [p for p in pending if p.generator != request.generator] + [request]
         now = time.monotonic()
+        if now - last_lease_check > 1.0:
+            last_lease_check = now
+            if n := outstanding.requeue("expired", now=now):
+                log.warning(
+                    "dispatcher: %d groups unseen by the buffer for %.0f s: dispatching again", n, outstanding.lease_s
+                )
         pending = [p for p in pending if p.deadline > now]
-        for p in [p for p in pending if admission.capacity(p.policy_version) > 0]:
-            pending.remove(p)
-            prompts = cursor.take(min(p.max_prompts, admission.capacity(p.policy_version)))
-            rows = []
-            for prompt in prompts:
+        for p in list(pending):
+            # Groups to hand out again come first; they were admitted once already.
+            rows = [outstanding.again.popleft() for _ in range(min(p.max_prompts, len(outstanding.again)))]
+            room = min(p.max_prompts - len(rows), admission.capacity(p.policy_version))
+            for prompt in cursor.take(room) if room > 0 else []:
                 rows.append(
                     {
-                        "group_id": f"g{admission.dispatched:08d}",
+                        "group_id": group_id_of(admission.dispatched),
                         "prompt_uid": prompt.prompt_uid,
                         "text": prompt.text,
                         "answer": prompt.answer,
@@ -158,7 +313,44 @@ def run_dispatcher(ctx) -> None:
                     }
                 )
                 admission.dispatched += 1
+            if not rows:
+                continue
+            pending.remove(p)
+            for row in rows:
+                outstanding.dispatched(row, p.generator, now)
+            ctx.ledger.write("dispatched", [r["group_id"] for r in rows], generator=p.generator)
             server.reply(p.client, "prompts", {"prompts": rows}, p.request_id)
-    ctx.emit("final", dispatched=admission.dispatched, epoch=cursor.epoch, index=cursor.index)
+        # A generator held at a version the budget has used up is answered at once, empty, so it
+        # loads the newer weights and asks again instead of waiting out its request (in the
+        # synchronous mode that wait idled every generator at every step). Once per version, so
+        # a generator whose newer weights are not published yet does not spin.
+        for p in [
+            p for p in pending if admission.behind(p.policy_version) and nudged.get(p.generator) != p.policy_version
+        ]:
+            pending.remove(p)
+            nudged[p.generator] = p.policy_version
+            server.reply(p.client, "prompts", {"prompts": [], "learner_version": admission.version}, p.request_id)
+    ctx.emit(
+        "final",
+        dispatched=admission.dispatched,
+        epoch=cursor.epoch,
+        index=cursor.index,
+        requeued=outstanding.requeued,
+    )
     server.close()
     status.close()
+
+
+def _on_command(ctx, command: dict, cursor, admission, outstanding) -> None:
+    kind = command.get("command")
+    if kind == "requeue":
+        n = outstanding.requeue(command["scope"], command.get("generator"))
+        log.warning("dispatcher: %s (%s): %d groups to dispatch again", command["scope"], command.get("generator"), n)
+        ctx.emit("requeued", scope=command["scope"], generator=command.get("generator"), groups=n, id=command.get("id"))
+    elif kind == "checkpoint":
+        path = Path(command["dir"]) / "dispatcher.json"
+        if not path.exists():
+            save_dispatcher(path, cursor, admission, outstanding, int(command["version"]))
+        ctx.emit("checkpoint_part", part="dispatcher.json", version=command["version"])
+    elif kind == "checkpoint_committed":
+        outstanding.forget_trained(int(command["version"]))

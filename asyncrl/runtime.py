@@ -15,6 +15,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig, load_run_config
 from asyncrl.endpoints import Endpoints
+from asyncrl.ledger import LedgerWriter
 from asyncrl.metrics import serve_metrics, write_metrics_snapshot
 from asyncrl.transport import StreamSender, Subscriber
 
@@ -42,7 +43,13 @@ class ProcessContext:
         self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
         self._stop = False
         self._go = False
+        self._commands: list[dict] = []
         self.started = time.monotonic()
+        self.ledger = LedgerWriter(self.run_dir, name)
+        """This process's lines of the run's group ledger (``asyncrl.ledger``)."""
+        resume = os.environ.get("ASYNCRL_RESUME", "")
+        self.resume_dir: Path | None = Path(resume) if resume else None
+        """The checkpoint this process starts from (set by the controller on a resume), or None."""
 
     def emit(self, type: str, **fields) -> None:
         """Send an event to the controller (blocks at most 10 s if it is not reading)."""
@@ -61,6 +68,13 @@ class ProcessContext:
         self._poll_control()
         return self._go
 
+    def commands(self) -> list[dict]:
+        """Other commands addressed to this role (checkpoint, requeue...), oldest first; never blocks.
+        The controller repeats a command until it sees its effect, so handlers must be idempotent."""
+        self._poll_control()
+        out, self._commands = self._commands, []
+        return out
+
     def _poll_control(self) -> None:
         for _kind, body in self.control.recv_latest():
             if self.role not in body.get("roles", [self.role]):
@@ -69,10 +83,13 @@ class ProcessContext:
                 self._stop = True
             elif body.get("command") == "go":
                 self._go = True
+            elif len(self._commands) < 1000:  # a flood of commands is bounded, not buffered
+                self._commands.append(body)
 
     def close(self) -> None:
         if self.run_dir is not None:
             write_metrics_snapshot(self.run_dir, self.name)
+        self.ledger.close()
         self.events.close()
         self.control.close()
 

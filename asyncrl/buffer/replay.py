@@ -161,7 +161,7 @@ class ReplayBuffer:
         else:
             reason = None
         if reason is not None:
-            self._drop_unstored(n, reason)
+            self._drop_unstored(n, reason, group.group_id)
             return None
         rewards = [[s.reward for s in group.samples]]
         priorities = check_priorities(self.priority(rewards, [group.policy_version], self.learner_version), 1)
@@ -275,12 +275,19 @@ class ReplayBuffer:
 
     # -- accounting -----------------------------------------------------------------------------
 
-    def _drop_unstored(self, samples: int, reason: str) -> None:
+    def _drop_unstored(self, samples: int, reason: str, group_id: str) -> None:
         self.dropped[reason] += samples
         self.dropped_groups += 1
         self.removed[reason] += samples
         if self.observer is not None:
             self.observer.on_remove(reason, samples)
+            self._report_dropped([group_id], reason)
+
+    def _report_dropped(self, group_ids: list[str], reason: str) -> None:
+        # Optional observer hook: the service writes these to the group ledger.
+        hook = getattr(self.observer, "on_drop_groups", None)
+        if hook is not None and group_ids:
+            hook(group_ids, reason)
 
     def _remove(self, slots: np.ndarray, reason: str, empty_priorities: bool = True) -> None:
         st = self.storage
@@ -291,6 +298,8 @@ class ReplayBuffer:
         if fresh.any():
             self.dropped[reason] += int(ns[fresh].sum())
             self.dropped_groups += int(fresh.sum())
+            if self.observer is not None and hasattr(st, "_slot_of"):  # groups with ids (not slab rows)
+                self._report_dropped([g.group_id for g in st.get(slots[fresh])], reason)
         if empty_priorities:
             self.sampler.remove(slots)
         st.release(slots)
@@ -313,6 +322,20 @@ class ReplayBuffer:
         if out["inserted"] != out["sampled"] + sum(self.dropped.values()) + out["held"]:
             raise AssertionError(f"buffer accounting does not reconcile: {out}")
         return out
+
+    def held_group_ids(self) -> list[str]:
+        """Ids of the stored groups never handed out (group storage only)."""
+        live = self.storage.live_slots()
+        fresh = live[self.storage.times_sampled[live] == 0]
+        return [g.group_id for g in self.storage.get(fresh)] if hasattr(self.storage, "_slot_of") else []
+
+    def stored_group_ids(self) -> list[str]:
+        """Ids of every stored group (group storage only)."""
+        return (
+            [g.group_id for g in self.storage.get(self.storage.live_slots())]
+            if hasattr(self.storage, "_slot_of")
+            else []
+        )
 
     # -- snapshots ------------------------------------------------------------------------------
 

@@ -22,11 +22,13 @@ and logged once per reason; the service keeps serving.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
@@ -44,7 +46,17 @@ MAX_HELD = 64  # held learner requests at most: a runaway client cannot grow the
 
 
 class BufferMetrics:
-    """The buffer's observer: feeds the Prometheus metrics of ``asyncrl.metrics``."""
+    """The buffer's observer: feeds the Prometheus metrics of ``asyncrl.metrics``, and collects the
+    ids of dropped groups for the group ledger and the dispatcher's status report."""
+
+    def __init__(self, ledger=None):
+        self.ledger = ledger
+        self.dropped_ids: list[str] = []
+
+    def on_drop_groups(self, group_ids: list[str], reason: str) -> None:
+        self.dropped_ids.extend(group_ids)
+        if self.ledger is not None:
+            self.ledger.write("dropped", group_ids, reason=reason)
 
     def on_insert(self, priorities) -> None:
         m.BUFFER_INSERTED.inc(len(priorities))
@@ -73,6 +85,10 @@ class BufferService:
 
     def __init__(self, buf: ReplayBuffer, inbox: StreamReceiver, requests: ReplyServer, status: Publisher):
         self.buf = buf
+        # Settlement news for the dispatcher since the last status: ids inserted, and the groups
+        # the learner reports trained (with the version of that step).
+        self._inserted_ids: list[str] = []
+        self._trained: list[list] = []
         self.inbox, self.requests, self.status = inbox, requests, status
         self.held: list[_Held] = []
         self.bad_requests = 0
@@ -114,7 +130,7 @@ class BufferService:
                 if msg is None:
                     break
                 if msg[0] == "group":
-                    self.buf.insert(msg[1]["group"])
+                    self._insert(msg[1]["group"])
                     changed = True
         if ready.get(self.requests.sock):
             while (req := self.requests.recv(timeout=0)) is not None:
@@ -122,6 +138,10 @@ class BufferService:
                 changed = True
         changed |= self._serve_held(time.monotonic())
         self._publish(changed)
+
+    def _insert(self, group) -> None:
+        if self.buf.insert(group) is not None:
+            self._inserted_ids.append(group.group_id)
 
     def _on_request(self, client: bytes, kind: str, body: dict) -> None:
         if kind != "want_batch":
@@ -147,6 +167,9 @@ class BufferService:
                 self.buf.update_priorities(updates["group_keys"], updates["priorities"])
             except (TypeError, ValueError, KeyError) as e:
                 self._reject("bad_priorities", str(e))
+        trained = body.get("trained")
+        if isinstance(trained, dict) and isinstance(trained.get("group_ids"), list):
+            self._trained.append([int(trained.get("version", version)), [str(g) for g in trained["group_ids"]]])
         self.buf.set_learner_version(version)
         deadline = time.monotonic() + timeout_s - REPLY_MARGIN_S
         self.held.append(_Held(client, body.get("request_id"), num_groups, deadline))
@@ -202,10 +225,20 @@ class BufferService:
         if not changed and now - self._last_status < 1.0:
             return
         buf = self.buf
+        dropped_ids = getattr(buf.observer, "dropped_ids", [])
         self.status.send(
             "buffer_status",
-            {"learner_version": buf.learner_version, "dropped_groups": buf.dropped_groups, "held_groups": len(buf)},
+            {
+                "learner_version": buf.learner_version,
+                "dropped_groups": buf.dropped_groups,
+                "held_groups": len(buf),
+                "inserted": self._inserted_ids,
+                "dropped": list(dropped_ids),
+                "trained": self._trained,
+            },
         )
+        self._inserted_ids, self._trained = [], []
+        dropped_ids.clear()
         self._last_status = now
         m.BUFFER_GROUPS.set(len(buf))
         m.BUFFER_SAMPLES.set(buf.storage.samples)
@@ -220,7 +253,7 @@ class BufferService:
         end every group must be accounted for."""
         while (msg := self.inbox.recv(timeout=timeout)) is not None:
             if msg[0] == "group":
-                self.buf.insert(msg[1]["group"])
+                self._insert(msg[1]["group"])
         self._publish(True)
 
     @property
@@ -229,14 +262,26 @@ class BufferService:
 
 
 def run_buffer(ctx) -> None:
-    buf = ReplayBuffer.from_config(ctx.cfg.buffer, observer=BufferMetrics())
+    buf = ReplayBuffer.from_config(ctx.cfg.buffer, observer=BufferMetrics(ctx.ledger))
+    if ctx.resume_dir is not None:
+        buf.restore(ctx.resume_dir / "buffer")
+        log.info("buffer: restored %d groups from %s", len(buf), ctx.resume_dir)
     inbox = StreamReceiver(ctx.endpoints.buffer_in, name="buffer.in")
     requests = ReplyServer(ctx.endpoints.buffer_requests, name="buffer.requests")
     status = Publisher(ctx.endpoints.buffer_status, name="buffer.status")
     service = BufferService(buf, inbox, requests, status)
     ctx.emit("ready")
-    service.serve(ctx.stop_requested)
+
+    def stop_or_command() -> bool:
+        for command in ctx.commands():
+            if command.get("command") == "checkpoint":
+                save_checkpoint_part(buf, Path(command["dir"]))
+                ctx.emit("checkpoint_part", part="buffer", version=command["version"])
+        return ctx.stop_requested()
+
+    service.serve(stop_or_command)
     service.drain()
+    ctx.ledger.write("held", buf.held_group_ids())
     if ctx.cfg.buffer.snapshot_on_exit:
         buf.snapshot(ctx.run_dir / "buffer_snapshot")
     ctx.emit(
@@ -248,3 +293,14 @@ def run_buffer(ctx) -> None:
     )
     for sock in (inbox, requests, status):
         sock.close()
+
+
+def save_checkpoint_part(buf: ReplayBuffer, stage: Path) -> None:
+    """The buffer's part of a checkpoint: its snapshot and the ids of the groups it holds (which
+    the dispatcher then need not hand out again on resume). Idempotent: the controller repeats
+    the command until it hears back."""
+    if (stage / "buffer").exists():
+        return
+    buf.snapshot(stage / "buffer")
+    ids = stage / "buffer" / "buffer_ids.json"
+    ids.write_text(json.dumps(buf.stored_group_ids()))

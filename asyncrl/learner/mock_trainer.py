@@ -12,6 +12,7 @@ be benchmarked at any scale without a GPU.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -74,6 +75,14 @@ class MockTrainer:
     def probe(self) -> None:
         """A simulated learner has no model to probe."""
         return None
+
+    def save_state(self, out_dir: str | Path) -> None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "mock_trainer.json").write_text(json.dumps({"version": self.version}))
+
+    def load_state(self, in_dir: str | Path) -> None:
+        self.version = int(json.loads((Path(in_dir) / "mock_trainer.json").read_text())["version"])
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)

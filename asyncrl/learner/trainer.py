@@ -483,6 +483,34 @@ class PolicyTrainer:
         torch.distributed.barrier()
         return out
 
+    # -----------------------------------------------------------------------------------------
+    # checkpoints
+
+    def save_state(self, out_dir: str | Path) -> None:
+        """Everything a resume needs to continue bit for bit: DeepSpeed's checkpoint of the policy
+        (weights, optimizer, ZeRO partitions) and the critic's, the version, the KL controller's
+        beta and the RNG states. Collective: every rank calls it."""
+        out = Path(out_dir)
+        state = {"version": self.version, "kl_coef": self.kl_controller.value}
+        self.engine.save_checkpoint(str(out), tag="policy", client_state=state)
+        if self.critic is not None:
+            self.critic.engine.save_checkpoint(str(out), tag="critic")
+        if torch.distributed.get_rank() == 0:
+            torch.save(_rng_state(), out / "rng.pt")
+
+    def load_state(self, in_dir: str | Path) -> None:
+        """Restore what ``save_state`` wrote (the same config, the same number of ranks)."""
+        src = Path(in_dir)
+        _, state = self.engine.load_checkpoint(str(src), tag="policy")
+        if state is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint 'policy' in {src}")
+        self.version = int(state["version"])
+        self.kl_controller.value = float(state["kl_coef"])
+        if self.critic is not None:
+            self.critic.engine.load_checkpoint(str(src), tag="critic")
+        if (src / "rng.pt").exists():
+            _set_rng_state(torch.load(src / "rng.pt", weights_only=False))
+
     def _critic_advantages(self, batch: TrainBatch, bounds, rewards: np.ndarray, ref_logprobs, weights, beta) -> dict:
         """Per-token advantages from the critic (one critic step), written into ``batch.advantages``.
 
@@ -535,6 +563,20 @@ class PolicyTrainer:
         """The collated batch ``train_step`` would train on, without a KL reward penalty (for
         inspection and tests)."""
         return collate(groups, self.weighted_advantages(groups, weights), self.pad_id)
+
+
+def _rng_state() -> dict:
+    import random
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    import random
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
 
 
 def _token_entropy(logits: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
