@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from asyncrl.buffer.replay import BufferConfig
+from asyncrl.checkpoint import CheckpointConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
 from asyncrl.dispatcher import DispatcherConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
@@ -23,6 +24,7 @@ from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
 from asyncrl.rewards.worker import RewardConfig
 from asyncrl.sft import SFTConfig
+from asyncrl.supervision import SupervisionConfig
 from asyncrl.tasks import TaskConfig
 from asyncrl.tinymodel import TinyModelConfig
 from asyncrl.weights.config import WeightSyncConfig
@@ -100,6 +102,10 @@ class RunConfig(Config):
     """How and when the learner's weights reach the generators (transport, buckets, schedule, probe)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """When checkpoints of the whole run are written and how many are kept."""
+    supervision: SupervisionConfig = SupervisionConfig()
+    """What happens when a component process dies."""
     simulation: SimulationConfig = SimulationConfig()
     """Simulated generators and learner (benchmarks); off by default."""
 
