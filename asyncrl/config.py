@@ -23,6 +23,7 @@ from asyncrl.generators.worker import GeneratorConfig
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
 from asyncrl.rewards.worker import RewardConfig
+from asyncrl.security import SecurityConfig
 from asyncrl.sft import SFTConfig
 from asyncrl.supervision import SupervisionConfig
 from asyncrl.tasks import TaskConfig
@@ -108,6 +109,8 @@ class RunConfig(Config):
     """What happens when a component process dies."""
     simulation: SimulationConfig = SimulationConfig()
     """Simulated generators and learner (benchmarks); off by default."""
+    security: SecurityConfig = SecurityConfig()
+    """Message-size limits of every receiving socket; ZeroMQ CURVE (off by default; keys by path only)."""
 
     @model_validator(mode="after")
     def _check_algorithm(self) -> RunConfig:

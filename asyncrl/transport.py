@@ -2,13 +2,18 @@
 
 Each class wraps one socket and states its blocking and dropping behaviour. All of them carry
 one ``wire`` message per ZeroMQ frame, bind or connect on ``tcp://127.0.0.1:PORT`` (or ``ipc://``),
-set ``LINGER`` so that ``close()`` never hangs, and set ``MAXMSGSIZE`` on receiving sockets so an
-oversized message is refused by ZeroMQ before it is buffered (the peer is disconnected).
+set ``LINGER`` so that ``close()`` never hangs, and take their security from ``asyncrl.security``:
+CURVE when the run asks for it, and on receiving sockets ``MAXMSGSIZE`` from
+``security.max_message_bytes`` (per kind: ``stream``, ``request``, ``reply``, ``subscribe``), so
+an oversized frame is refused by ZeroMQ from its length header, before it is buffered. ZeroMQ
+does that by closing the connection (a ZeroMQ peer reconnects within 100 ms; frames behind the
+big one on that connection are lost with it).
 
-Receivers decode and validate: a frame that fails ``wire.decode`` is counted in
-``asyncrl_rejected_frames{socket,reason}``, logged once per reason, and skipped; the receiver
-keeps serving. Every receive takes a timeout and returns ``None`` when it expires, so nothing
-waits forever.
+Receivers decode and validate: a frame that fails ``wire.decode`` (the same size limit is checked
+again there) is counted in ``asyncrl_rejected_frames{socket,reason}``, logged once per reason, and
+skipped; the receiver keeps serving. What libzmq refuses by itself (connections cut for size,
+failed handshakes) is counted from the socket's monitor events (``asyncrl.socketwatch``). Every
+receive takes a timeout and returns ``None`` when it expires, so nothing waits forever.
 
 | class | socket | send blocks | dropped |
 | --- | --- | --- | --- |
@@ -24,19 +29,31 @@ import time
 
 import zmq
 
-from asyncrl import wire
+from asyncrl import security, socketwatch, wire
 from asyncrl.metrics import REJECTED_FRAMES
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HWM = 1000
-DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
 class _Socket:
-    def __init__(self, kind: int, address: str, bind: bool, name: str, hwm: int, max_message_bytes: int | None):
+    def __init__(
+        self,
+        kind: int,
+        address: str,
+        bind: bool,
+        name: str,
+        hwm: int,
+        limit: str | None,
+        max_message_bytes: int | None = None,
+    ):
+        """``limit``: the kind of receiving socket whose ``security.max_message_bytes`` applies
+        (None for sockets that only send); ``max_message_bytes`` overrides it."""
         if hwm < 1:
             raise ValueError(f"hwm ({hwm}) must be >= 1")
+        if max_message_bytes is None and limit is not None:
+            max_message_bytes = security.max_message_bytes(limit)
         self.name = name
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(kind)
@@ -52,25 +69,35 @@ class _Socket:
         if max_message_bytes is not None:
             self.sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.max_message_bytes = max_message_bytes
+        self._logged_reasons: set[str] = set()
+        self.rejected = 0
+        self.curve = security.secure(self.sock, address, bind)
+        self._watched = self.curve or max_message_bytes is not None
+        if self._watched:  # before bind/connect, so that no handshake goes unseen
+            socketwatch.watch(self.sock, name, self.curve, max_message_bytes is not None, self._reject)
         if bind:
             self.sock.bind(address)
             self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
             self.sock.connect(address)
             self.address = address
-        self._logged_reasons: set[str] = set()
-        self.rejected = 0
 
     def _decode(self, frame: bytes) -> tuple[str, dict] | None:
         try:
             return wire.decode(frame, self.max_message_bytes)
         except wire.WireError as e:
-            self.rejected += 1
-            REJECTED_FRAMES.labels(self.name, e.reason).inc()
-            if e.reason not in self._logged_reasons:  # once per reason: a flood must not flood the log
-                self._logged_reasons.add(e.reason)
-                log.warning("%s: rejected a frame (%s); further %r rejections are only counted", self.name, e, e.reason)
+            self._reject(e.reason, str(e))
             return None
+
+    def _reject(self, reason: str, detail: str) -> None:
+        """Count a rejected frame; log the first of each reason (a flood must not flood the log)."""
+        self.rejected += 1
+        REJECTED_FRAMES.labels(self.name, reason).inc()
+        if reason not in self._logged_reasons:
+            self._logged_reasons.add(reason)
+            if reason == "oversized":
+                detail += f" (limit {self.max_message_bytes} bytes: security.max_message_bytes)"
+            log.warning("%s: rejected a frame (%s); further %r rejections are only counted", self.name, detail, reason)
 
     def _recv_valid(self, timeout: float) -> tuple[str, dict] | None:
         """The next frame that decodes, skipping (and counting) the ones that do not, or None
@@ -86,6 +113,8 @@ class _Socket:
         return bool(self.sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN))
 
     def close(self) -> None:
+        if self._watched:
+            socketwatch.unwatch(self.sock)
         self.sock.close()
 
 
@@ -130,9 +159,9 @@ class StreamReceiver(_Socket):
         name: str,
         bind: bool = True,
         hwm: int = DEFAULT_HWM,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int | None = None,
     ):
-        super().__init__(zmq.PULL, address, bind, name, hwm, max_message_bytes)
+        super().__init__(zmq.PULL, address, bind, name, hwm, "stream", max_message_bytes)
 
     def recv(self, timeout: float) -> tuple[str, dict] | None:
         """The next valid message, or None when none arrives within ``timeout`` seconds."""
@@ -152,8 +181,8 @@ class Publisher(_Socket):
 class Subscriber(_Socket):
     """SUB to every message of a publisher (no topic filtering: messages are small and few)."""
 
-    def __init__(self, address: str, name: str, hwm: int = 100, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
-        super().__init__(zmq.SUB, address, False, name, hwm, max_message_bytes)
+    def __init__(self, address: str, name: str, hwm: int = 100, max_message_bytes: int | None = None):
+        super().__init__(zmq.SUB, address, False, name, hwm, "subscribe", max_message_bytes)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
 
     def recv(self, timeout: float) -> tuple[str, dict] | None:
@@ -176,10 +205,8 @@ class RequestClient(_Socket):
     batch — that would otherwise be lost between two processes.
     """
 
-    def __init__(
-        self, address: str, name: str, hwm: int = DEFAULT_HWM, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    ):
-        super().__init__(zmq.DEALER, address, False, name, hwm, max_message_bytes)
+    def __init__(self, address: str, name: str, hwm: int = DEFAULT_HWM, max_message_bytes: int | None = None):
+        super().__init__(zmq.DEALER, address, False, name, hwm, "reply", max_message_bytes)
         self._next_id = 0
 
     def request(self, kind: str, body: dict, timeout: float) -> tuple[str, dict] | None:
@@ -207,9 +234,9 @@ class ReplyServer(_Socket):
         name: str,
         bind: bool = True,
         hwm: int = DEFAULT_HWM,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int | None = None,
     ):
-        super().__init__(zmq.ROUTER, address, bind, name, hwm, max_message_bytes)
+        super().__init__(zmq.ROUTER, address, bind, name, hwm, "request", max_message_bytes)
 
     def recv(self, timeout: float) -> tuple[bytes, str, dict] | None:
         """(client identity, kind, body) of the next valid request, or None after ``timeout``."""
