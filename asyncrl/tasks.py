@@ -9,15 +9,19 @@ Two tasks:
 * ``gsm8k``: grade-school word problems read from local jsonl files
   (``{"question", "answer"}``, the final answer after ``####``).
 
+The task's name picks the scoring rule (addition: the exact string; gsm8k: the number). Either
+task can take its prompts from files instead (``task.data``: JSONL, Parquet or a Hugging Face
+dataset saved on disk, with configurable keys, a prompt template and an optional chat template;
+see ``asyncrl.data``).
+
 ``score_answer`` is a pure function so the reward worker can call it on any process.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Literal
@@ -25,8 +29,10 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from asyncrl.configbase import Config
+from asyncrl.data import DataConfig, PromptFormatter, answer_of, read_rows, resolve_path
 
 TASKS = ("addition", "gsm8k")
+GSM8K_TEMPLATE = "Question: {question}\nAnswer:"
 ADDITION_SIZE = 100 * 100  # every (a, b) with 0 <= a, b <= 99
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,6 +63,8 @@ class TaskConfig(Config):
     """Folder with GSM8K train.jsonl and test.jsonl; relative to the working directory, else to the repo root."""
     max_prompt_chars: int | None = None
     """Drop prompts whose text is longer than this many characters (None keeps every prompt)."""
+    data: DataConfig = DataConfig()
+    """Prompts from files (JSONL, Parquet, a saved Hugging Face dataset), their keys and templates."""
 
     @field_validator("test_size")
     @classmethod
@@ -84,14 +92,51 @@ def load_prompts(cfg: TaskConfig, split: Literal["train", "test"]) -> list[Promp
     """The prompts of one split, in a fixed order (shuffling is the caller's job)."""
     if split not in ("train", "test"):
         raise ValueError(f"split ({split!r}) must be 'train' or 'test'")
-    if cfg.name == "addition":
+    data = cfg.data
+    source = data.train if split == "train" else (data.test or data.train)
+    if source is not None:
+        prompts = file_prompts(cfg, source, split)
+        if split == "test":
+            prompts = prompts[: cfg.test_size]
+    elif cfg.name == "addition":
         prompts = addition_prompts(cfg.test_size, cfg.seed, split)
+        if data.prompt_template is not None or data.chat_template is not None:
+            formatter = PromptFormatter(data)
+            prompts = [replace(p, text=formatter(p.text)) for p in prompts]
     else:
-        prompts = gsm8k_prompts(resolve_gsm8k_dir(cfg.gsm8k_dir), split)
+        prompts = gsm8k_prompts(resolve_gsm8k_dir(cfg.gsm8k_dir), split, PromptFormatter(data, GSM8K_TEMPLATE))
         if split == "test":
             prompts = prompts[: cfg.test_size]
     if cfg.max_prompt_chars is not None:
         prompts = [prompt for prompt in prompts if len(prompt.text) <= cfg.max_prompt_chars]
+    return prompts
+
+
+def file_prompts(cfg: TaskConfig, source: str, split: Literal["train", "test"]) -> list[Prompt]:
+    """The rows of a data file (or of one split of a saved dataset) as prompts of ``cfg.name``."""
+    data = cfg.data
+    path = resolve_path(source, REPO_ROOT)
+    if split == "test" and data.test is None and not path.is_dir():
+        raise ValueError(
+            f"task.data.test is None and task.data.train ({source!r}) is a file with no test split: set both"
+        )
+    rows = read_rows(path, data.format, split)
+    formatter = PromptFormatter(data, GSM8K_TEMPLATE if cfg.name == "gsm8k" else "{question}")
+    prompts = []
+    for index, row in enumerate(rows):
+        missing = [k for k in (data.question_key, data.answer_key) if k not in row]
+        if missing:
+            raise KeyError(
+                f"{path} row {index}: no column {missing} (it has {sorted(row)}); set task.data.question_key/answer_key"
+            )
+        prompts.append(
+            Prompt(
+                prompt_uid=f"{path.stem}/{split}/{index}",
+                text=formatter(str(row[data.question_key])),
+                answer=answer_of(row[data.answer_key]),
+                task=cfg.name,
+            )
+        )
     return prompts
 
 
@@ -125,24 +170,25 @@ def resolve_gsm8k_dir(gsm8k_dir: str) -> Path:
     )
 
 
-def gsm8k_prompts(folder: Path, split: Literal["train", "test"]) -> list[Prompt]:
+def gsm8k_prompts(
+    folder: Path, split: Literal["train", "test"], formatter: PromptFormatter | None = None
+) -> list[Prompt]:
     """Every row of ``{folder}/{split}.jsonl`` as a prompt."""
     prompts = []
     path = folder / f"{split}.jsonl"
-    with path.open() as lines:
-        for index, line in enumerate(lines):
-            row = json.loads(line)
-            answer = extract_gsm8k_answer(row["answer"])
-            if answer is None:
-                raise ValueError(f"{path} row {index}: answer {row['answer'][-40:]!r} has no number after '####'")
-            prompts.append(
-                Prompt(
-                    prompt_uid=f"gsm8k/{split}/{index}",
-                    text=f"Question: {row['question']}\nAnswer:",
-                    answer=answer,
-                    task="gsm8k",
-                )
+    for index, row in enumerate(read_rows(path, "jsonl")):
+        answer = extract_gsm8k_answer(row["answer"])
+        if answer is None:
+            raise ValueError(f"{path} row {index}: answer {row['answer'][-40:]!r} has no number after '####'")
+        question = row["question"]
+        prompts.append(
+            Prompt(
+                prompt_uid=f"gsm8k/{split}/{index}",
+                text=formatter(question) if formatter is not None else GSM8K_TEMPLATE.format(question=question),
+                answer=answer,
+                task="gsm8k",
             )
+        )
     return prompts
 
 
@@ -188,3 +234,20 @@ def score_answer(task: str, response: str, answer: str) -> float:
             return float(predicted.strip() == answer.strip())
         return float(want == got)
     raise ValueError(f"task ({task!r}) must be one of {TASKS}")
+
+
+CORRECTNESS_REWARDS = ("exact_match", "math_verify")
+"""Rewards whose value is right (1) or wrong (0): their mean over a batch is its accuracy."""
+
+
+def batch_accuracy(groups) -> float | None:
+    """Share of a batch's samples that a correctness reward (``CORRECTNESS_REWARDS``, by name)
+    scored 1; None when no such reward scored them (a judge or a reward model only)."""
+    right = total = 0
+    for group in groups:
+        for sample in group.samples:
+            parts = [v for k, v in sample.reward_parts.items() if k in CORRECTNESS_REWARDS and v is not None]
+            if parts:
+                total += 1
+                right += max(parts) >= 1.0
+    return right / total if total else None
