@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from asyncrl import security
 from asyncrl.accounting import summarize
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
@@ -137,6 +138,7 @@ class Controller:
         eval_before = None if simulated else evaluate(cfg, model_dir)
         if eval_before is not None:
             log.info("held-out exact match before RL: %.3f", eval_before)
+        security.configure(cfg.security)  # before the first socket: CURVE and size limits
         endpoints = Endpoints.allocate()
         endpoints.save(self.run_dir)
         self.events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)

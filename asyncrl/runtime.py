@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from asyncrl import security
 from asyncrl.config import RunConfig, load_run_config
 from asyncrl.endpoints import Endpoints
 from asyncrl.ledger import LedgerWriter
@@ -38,6 +39,7 @@ class ProcessContext:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.cfg: RunConfig = cfg if cfg is not None else load_run_config(self.run_dir / "config.yaml")
         self.endpoints = endpoints if endpoints is not None else Endpoints.load(self.run_dir)
+        security.configure(self.cfg.security)  # before the first socket: CURVE and size limits
         self.metrics_port = serve_metrics(self.run_dir, name)
         self.events = StreamSender(self.endpoints.events, name=f"{name}.events", hwm=10_000)
         self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
