@@ -30,7 +30,7 @@ from collections.abc import Iterable
 import torch
 import zmq
 
-from asyncrl import wire
+from asyncrl import security, wire
 from asyncrl.metrics import WEIGHT_FAILURES
 from asyncrl.weights.buckets import HASHES, layout, pack_into, specs_from_wire, specs_to_wire, unpack, verify
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
@@ -66,6 +66,7 @@ class ZmqWeightPublisher:
         self.sock = zmq.Context.instance().socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.SNDHWM, 16)
+        security.secure(self.sock, address, bind=True)  # CURVE server when the run asks for it
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.stalled = 0  # buckets some live subscriber had not taken within send_timeout_s
@@ -166,6 +167,9 @@ class ZmqWeightSubscriber:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        # Each ~1 MiB frame is checked on its own (the limit is per frame, not per bucket).
+        self.sock.setsockopt(zmq.MAXMSGSIZE, security.max_message_bytes("subscribe"))
+        security.secure(self.sock, address, bind=False)
         self.sock.connect(address)
         self._spare: list[bytearray] = []  # receive buffers of versions applied: reused, warm
 
