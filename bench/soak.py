@@ -1,0 +1,191 @@
+"""Soak: the pipeline for a given number of minutes, sampling every process's resident memory.
+
+Starts ``asyncrl train RECIPE`` (default: the simulated fleet of ``configs/bench_pipeline.yaml``,
+two generators, with the learner slowed so the box is not saturated) with a step budget it
+never reaches, and every ``--interval`` seconds reads the RSS of the controller and of each of
+its descendants (found from the controller's PID through psutil, never by name). After
+``--minutes`` it interrupts the controller (SIGINT: it stops its children by PID) and fits, per
+process, a least-squares line to RSS over time after ``--warmup`` seconds:
+
+    slope (MiB/hour) +- its standard error,   noise = residual standard deviation (MiB)
+
+and calls a process flat when the upper end of its 95 % interval, over 30 minutes, stays within
+max(2 x noise, 1 MiB). The baseline, measured in the same run, is an idle process started by
+this script that imports the same modules and holds a ZeroMQ socket: its slope is what the
+measurement itself shows for a process that does nothing.
+
+Prints one JSON object and writes it to ``bench/results/soak.json`` (``--out``)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/soak.py --minutes 30 [--interval 5] [overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+LIGHT = [  # fewer processes and a slower learner: memory behaviour without saturating 2 cores
+    "run.num_generators=2",
+    "simulation.learner.step_overhead_s=0.25",
+    "run.stall_timeout_s=600",
+]
+BASELINE = (
+    "import time, zmq, numpy, asyncrl.transport, asyncrl.wire\n"
+    "s = zmq.Context.instance().socket(zmq.PULL); s.bind('tcp://127.0.0.1:*')\n"
+    "while True: time.sleep(1)\n"
+)
+
+
+def name_of(p: psutil.Process, controller: int, baseline: int) -> str:
+    """The component name from ``python -m asyncrl.launch ROLE NAME ...``, else a stable label."""
+    if p.pid == controller:
+        return "controller"
+    if p.pid == baseline:
+        return "baseline-idle"
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return f"pid-{p.pid}"
+    if "asyncrl.launch" in cmd:
+        i = cmd.index("asyncrl.launch")
+        return cmd[i + 2]
+    return f"{Path(cmd[0]).name if cmd else 'proc'}-{p.pid}"
+
+
+def sample(controller: psutil.Process, baseline: psutil.Process) -> dict[str, float]:
+    """name -> RSS in MiB of the controller, its descendants and the baseline."""
+    out = {}
+    try:
+        procs = [controller, *controller.children(recursive=True), baseline]
+    except psutil.NoSuchProcess:
+        procs = [baseline]
+    for p in procs:
+        try:
+            out[name_of(p, controller.pid, baseline.pid)] = p.memory_info().rss / MiB
+        except psutil.Error:
+            pass  # exited between listing and reading
+    return out
+
+
+def fit(ts: list[float], ys: list[float]) -> dict:
+    """Least-squares slope (per hour) with its standard error and the residual noise."""
+    n = len(ts)
+    hours = [t / 3600 for t in ts]
+    mt, my = sum(hours) / n, sum(ys) / n
+    sxx = sum((t - mt) ** 2 for t in hours)
+    slope = sum((t - mt) * (y - my) for t, y in zip(hours, ys)) / sxx
+    resid = [y - (my + slope * (t - mt)) for t, y in zip(hours, ys)]
+    noise = math.sqrt(sum(r * r for r in resid) / max(n - 2, 1))
+    stderr = noise / math.sqrt(sxx)
+    upper_30min = 0.5 * (abs(slope) + 1.96 * stderr)
+    return {
+        "slope_mib_per_h": round(slope, 3),
+        "slope_stderr_mib_per_h": round(stderr, 3),
+        "noise_mib": round(noise, 3),
+        "rss_first_mib": round(ys[0], 1),
+        "rss_last_mib": round(ys[-1], 1),
+        "rss_max_mib": round(max(ys), 1),
+        "samples": n,
+        "flat": upper_30min <= max(2 * noise, 1.0),
+    }
+
+
+def stop(proc: subprocess.Popen, known: set[int], timeout: float = 60) -> None:
+    """SIGINT the controller (it stops its children by PID), then end any straggler we saw, by PID."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pid in known:
+        try:
+            p = psutil.Process(pid)
+            p.terminate()
+            p.wait(10)
+        except psutil.TimeoutExpired:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--interval", type=float, default=5.0, help="seconds between RSS samples")
+    ap.add_argument("--warmup", type=float, default=60.0, help="seconds of start-up left out of the fit")
+    ap.add_argument("--recipe", default=str(ROOT / "configs" / "bench_pipeline.yaml"))
+    ap.add_argument("--full", action="store_true", help="the recipe as is, without the lighter fleet")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak.json"))
+    ap.add_argument("overrides", nargs="*", help="dotted overrides of the recipe")
+    args = ap.parse_args(argv)
+    if args.minutes * 60 <= args.warmup + 3 * args.interval:
+        raise SystemExit(f"--minutes ({args.minutes}) must leave at least 3 samples after --warmup ({args.warmup} s)")
+
+    root = Path(tempfile.mkdtemp(prefix="asyncrl-soak-"))
+    overrides = [*([] if args.full else LIGHT), *args.overrides]
+    overrides += ["learner.total_steps=1000000000", "run.name=soak", f"run.root={root}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", args.recipe, *overrides]
+    log = open(root / "controller.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    idle = subprocess.Popen([sys.executable, "-c", BASELINE], env=env, cwd=ROOT)
+    controller, baseline = psutil.Process(proc.pid), psutil.Process(idle.pid)
+    series: dict[str, list[tuple[float, float]]] = {}
+    known: set[int] = set()
+    start = time.monotonic()
+    try:
+        while (t := time.monotonic() - start) < args.minutes * 60:
+            if proc.poll() is not None:
+                raise SystemExit(f"the run ended early (exit {proc.returncode}); see {root / 'controller.log'}")
+            try:
+                known.update(c.pid for c in controller.children(recursive=True))
+            except psutil.Error:
+                pass
+            for name, rss in sample(controller, baseline).items():
+                series.setdefault(name, []).append((t, rss))
+            time.sleep(max(0.0, args.interval - (time.monotonic() - start - t)))
+    finally:
+        stop(proc, known)
+        idle.terminate()
+        idle.wait()
+    steps = sum(1 for _ in open(root / "soak" / "steps.jsonl")) if (root / "soak" / "steps.jsonl").exists() else None
+    per_process = {}
+    for name, points in sorted(series.items()):
+        kept = [(t, y) for t, y in points if t >= args.warmup]
+        if len(kept) >= 3:
+            per_process[name] = fit([t for t, _ in kept], [y for _, y in kept])
+    base = per_process.get("baseline-idle", {})
+    result = {
+        "minutes": args.minutes,
+        "interval_s": args.interval,
+        "warmup_s": args.warmup,
+        "recipe": os.path.relpath(args.recipe, ROOT),
+        "overrides": overrides[:-2],
+        "learner_steps": steps,
+        "baseline_slope_mib_per_h": base.get("slope_mib_per_h"),
+        "all_flat": all(v["flat"] for v in per_process.values()),
+        "processes": per_process,
+        "run_dir": str(root / "soak"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
