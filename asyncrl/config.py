@@ -9,6 +9,7 @@ reproducible from that file and its seed.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import Field, model_validator
@@ -22,6 +23,7 @@ from asyncrl.generators.mock_engine import MockEngineConfig
 from asyncrl.generators.worker import GeneratorConfig
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
+from asyncrl.loggers import LoggingConfig
 from asyncrl.rewards.worker import RewardConfig
 from asyncrl.security import SecurityConfig
 from asyncrl.sft import SFTConfig
@@ -46,6 +48,8 @@ class RunSection(Config):
     """Seconds every process has to report ready before the run is aborted."""
     stall_timeout_s: float = Field(120, gt=0)
     """Seconds without a learner step after which the controller aborts, naming what each process waits for."""
+    console: Literal["live", "plain", "quiet", "jsonl"] = "live"
+    """Progress on stdout: live (a panel redrawn in place; plain when stdout is not a terminal), plain (a line per step), quiet, jsonl (a JSON object per step)."""
 
 
 class ModelSection(Config):
@@ -103,6 +107,8 @@ class RunConfig(Config):
     """How and when the learner's weights reach the generators (transport, buckets, schedule, probe)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
+    logging: LoggingConfig = LoggingConfig()
+    """Step metrics to TensorBoard (RUN_DIR/tensorboard) and Weights & Biases (when installed), by learner version."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """When checkpoints of the whole run are written and how many are kept."""
     supervision: SupervisionConfig = SupervisionConfig()

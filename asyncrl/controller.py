@@ -28,6 +28,7 @@ from asyncrl.accounting import summarize
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
 from asyncrl.fleet import ProcessFleet
+from asyncrl.progress import RunProgress
 from asyncrl.transport import Publisher, StreamReceiver
 
 log = logging.getLogger("asyncrl")
@@ -127,6 +128,7 @@ class Controller:
         self.last_event: dict[str, dict] = {}
         self.generator_versions: dict[str, int] = {}
         self.step_events: list[dict] = []
+        self.progress = RunProgress(cfg, self.run_dir)  # console and step loggers
         self.learner_done: dict | None = None
         self.go_at = self.done_at = 0.0  # monotonic times of "go" and of the learner's last step
 
@@ -144,6 +146,7 @@ class Controller:
         self.events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)
         self.control = Publisher(endpoints.control, name="controller.control")
         self.fleet = ProcessFleet(self.run_dir, model_dir, child_env(self.run_dir))
+        self.progress.watch(self.fleet, eval_before)
         rl_start = time.monotonic()
         cpu_start = time.process_time()
         try:
@@ -151,6 +154,7 @@ class Controller:
             self._train()
             self._stop_in_order()
         except BaseException:
+            self.progress.close()
             self._dump_state()
             raise
         finally:
@@ -168,6 +172,7 @@ class Controller:
         summary["total_wall_s"] = time.monotonic() - t0
         summary["generator_versions"] = self.generator_versions
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.progress.close(summary)
         return summary
 
     # -- phases ---------------------------------------------------------------------------------
@@ -277,18 +282,9 @@ class Controller:
             self.step_events.append(ev)
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
                 f.write(json.dumps(ev) + "\n")
-            print(
-                f"step {ev['version']:4d}  loss {ev['loss']:+.4f}  reward {ev['reward']:.3f}  "
-                f"staleness mean {ev['staleness_mean']:.2f} max {ev['staleness_max']}  "
-                f"wait {ev['wait_s']:.2f}s  step {ev['step_s']:.2f}s"
-                + (f"  w {ev['is_weight_mean']:.2f}/{ev['is_weight_max']:.1f}" if "is_weight_mean" in ev else "")
-                + (f"  clip {ev['clipfrac']:.3f}" if "clipfrac" in ev else "")
-                + (f"  H {ev['entropy']:.3f}" if "entropy" in ev else "")
-                + (f"  kl_ref {ev['ref_kl']:.4f}" if "ref_kl" in ev else ""),
-                flush=True,
-            )
         if kind == "ready" and ev["role"] == "generator":
             self.generator_versions[ev["source"]] = ev.get("version", 0)
+        self.progress.update(ev)
 
     def _dump_state(self) -> None:
         log.error("run aborted; last event of each process:")

@@ -95,3 +95,14 @@ def test_score_gsm8k():
 def test_score_unknown_task():
     with pytest.raises(ValueError, match="'chess'"):
         score_answer("chess", "1", "1")
+
+
+def test_batch_accuracy_counts_correctness_rewards_only():
+    from types import SimpleNamespace as NS
+
+    from asyncrl.tasks import batch_accuracy
+
+    group = lambda *parts: NS(samples=[NS(reward_parts=p) for p in parts])  # noqa: E731
+    groups = [group({"exact_match": 1.0, "format": 0.5}, {"exact_match": 0.0}), group({"math_verify": 1.0}, {})]
+    assert batch_accuracy(groups) == 2 / 3  # the sample no correctness reward scored is left out
+    assert batch_accuracy([group({"judge": 0.9})]) is None

@@ -39,6 +39,7 @@ from asyncrl.metrics import (
     WEIGHT_BYTES,
     record_learner_step,
 )
+from asyncrl.tasks import batch_accuracy
 from asyncrl.transport import RequestClient
 from asyncrl.weights import BroadcastSchedule, make_publisher
 
@@ -170,6 +171,8 @@ def run_learner(ctx, model_dir: str) -> None:
             version=trainer.version,
             loss=stats["loss"],
             reward=sum(rewards) / len(rewards),
+            accuracy=batch_accuracy(groups),
+            tokens=sum(g.num_tokens for g in groups),
             samples=n,
             wait_s=wait_s,
             step_s=stats["seconds"],

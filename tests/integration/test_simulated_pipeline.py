@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
@@ -16,7 +17,7 @@ from asyncrl.inspect_run import inspect_run
 from asyncrl.pipeline_bench import capacities
 
 
-def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tmp_path):
+def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tmp_path, capsys):
     cfg = load_config(
         "configs/bench_pipeline.yaml",
         [
@@ -69,6 +70,15 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     # One JSON line per learner step, and the curves drawn from them.
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == list(range(1, 9))
+    assert all(s["tokens"] > 0 and "accuracy" in s for s in steps)
+
+    # The console printed one line per step (stdout is no terminal here), TensorBoard has every
+    # step at its learner version.
+    out = capsys.readouterr().out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == [f"{v}/8" for v in range(1, 9)]
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/reward")] == list(range(1, 9))
     assert main(["plot", str(run_dir)]) == 0 and (run_dir / "plots.png").stat().st_size > 10_000
 
     # inspect: every process is down now, and shows the counters it last exported.

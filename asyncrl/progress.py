@@ -1,0 +1,44 @@
+"""The controller's one hook for progress: every event in, the console and the loggers out.
+
+``RunProgress(cfg, run_dir)`` builds the console (``run.console``) and the step loggers
+(``logging``: TensorBoard, W&B); the controller calls ``watch(fleet)`` once its processes exist,
+``update(ev)`` for every event it receives (after it has stamped step events with ``t``), and
+``close(summary)`` at the end (also on failure, with no summary).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.console import RunConsole
+from asyncrl.loggers import StepLoggers
+
+
+class RunProgress:
+    def __init__(self, cfg, run_dir: Path, out=None):
+        self.console = RunConsole(cfg.run.console, cfg.learner.total_steps, cfg.run.name, out=out)
+        self.loggers = StepLoggers(cfg.logging, Path(run_dir), cfg.run.name, cfg.model_dump(mode="json"))
+
+    def watch(self, fleet, eval_before: float | None = None) -> None:
+        """The fleet whose processes the console follows, and the held-out score before RL."""
+        self.console.watch(fleet)
+        self.console.set_eval(before=eval_before)
+
+    def set_state(self, name: str, state: str) -> None:
+        """A process state no event reports (e.g. 'restarting' while the controller restarts it)."""
+        self.console.components.set(name, state)
+
+    def update(self, ev: dict) -> None:
+        self.console.update(ev)
+        if ev.get("type") == "step":
+            row = self.console.steps.last or {}
+            perf = {f"perf/{k}": row[k] for k in ("tokens_per_s", "samples_per_s") if row.get(k) is not None}
+            self.loggers.log_step(ev, perf)
+
+    def close(self, summary: dict | None = None) -> None:
+        try:
+            if summary is not None:
+                self.loggers.log_summary(summary)
+        finally:
+            self.loggers.close()
+            self.console.close(summary)
