@@ -1,6 +1,8 @@
 """``asyncrl`` command line.
 
 asyncrl train CONFIG [dotted.key=value ...]        run a training job on this machine
+asyncrl train --resume RUN_DIR [dotted.key=value ...]
+                                                   continue a run from its newest checkpoint
 asyncrl show-config [CONFIG] [overrides ...]       print the resolved config with every field's doc
 asyncrl build-tiny-model OUT_DIR [--warm-start]    build the character-level tiny Qwen2 (no download),
                                                    optionally SFT-warm-started on two-digit addition
@@ -24,14 +26,34 @@ import sys
 from pydantic import BaseModel
 
 
+def resume_config(run_dir: str, overrides: list[str]):
+    """The config a run was started with (``RUN_DIR/config.yaml``), with ``overrides``, placed so
+    that ``run.root/run.name`` is ``run_dir`` wherever the run directory now lives."""
+    from pathlib import Path
+
+    from asyncrl.config import load_config
+
+    path = Path(run_dir).resolve()
+    for text in overrides:
+        if "=" not in text:
+            raise SystemExit(f"with --resume, {text!r} must be a dotted override (the recipe is {path}/config.yaml)")
+    return load_config(path / "config.yaml", [*overrides, f"run.root={path.parent}", f"run.name={path.name}"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run a training job on this machine")
-    train.add_argument("config", help="YAML recipe, e.g. configs/demo.yaml")
+    train.add_argument("config", nargs="?", help="YAML recipe, e.g. configs/demo.yaml (not with --resume)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.total_steps=20")
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest verified checkpoint, with the config it was "
+        "started with (saved there) and the overrides given, e.g. learner.total_steps=400 to train longer",
+    )
     tiny = sub.add_parser("build-tiny-model", help="build the character-level tiny Qwen2")
     tiny.add_argument("out_dir")
     tiny.add_argument("--warm-start", action="store_true", help="then fine-tune it on the addition task (SFT)")
@@ -74,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.controller import Controller
 
         torch.set_num_threads(1)
-        summary = Controller(load_config(args.config, args.overrides)).run()
+        if args.resume:
+            cfg = resume_config(args.resume, ([args.config] if args.config else []) + args.overrides)
+            summary = Controller(cfg, resume=True).run()
+        else:
+            if not args.config:
+                parser.error("train needs a CONFIG recipe, or --resume RUN_DIR")
+            summary = Controller(load_config(args.config, args.overrides)).run()
         print(json.dumps(summary, indent=2))
         return 0 if summary["reconciles"] else 1
     if args.command == "build-tiny-model":

@@ -25,10 +25,13 @@ import yaml
 
 from asyncrl import security
 from asyncrl.accounting import summarize
+from asyncrl.checkpoint import commit, discard_staging, latest_checkpoint, staging_dir
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
 from asyncrl.fleet import ProcessFleet
+from asyncrl.ledger import LedgerWriter, reconcile_ledger
 from asyncrl.progress import RunProgress
+from asyncrl.supervision import Backoff
 from asyncrl.transport import Publisher, StreamReceiver
 
 log = logging.getLogger("asyncrl")
@@ -77,6 +80,16 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     return run_dir.resolve()
 
 
+def resume_run_dir(cfg: RunConfig) -> Path:
+    """The existing run directory to resume; its resolved config is rewritten with ``cfg``."""
+    run_dir = (Path(cfg.run.root) / cfg.run.name).resolve()
+    if not (run_dir / "config.yaml").exists():
+        raise RunError(f"cannot resume {run_dir}: it has no config.yaml (is it a run directory?)")
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / "summary.json").unlink(missing_ok=True)  # written again when the resumed run ends
+    return run_dir
+
+
 def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
     """The policy RL starts from: a given model, or the tiny model built here, warm-started by SFT."""
     from asyncrl.sft import run_sft
@@ -119,11 +132,16 @@ def write_scrape_config(run_dir: Path) -> Path:
 
 
 class Controller:
-    """Runs one training job on this machine."""
+    """Runs one training job on this machine: starts, checkpoints, supervises and stops it.
 
-    def __init__(self, cfg: RunConfig):
+    ``resume=True`` continues the run in ``run.root/run.name`` from its newest verified
+    checkpoint (or from its start when it has none) instead of starting a new one.
+    """
+
+    def __init__(self, cfg: RunConfig, resume: bool = False):
         self.cfg = cfg
-        self.run_dir = prepare_run_dir(cfg)
+        self.resume = resume
+        self.run_dir = resume_run_dir(cfg) if resume else prepare_run_dir(cfg)
         self.finals: dict[str, dict] = {}
         self.last_event: dict[str, dict] = {}
         self.generator_versions: dict[str, int] = {}
@@ -131,13 +149,29 @@ class Controller:
         self.progress = RunProgress(cfg, self.run_dir)  # console and step loggers
         self.learner_done: dict | None = None
         self.go_at = self.done_at = 0.0  # monotonic times of "go" and of the learner's last step
+        sup = cfg.supervision
+        self.backoff = Backoff(sup.backoff_initial_s, sup.backoff_max_s)
+        self.restart_due: dict[str, float] = {}  # name -> monotonic time of its scheduled restart
+        self.deaths: list[dict] = []
+        self.restores = 0
+        self.training = False  # supervision acts while training; a death while stopping is an error
+        self.checkpoint: dict | None = None  # the checkpoint being written: version, stage, deadline
+        self.checkpoints: list[int] = []
+        self.unacked: dict[str, dict] = {}  # command id -> command, resent until its effect is seen
+        self.ledger = LedgerWriter(self.run_dir, "controller")
 
     def run(self) -> dict:
         cfg = self.cfg
         t0 = time.monotonic()
         simulated = cfg.simulation.learner is not None
-        model_dir = Path("none") if simulated else prepare_model(cfg, self.run_dir)
-        eval_before = None if simulated else evaluate(cfg, model_dir)
+        if self.resume:
+            model_dir = Path((self.run_dir / "model_dir").read_text().strip())
+            eval_before = json.loads((self.run_dir / "eval_before.json").read_text())
+        else:
+            model_dir = Path("none") if simulated and cfg.simulation.generator else prepare_model(cfg, self.run_dir)
+            (self.run_dir / "model_dir").write_text(str(model_dir.resolve()) + "\n")
+            eval_before = None if simulated else evaluate(cfg, model_dir)
+            (self.run_dir / "eval_before.json").write_text(json.dumps(eval_before))
         if eval_before is not None:
             log.info("held-out exact match before RL: %.3f", eval_before)
         security.configure(cfg.security)  # before the first socket: CURVE and size limits
@@ -150,7 +184,7 @@ class Controller:
         rl_start = time.monotonic()
         cpu_start = time.process_time()
         try:
-            self._start_all()
+            self._start_all(self._restore_point() if self.resume else None)
             self._train()
             self._stop_in_order()
         except BaseException:
@@ -161,6 +195,7 @@ class Controller:
             self.fleet.terminate()
             self.events.close()
             self.control.close()
+            self.ledger.close()
         rl_wall = time.monotonic() - rl_start
         controller_cpu_s = time.process_time() - cpu_start
         eval_after = None if simulated else evaluate(cfg, self.run_dir / "final")
@@ -171,23 +206,35 @@ class Controller:
         summary["train_wall_s"] = self.done_at - self.go_at  # steady state: from go to the last step
         summary["total_wall_s"] = time.monotonic() - t0
         summary["generator_versions"] = self.generator_versions
+        summary["checkpoints"] = self.checkpoints
+        summary["deaths"] = self.deaths
+        summary["restores"] = self.restores
+        summary["ledger"] = reconcile_ledger(self.run_dir, cfg.sampling.n)
+        # Per-process counters cannot count what a killed process held; the ledger can, by id.
+        summary["counters_reconcile"] = summary["reconciles"]
+        ledger_ok = summary["ledger"]["lost"] == 0 and summary["ledger"]["trained_twice"] == 0
+        clean = not self.deaths and not self.resume
+        summary["reconciles"] = ledger_ok and (summary["counters_reconcile"] or not clean)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.progress.close(summary)
         return summary
 
     # -- phases ---------------------------------------------------------------------------------
 
-    def _start_all(self) -> None:
+    def _start_all(self, checkpoint: Path | None) -> None:
+        """Start every component (from ``checkpoint`` when given) and say go once all are ready."""
         cfg, fleet = self.cfg, self.fleet
-        fleet.start("buffer", "buffer")
-        fleet.start("reward", "reward-0")
-        fleet.start("dispatcher", "dispatcher")
+        env = {"ASYNCRL_RESUME": str(checkpoint) if checkpoint is not None else ""}
+        fleet.start("buffer", "buffer", env)
+        fleet.start("reward", "reward-0", env)
+        fleet.start("dispatcher", "dispatcher", env)
         if cfg.algorithm.kl.enabled and cfg.algorithm.kl.reference == "process":
-            fleet.start("reference", "reference")
+            fleet.start("reference", "reference", env)
         fleet.start(
             "learner",
             "learner",
             {
+                **env,
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(free_ports(1)[0]),
                 "RANK": "0",
@@ -195,8 +242,8 @@ class Controller:
                 "WORLD_SIZE": "1",
             },
         )
-        for i in range(cfg.run.num_generators):
-            fleet.start("generator", f"generator-{i}")
+        for name in [f"generator-{i}" for i in range(cfg.run.num_generators)]:
+            fleet.start("generator", name, env)
         ready = set()
         deadline = time.monotonic() + cfg.run.startup_timeout_s
         while len(ready) < len(fleet.procs):
@@ -212,11 +259,17 @@ class Controller:
 
     def _train(self) -> None:
         cfg = self.cfg
+        self.training = True
         deadline = time.monotonic() + cfg.run.stall_timeout_s
-        while self.learner_done is None:
+        last_go = time.monotonic()
+        while self.learner_done is None or self.checkpoint is not None:
             ev = self._next_event(deadline, "the learner's next step")
-            if ev and ev["type"] == "step":
+            if ev and ev["type"] in ("step", "ready", "checkpoint_part"):
                 deadline = time.monotonic() + cfg.run.stall_timeout_s
+            if time.monotonic() - last_go > 1.0:  # a restarted process waits for go, too
+                self.control.send("control", {"command": "go"})
+                last_go = time.monotonic()
+        self.training = False
 
     def _stop_in_order(self) -> None:
         self._stop(["dispatcher"])
@@ -244,14 +297,136 @@ class Controller:
                 return
             self._next_event(deadline + 1, "generators to load the final weights", wait=0.2)
 
-    # -- events ---------------------------------------------------------------------------------
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _on_checkpoint_part(self, ev: dict) -> None:
+        """The learner saved its part at a version: ask the buffer, then the dispatcher, for theirs
+        (in that order: see ``asyncrl.checkpoint``), then commit."""
+        version, part = int(ev["version"]), ev["part"]
+        stage = staging_dir(self.run_dir, version)
+        if part == "learner":
+            if self.checkpoint is not None:
+                log.warning("checkpoint %d abandoned: the next one (%d) is due", self.checkpoint["version"], version)
+                self._drop_checkpoint()
+            self.checkpoint = {"version": version, "deadline": time.monotonic() + self.cfg.checkpoint.timeout_s}
+            self._command("buffer", "checkpoint", dir=str(stage), version=version, ack=f"buffer@{version}")
+        elif self.checkpoint is None or self.checkpoint["version"] != version:
+            return  # a late answer about an abandoned checkpoint
+        elif part == "buffer":
+            self.unacked.pop(f"buffer@{version}", None)
+            self._command("dispatcher", "checkpoint", dir=str(stage), version=version, ack=f"dispatcher@{version}")
+        elif part == "dispatcher.json":
+            self.unacked.pop(f"dispatcher@{version}", None)
+            path = commit(
+                self.run_dir,
+                version,
+                ["learner", "buffer", "dispatcher.json"],
+                meta={"run": self.cfg.run.name, "samples_per_group": self.cfg.sampling.n},
+                keep_last=self.cfg.checkpoint.keep_last,
+            )
+            self.checkpoints.append(version)
+            self.checkpoint = None
+            self._command("dispatcher", "checkpoint_committed", version=version)
+            log.info("checkpoint committed: %s", path)
+
+    def _drop_checkpoint(self) -> None:
+        version = self.checkpoint["version"]
+        for key in (f"buffer@{version}", f"dispatcher@{version}"):
+            self.unacked.pop(key, None)
+        shutil.rmtree(staging_dir(self.run_dir, version), ignore_errors=True)
+        self.checkpoint = None
+
+    def _restore_point(self) -> Path | None:
+        """The newest verified checkpoint; writes the ledger's restore mark for it."""
+        discard_staging(self.run_dir)
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            version = dispatched = 0
+            log.warning("no checkpoint in %s: the run starts over", self.run_dir)
+        else:
+            state = json.loads((path / "dispatcher.json").read_text())
+            version, dispatched = int(state["version"]), int(state["dispatched"])
+            log.info("restoring the run from %s (version %d)", path, version)
+        self.ledger.write("restore", version=version, dispatched=dispatched)
+        return path
+
+    # -- supervision ----------------------------------------------------------------------------
+
+    def _command(self, role: str, command: str, ack: str | None = None, **fields) -> None:
+        """Send a command to a role; with ``ack``, resend it until the answer clears that key."""
+        body = {"command": command, "roles": [role], "id": ack or f"{command}@{time.monotonic()}", **fields}
+        self.control.send("control", body)
+        if ack is not None:
+            self.unacked[ack] = {"body": body, "sent": time.monotonic()}
+
+    def _resend(self) -> None:
+        now = time.monotonic()
+        for entry in self.unacked.values():
+            if now - entry["sent"] > 0.5:
+                self.control.send("control", entry["body"])
+                entry["sent"] = now
+        if self.checkpoint is not None and now > self.checkpoint["deadline"]:
+            log.error(
+                "checkpoint %d abandoned: no answer within %.0f s",
+                self.checkpoint["version"],
+                self.cfg.checkpoint.timeout_s,
+            )
+            self._drop_checkpoint()
+
+    def _supervise(self) -> None:
+        """Act on deaths: restart what can be restarted, requeue what it held, or restore the run."""
+        dead = {n: rc for n, rc in self.fleet.dead().items() if n not in self.finals and n not in self.restart_due}
+        for name, rc in dead.items():
+            role = self.fleet.roles[name]
+            sup = self.cfg.supervision
+            self.deaths.append({"name": name, "role": role, "exit_code": rc, "t": time.monotonic() - self.go_at})
+            if not self.training or not sup.restart:
+                raise RunError(f"process {name} died (exit code {rc}); see {self.run_dir / 'logs' / (name + '.log')}")
+            if self.backoff.count(name) >= sup.max_restarts:
+                raise RunError(f"process {name} died (exit code {rc}) after {sup.max_restarts} restarts: giving up")
+            if role in ("learner", "dispatcher"):
+                if not sup.restore_on_crash:
+                    raise RunError(f"{name} died (exit code {rc}) and supervision.restore_on_crash is off")
+                self.backoff.next(name)
+                self._restore_run(f"{name} died (exit code {rc})")
+                return
+            delay = self.backoff.next(name)
+            log.warning("%s died (exit code %d): restarting it in %.1f s", name, rc, delay)
+            self.restart_due[name] = time.monotonic() + delay
+            self.generator_versions.pop(name, None)
+            if role == "generator":
+                self._command(
+                    "dispatcher", "requeue", scope="generator", generator=name, ack=f"requeue@{name}@{time.monotonic()}"
+                )
+            elif role == "reward":
+                self._command("dispatcher", "requeue", scope="in_flight", ack=f"requeue@{name}@{time.monotonic()}")
+            elif role == "buffer":
+                self._command("dispatcher", "requeue", scope="buffered", ack=f"requeue@{name}@{time.monotonic()}")
+        now = time.monotonic()
+        for name, due in list(self.restart_due.items()):
+            if now >= due:
+                del self.restart_due[name]
+                self.fleet.restart(name, {"ASYNCRL_RESUME": ""})  # stateless, or the buffer started empty
+
+    def _restore_run(self, why: str) -> None:
+        """Stop every process and start them all again from the last checkpoint."""
+        log.error("%s: restoring the whole run from its last checkpoint", why)
+        self.fleet.terminate()
+        self.restores += 1
+        self.finals.clear()
+        self.generator_versions.clear()
+        self.learner_done = None
+        self.restart_due.clear()
+        self.unacked.clear()
+        if self.checkpoint is not None:
+            self._drop_checkpoint()
+        self._start_all(self._restore_point())
 
     def _next_event(self, deadline: float, waiting_for: str, wait: float = 0.5) -> dict | None:
         if time.monotonic() > deadline:
             raise RunError(f"timed out waiting for {waiting_for}")
-        dead = {n: rc for n, rc in self.fleet.dead().items() if n not in self.finals}
-        if dead:
-            raise RunError(f"process(es) died: {dead}; see {self.run_dir / 'logs'}")
+        self._supervise()
+        self._resend()
         msg = self.events.recv(timeout=wait)
         if msg is None:
             return None
@@ -262,13 +437,19 @@ class Controller:
 
     def _handle(self, ev: dict) -> None:
         kind = ev["type"]
-        if kind == "final":
+        if kind == "checkpoint_part":
+            self._on_checkpoint_part(ev)
+        elif kind == "requeued":
+            self.unacked.pop(ev.get("id"), None)
+        elif kind == "final":
             self.finals[ev["source"]] = ev
         elif kind == "done" and ev["role"] == "learner":
             self.learner_done = ev
             self.done_at = time.monotonic()
         elif kind == "error":
-            raise RunError(f"{ev['source']} failed: {ev['error']}")
+            if not (self.training and self.cfg.supervision.restart):
+                raise RunError(f"{ev['source']} failed: {ev['error']}")
+            log.error("%s failed: %s", ev["source"], ev["error"])  # its exit is the supervisor's to act on
         elif kind == "version":
             self.generator_versions[ev["source"]] = ev["version"]
             log.info(

@@ -40,10 +40,11 @@ class ProcessFleet:
         self.roles[name] = role
         logf.close()
 
-    def restart(self, name: str) -> None:
-        """Start ``name`` again with the role and environment it had (after it died)."""
+    def restart(self, name: str, extra_env: dict[str, str] | None = None) -> None:
+        """Start ``name`` again with the role and environment it had (after it died), ``extra_env``
+        overriding some of that environment."""
         self.kill(name)
-        self.start(self.roles[name], name, self.extra_env[name])
+        self.start(self.roles[name], name, {**self.extra_env[name], **(extra_env or {})})
 
     def names(self, role: str) -> list[str]:
         return [n for n, r in self.roles.items() if r == role]

@@ -8,7 +8,9 @@ was writing), naming the groups concerned:
 - the dispatcher: ``dispatched`` (group ids, first time or again after a failure);
 - the learner: ``trained`` (group ids and the version their step produced);
 - the buffer, generators and learner: ``dropped`` (group ids and the named reason);
-- the buffer at its end: ``held`` (group ids never handed out);
+- the buffer at its end: ``held`` (group ids never handed out); the learner: ``held`` for a batch
+  that came after its last step;
+- a generator at its end: ``returned`` (prompts that reached it after it stopped sampling);
 - the controller: ``restore`` when the run went back to a checkpoint (``version``, ``dispatched``).
 
 ``reconcile_ledger`` replays the files in time order. A restore rolls back what the checkpoint
@@ -142,6 +144,7 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
     trained: dict[str, list[int]] = {}  # group -> versions of the steps that trained it
     dropped: dict[str, str] = {}
     held: dict[str, set[str]] = {}  # source -> what it held at its end (its last report)
+    returned: set[str] = set()
     restores = 0
     for line in read_ledger(run_dir):
         event, groups = line["event"], line.get("groups", [])
@@ -155,13 +158,15 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
                 dropped.setdefault(g, line["reason"])
         elif event == "held":
             held[line["source"]] = set(groups)
+        elif event == "returned":
+            returned.update(groups)
         elif event == "restore":
             restores += 1
             version, horizon = int(line["version"]), int(line["dispatched"])
             trained = {g: kept for g, vs in trained.items() if (kept := [v for v in vs if v <= version])}
             dispatched = {g for g in dispatched if (group_seq(g) or 0) < horizon or group_seq(g) is None}
             dropped = {g: r for g, r in dropped.items() if (group_seq(g) or 0) < horizon}
-            held = {}
+            held, returned = {}, set()
     held_at_end = set().union(*held.values()) if held else set()
     outcome: Counter[str] = Counter()
     dropped_by: Counter[str] = Counter()
@@ -176,6 +181,8 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
             dropped_by[dropped[g]] += 1
         elif g in held_at_end:
             outcome["held"] += 1
+        elif g in returned:
+            outcome["returned"] += 1
         else:
             lost.append(g)
     n = samples_per_group
@@ -185,6 +192,7 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
         "trained_twice": n * len(twice),
         "dropped": {reason: n * k for reason, k in sorted(dropped_by.items())},
         "held": n * outcome["held"],
+        "returned_unsampled": n * outcome["returned"],
         "lost": n * len(lost),
         "lost_groups": sorted(lost)[:20],
         "trained_twice_groups": sorted(twice)[:20],

@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -231,8 +231,14 @@ def save_learner_part(trainer, counters: Counters, trained_ids: GroupIdSet, out:
     out.mkdir(parents=True, exist_ok=True)
     trainer.save_state(out)
     (out / "trained_ids.bin").write_bytes(trained_ids.to_bytes())
-    state = asdict(counters)
-    state["staleness_hist"] = {str(k): v for k, v in counters.staleness_hist.items()}
+    state = {
+        "trained": counters.trained,
+        "trained_with_reuse": counters.trained_with_reuse,
+        "trained_tokens": counters.trained_tokens,
+        "busy_s": counters.busy_s,
+        "staleness_hist": {str(k): v for k, v in counters.staleness_hist.items()},
+        "dropped": dict(counters.dropped),
+    }
     (out / "learner_state.json").write_text(json.dumps({"version": trainer.version, "counters": state}))
 
 
