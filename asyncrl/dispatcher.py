@@ -152,6 +152,8 @@ class Outstanding:
     again: deque = field(default_factory=deque)
     """Rows to dispatch again, before any new prompt."""
     requeued: int = 0
+    handled: deque = field(default_factory=lambda: deque(maxlen=256))
+    """Ids of requeue commands already acted on."""
 
     def dispatched(self, row: dict, generator: str, now: float) -> None:
         e = self.entries.get(row["group_id"])
@@ -344,6 +346,10 @@ def run_dispatcher(ctx) -> None:
 def _on_command(ctx, command: dict, cursor, admission, outstanding) -> None:
     kind = command.get("command")
     if kind == "requeue":
+        if command.get("id") in outstanding.handled:  # the controller repeats until it hears back
+            ctx.emit("requeued", scope=command["scope"], generator=command.get("generator"), groups=0, id=command["id"])
+            return
+        outstanding.handled.append(command.get("id"))
         n = outstanding.requeue(command["scope"], command.get("generator"))
         log.warning("dispatcher: %s (%s): %d groups to dispatch again", command["scope"], command.get("generator"), n)
         ctx.emit("requeued", scope=command["scope"], generator=command.get("generator"), groups=n, id=command.get("id"))
