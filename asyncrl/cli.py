@@ -13,6 +13,7 @@ asyncrl bench pipeline [--modes ...] [overrides]   throughput of the pipeline un
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
 asyncrl export RUN_DIR [--step N] OUT_DIR          the policy as a Hugging Face model directory
 asyncrl inspect RUN_DIR [--json]                   health, versions and counters of a live run's processes
+asyncrl keys KEYS_DIR [--clients NAME ...]         CURVE key pairs for security.curve (server, clients, authorized/)
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     insp = sub.add_parser("inspect", help="the state of a live run: health, versions and counters of each process")
     insp.add_argument("run_dir")
     insp.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    keys = sub.add_parser("keys", help="write CURVE key pairs for security.curve (secret files mode 0600)")
+    keys.add_argument("keys_dir")
+    keys.add_argument("--clients", nargs="+", default=["client"], help="names of the client key pairs to write")
+    keys.add_argument("--force", action="store_true", help="replace existing keys")
     plot = sub.add_parser("plot", help="draw a run's reward, staleness and throughput curves to PNG")
     plot.add_argument("run_dir")
     plot.add_argument("--out", help="PNG path (default RUN_DIR/plots.png)")
@@ -133,6 +138,16 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.export import export
 
         print(export(args.run_dir, args.out_dir, args.step))
+        return 0
+    if args.command == "keys":
+        from asyncrl.security import write_keys
+
+        try:
+            written = write_keys(args.keys_dir, args.clients, args.force)
+        except FileExistsError as e:
+            raise SystemExit(str(e)) from None
+        for name, public in written.items():
+            print(f"{name}: {public} (+ {public.name}_secret)")  # paths only: keys never go to stdout
         return 0
     if args.command == "inspect":
         from asyncrl.inspect_run import main as inspect_main

@@ -47,6 +47,7 @@ from asyncrl.configbase import Config
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
+ZAP_DOMAIN = "asyncrl"  # the authenticator's keys apply to this domain, which every server names
 
 
 class MessageLimits(Config):
@@ -151,7 +152,7 @@ def secure(sock: zmq.Socket, address: str, bind: bool) -> bool:
         sock.curve_server = True
         # Fail every handshake if no ZAP handler answers, instead of admitting any key.
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-        sock.zap_domain = b"asyncrl"
+        sock.zap_domain = ZAP_DOMAIN.encode()
     else:
         public, secret = _load_pair(keys / f"{_settings.client_key}.key_secret")
         server_public, _ = zmq.auth.load_certificate(_existing(keys / "server.key"))
@@ -185,7 +186,7 @@ def _start_authenticator(authorized: Path) -> None:
             auth = ThreadAuthenticator(zmq.Context.instance())
             auth.start()
             # The allowed keys are read now: a key added later needs a restart.
-            auth.configure_curve(domain="*", location=str(authorized))
+            auth.configure_curve(domain=ZAP_DOMAIN, location=str(authorized))
             _authenticator = auth
 
 
@@ -211,9 +212,11 @@ def write_keys(keys_dir: str | Path, clients: list[str] = ("client",), force: bo
         for name in names:
             public, secret = zmq.auth.create_certificates(keys, name)
             os.chmod(secret, 0o600)
+            os.chmod(public, 0o644)  # public keys are meant to be copied to other hosts
             out[name] = Path(public)
             if name != "server":
                 shutil.copyfile(public, authorized / f"{name}.key")
+                os.chmod(authorized / f"{name}.key", 0o644)
     finally:
         os.umask(old_umask)
     return out

@@ -131,6 +131,9 @@ class Completion:
     """The decoded answer, special tokens (EOS) left out."""
     finish_reason: str
     """``stop`` (ended by EOS) or ``length`` (hit max_tokens or max_model_len)."""
+    version_segments: list[list[int]] | None = None
+    """``[[first_token_index, policy_version], ...]``: which version sampled which tokens, when the
+    engine labels versions (``AsyncVLLMEngine``: more than one when the answer spans an update)."""
 
 
 class VLLMEngine:
@@ -332,9 +335,19 @@ def to_completions(output) -> list[Completion]:
                 logprobs=np.asarray(logprobs, dtype=np.float32),
                 text=sample.text,
                 finish_reason=sample.finish_reason,
+                version_segments=version_segments(sample),
             )
         )
     return completions
+
+
+def version_segments(sample) -> list[list[int]] | None:
+    """``[[first_token_index, version], ...]`` from vLLM's per-sample weight-version spans, or None
+    when the engine labels no versions (the offline engine: its label stays ``"default"``)."""
+    spans = [span for span in getattr(sample, "weight_versions", None) or [] if span.end > span.start]
+    if not spans or not all(str(span.version).isdigit() for span in spans):
+        return None
+    return [[int(span.start), int(span.version)] for span in spans]
 
 
 def read_weight_names(weights_dir: str | Path) -> set[str]:
