@@ -105,6 +105,12 @@ class Sample:
     """Reward name -> the value it gave this sample (before weights); names of rewards that scored it."""
     reward_seconds: dict[str, float] = field(default_factory=dict)
     """Reward name -> seconds the reward took for this sample (or for its whole group call)."""
+    version_segments: list[list[int]] | None = None
+    """``[[first_token_index, policy_version], ...]`` when this answer was not sampled by the group's
+    ``policy_version`` alone (a weight update swapped in while it was being sampled): tokens from
+    each index on, up to the next, were sampled by that version. Starts at index 0, indices and
+    versions strictly increasing, first version >= the group's. None: every token by the group's
+    version. Optional on the wire (older senders omit it)."""
 
     def __post_init__(self):
         if self.response_ids.shape != self.logprobs.shape or self.response_ids.ndim != 1:
@@ -132,7 +138,8 @@ class Group:
     prompt_ids: np.ndarray
     """(P,) int32 prompt token ids, shared by every sample."""
     policy_version: int
-    """Learner optimizer-step count of the weights that sampled every token of this group."""
+    """Learner optimizer-step count of the weights that sampled the group's *oldest* token (every
+    token, unless a sample's ``version_segments`` say otherwise): staleness is measured from it."""
     generator: str
     """Name of the generator process that sampled it."""
     samples: list[Sample]
@@ -204,6 +211,34 @@ def validate_group(g: Group) -> None:
                 raise WireError("nonfinite_reward", f"sample {s.uid}: token_rewards contain NaN or inf")
         if not isinstance(s.reward_parts, dict) or not isinstance(s.reward_seconds, dict):
             raise WireError("bad_fields", f"sample {s.uid}: reward_parts and reward_seconds must be maps")
+        if s.version_segments is not None:
+            validate_segments(s.version_segments, len(s.response_ids), g.policy_version, s.uid)
+
+
+def validate_segments(segments, num_tokens: int, policy_version: int, uid: str) -> None:
+    """``version_segments`` must be ``[[0, v0], [i1, v1], ...]`` with 0 < i1 < ... < num_tokens and
+    policy_version <= v0 < v1 < ...: each version sampled a non-empty run of tokens."""
+    ok = isinstance(segments, (list, tuple)) and len(segments) > 0
+    ok = ok and all(
+        isinstance(seg, (list, tuple)) and len(seg) == 2 and all(isinstance(x, int) and x >= 0 for x in seg)
+        for seg in segments
+    )
+    if not ok:
+        raise WireError(
+            "bad_fields",
+            f"sample {uid}: version_segments ({segments!r:.80}) must be a non-empty list of [index, version] int pairs",
+        )
+    indices, versions = [seg[0] for seg in segments], [seg[1] for seg in segments]
+    if indices[0] != 0 or any(b <= a for a, b in zip(indices, indices[1:])) or indices[-1] >= max(num_tokens, 1):
+        raise WireError(
+            "bad_fields",
+            f"sample {uid}: version_segments indices {indices} must start at 0 and increase strictly below {num_tokens} tokens",
+        )
+    if versions[0] < policy_version or any(b <= a for a, b in zip(versions, versions[1:])):
+        raise WireError(
+            "bad_fields",
+            f"sample {uid}: version_segments versions {versions} must increase strictly from at least the group's policy_version ({policy_version})",
+        )
 
 
 # ---------------------------------------------------------------------------------------------

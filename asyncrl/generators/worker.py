@@ -2,9 +2,12 @@
 
 One loop, one vLLM engine. Each turn it (1) applies the newest announced weights, if any, (2) asks
 the dispatcher for up to ``generator.prompts_per_batch`` prompts, (3) samples n answers for each
-in one engine call and (4) pushes one group per prompt. Weights change only between engine calls,
-so every token of a group was sampled by the version stamped on it (a weight update is atomic
-per request), and after each update the generator reports the version it now serves.
+in one engine call and (4) pushes one group per prompt. With ``weights.apply_mode:
+between_requests`` weights change only between engine calls, so every token of a group was
+sampled by the version stamped on it (a weight update is atomic per request); with
+``in_flight`` a background thread swaps them while requests run (``asyncrl.generators.inflight``)
+and each sample's ``version_segments`` say which version sampled which tokens, the group being
+stamped with its oldest. After each update the generator reports the version it now serves.
 
 A group that fails validation (e.g. a non-finite logprob from the engine) is dropped here with
 reason ``invalid``, counted, and never sent. A group the reward workers do not take is kept and
@@ -55,9 +58,15 @@ class GeneratorConfig(Config):
 def build_groups(
     rows: list[dict], completions, version: int, generator: str, rollout_s: float, sampled_at: float = 0.0
 ) -> list[Group]:
-    """One ``Group`` per dispatched prompt row, from the engine's n completions of it."""
+    """One ``Group`` per dispatched prompt row, from the engine's n completions of it.
+
+    ``version`` stamps completions the engine did not label; labelled ones (``version_segments``,
+    swapped in flight) stamp the group with the version of its oldest token, and a sample keeps
+    its segments unless that one version sampled all of it."""
     groups = []
     for row, comps in zip(rows, completions):
+        segments = [c.version_segments or [[0, version]] for c in comps]
+        oldest = min(seg[0][1] for seg in segments)
         samples = [
             Sample(
                 uid=f"{row['group_id']}/{i}",
@@ -65,8 +74,9 @@ def build_groups(
                 logprobs=c.logprobs.astype(np.float32),
                 text=c.text,
                 finish_reason=c.finish_reason,
+                version_segments=None if seg == [[0, oldest]] else seg,
             )
-            for i, c in enumerate(comps)
+            for i, (c, seg) in enumerate(zip(comps, segments))
         ]
         groups.append(
             Group(
@@ -76,7 +86,7 @@ def build_groups(
                 prompt=row["text"],
                 answer=row["answer"],
                 prompt_ids=comps[0].prompt_ids.astype(np.int32),
-                policy_version=version,
+                policy_version=oldest,
                 generator=generator,
                 samples=samples,
                 rollout_s=rollout_s,
@@ -104,7 +114,11 @@ def apply_newest_weights(engine, weights, ctx, probe_atol: float | None = None) 
     if update is None:
         return
     try:
-        load_s = engine.load_weights(update.path if update.path is not None else update.tensors, update.version)
+        weights_in = update.path if update.path is not None else update.tensors
+        if update.shm is not None and getattr(engine, "maps_shm", False):  # the engine process maps them itself
+            load_s = engine.load_weights(weights_in, update.version, shm=update.shm)
+        else:
+            load_s = engine.load_weights(weights_in, update.version)
         probe = update.meta.get("probe")
         probe_diff = None
         if probe_atol is not None and probe is not None and hasattr(engine, "score"):
@@ -139,11 +153,27 @@ def run_generator(ctx, model_dir: str) -> None:
 
         engine = MockEngine(cfg.simulation.generator, seed=cfg.run.seed + gen_index)
     else:
-        engine = VLLMEngine(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+        engine_cls = VLLMEngine
+        if cfg.weights.apply_mode == "in_flight":
+            from asyncrl.generators.async_engine import AsyncVLLMEngine as engine_cls
+        engine = engine_cls(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
     dispatcher = RequestClient(ctx.endpoints.dispatcher, name=f"{ctx.name}.dispatcher")
     outbox = StreamSender(ctx.endpoints.reward_in, name=f"{ctx.name}.out")
-    weights = make_subscriber(cfg.weights, ctx.endpoints.weights, ctx.endpoints.weights_stream, f"{ctx.name}.weights")
+    weights = make_subscriber(
+        cfg.weights, ctx.endpoints.weights, ctx.endpoints.weights_stream, f"{ctx.name}.weights", rank=gen_index + 1
+    )
     probe_atol = cfg.weights.probe_atol if cfg.weights.probe else None
+    applier = None  # in_flight: a background thread swaps weights while requests run
+    if cfg.weights.apply_mode == "in_flight":
+        from asyncrl.generators.inflight import InFlightApplier
+
+        applier = InFlightApplier(engine, weights, probe_atol, cfg.weights.poll_s, name=ctx.name)
+
+    def take_weights() -> None:
+        if applier is not None:
+            applier.drain(ctx)  # report what was swapped in flight; raise what failed
+        else:
+            apply_newest_weights(engine, weights, ctx, probe_atol)
     generated = tokens = batches = 0
     dropped: Counter[str] = Counter()
     dropped_ids: list[str] = []  # told to the dispatcher with the next request, so it settles them
@@ -152,7 +182,7 @@ def run_generator(ctx, model_dir: str) -> None:
     ctx.emit("ready", version=engine.version)
     loop_start = time.monotonic()
     while not ctx.stop_requested():
-        apply_newest_weights(engine, weights, ctx, probe_atol)
+        take_weights()
         reply = dispatcher.request(
             "want_prompts",
             {
@@ -168,7 +198,8 @@ def run_generator(ctx, model_dir: str) -> None:
         if reply is None or not reply[1].get("prompts"):
             continue
         rows = reply[1]["prompts"]
-        apply_newest_weights(engine, weights, ctx, probe_atol)  # sample with the newest weights: only less stale
+        take_weights()  # sample with the newest weights: only less stale
+        version = engine.version  # of the first tokens; an engine that swaps in flight labels the rest
         start = time.monotonic()
         sampled_at = time.time()
         prompts = [r["text"] for r in rows]
@@ -179,7 +210,7 @@ def run_generator(ctx, model_dir: str) -> None:
         busy_s += rollout_s
         BUSY_SECONDS.inc(rollout_s)
         batches += 1
-        for index, group in enumerate(build_groups(rows, completions, engine.version, ctx.name, rollout_s, sampled_at)):
+        for index, group in enumerate(build_groups(rows, completions, version, ctx.name, rollout_s, sampled_at)):
             if greedy is not None:
                 group.meta["greedy_text"] = greedy[index]
             ROLLOUT_SECONDS.observe(rollout_s)
@@ -198,6 +229,11 @@ def run_generator(ctx, model_dir: str) -> None:
             GENERATED_TOKENS.inc(group.num_tokens)
             SAMPLES.labels("generated").inc(len(group.samples))
     wall = time.monotonic() - loop_start
+    # A reply that came after its request timed out holds prompts the dispatcher counts as handed
+    # out; the ledger says they were returned unsampled, so they are not mistaken for lost.
+    while (late := dispatcher.receive(timeout=0.3)) is not None:
+        if late[0] == "prompts":
+            ctx.ledger.write("returned", [r["group_id"] for r in late[1]["prompts"]])
     ctx.emit(
         "final",
         generated=generated,
@@ -208,6 +244,8 @@ def run_generator(ctx, model_dir: str) -> None:
         wall_s=wall,
         version=engine.version,
     )
+    if applier is not None:
+        applier.close()
     for sock in (dispatcher, outbox, weights):
         sock.close()
     engine.close()

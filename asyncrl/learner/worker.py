@@ -78,7 +78,9 @@ def run_learner(ctx, model_dir: str) -> None:
         trainer = PolicyTrainer(model_dir, trainer_cfg, algo, reference_address=ctx.endpoints.reference)
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     wcfg = cfg.weights
-    publisher = make_publisher(wcfg, ctx.endpoints.weights, ctx.endpoints.weights_stream, ctx.run_dir)
+    publisher = make_publisher(
+        wcfg, ctx.endpoints.weights, ctx.endpoints.weights_stream, ctx.run_dir, num_subscribers=cfg.run.num_generators
+    )
     schedule = BroadcastSchedule(wcfg, cfg.learner.broadcast_every, cfg.buffer.max_staleness, cfg.learner.total_steps)
     counters = Counters()
     reuse = cfg.buffer.max_times_sampled != 1

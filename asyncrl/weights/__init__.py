@@ -1,6 +1,6 @@
 """Weight broadcast from the learner to the generators: buckets, transports, schedule, probe.
 
-One small interface, three transports (``file``, ``shm``, ``zmq``):
+One small interface, four transports (``file``, ``shm``, ``zmq``, ``nccl``):
 
 - publisher (learner rank 0): ``publish(buckets, version, meta) -> {bytes, buckets, seconds}``
   consumes an iterator of buckets (``iter_buckets``: gathered one at a time under ZeRO-3);
@@ -25,8 +25,16 @@ from asyncrl.weights.update import WeightSyncError, WeightUpdate
 MiB = 1 << 20
 
 
-def make_publisher(cfg: WeightSyncConfig, announce_address: str, stream_address: str | None, run_dir: Path):
-    """The learner's publisher for ``cfg.transport``."""
+def make_publisher(
+    cfg: WeightSyncConfig, announce_address: str, stream_address: str | None, run_dir: Path, num_subscribers: int = 1
+):
+    """The learner's publisher for ``cfg.transport`` (``num_subscribers``: the generators, for nccl's group)."""
+    if cfg.transport == "nccl":
+        from asyncrl.weights.nccl import NcclWeightPublisher
+
+        return NcclWeightPublisher(
+            announce_address, num_subscribers=num_subscribers, timeout_s=cfg.timeout_s, hash=cfg.checksum
+        )
     if cfg.transport == "shm":
         from asyncrl.weights.shm import ShmWeightPublisher
 
@@ -44,8 +52,12 @@ def make_publisher(cfg: WeightSyncConfig, announce_address: str, stream_address:
     return FileWeightPublisher(announce_address, Path(run_dir) / "weights")
 
 
-def make_subscriber(cfg: WeightSyncConfig, announce_address: str, stream_address: str | None, name: str):
-    """A generator's subscriber for ``cfg.transport``."""
+def make_subscriber(cfg: WeightSyncConfig, announce_address: str, stream_address: str | None, name: str, rank: int = 1):
+    """A generator's subscriber for ``cfg.transport`` (``rank``: its place in nccl's group, 1..G)."""
+    if cfg.transport == "nccl":
+        from asyncrl.weights.nccl import NcclWeightSubscriber
+
+        return NcclWeightSubscriber(announce_address, rank=rank, name=name, timeout_s=cfg.timeout_s)
     if cfg.transport == "shm":
         from asyncrl.weights.shm import ShmWeightSubscriber
 

@@ -70,12 +70,12 @@ def pack_into(named: list[tuple[str, torch.Tensor]], specs: list[TensorSpec], bu
     for (_name, t), spec in zip(named, specs):
         if spec.offset > end:
             dst[end : spec.offset].zero_()
-        src = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        src = t.detach().to(dst.device).contiguous().reshape(-1).view(torch.uint8)
         dst[spec.offset : spec.offset + spec.nbytes].copy_(src)
         end = spec.offset + spec.nbytes
     if dst.numel() > end:
         dst[end:].zero_()
-    return checksum(dst.numpy(), algo)
+    return checksum(dst.numpy(), algo) if dst.device.type == "cpu" else device_checksum(dst, algo)
 
 
 HASHES = ("sum64", "crc32")
@@ -98,6 +98,17 @@ def checksum(buf, algo: str = "sum64") -> int:
     if head < len(arr):
         total += int.from_bytes(arr[head:].tobytes(), "little")
     return total & 0xFFFFFFFFFFFFFFFF
+
+
+def device_checksum(buf: torch.Tensor, algo: str = "sum64") -> int:
+    """``sum64`` of a uint8 tensor on any device, computed there (one int64 sum: wrapping two's
+    complement addition is the same sum mod 2^64); its length must be a multiple of 8. CRC-32
+    has no device kernel: it is refused rather than copied back to the host."""
+    if algo != "sum64":
+        raise ValueError(f"checksum algo ({algo!r}) on device {buf.device} must be 'sum64' (weights.checksum)")
+    if buf.numel() % 8:
+        raise ValueError(f"a device buffer's length ({buf.numel()}) must be a multiple of 8")
+    return int(buf.view(torch.int64).sum().item()) & 0xFFFFFFFFFFFFFFFF
 
 
 def unpack(buf, specs: list[TensorSpec]) -> list[tuple[str, torch.Tensor]]:
@@ -197,6 +208,7 @@ __all__ = [
     "WeightSyncError",
     "HASHES",
     "checksum",
+    "device_checksum",
     "iter_buckets",
     "layout",
     "pack_into",

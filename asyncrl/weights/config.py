@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.configbase import Config
 
@@ -12,10 +12,16 @@ from asyncrl.configbase import Config
 class WeightSyncConfig(Config):
     """How the learner's weights reach the generators (the run's ``weights`` section)."""
 
-    transport: Literal["file", "shm", "zmq"] = "shm"
+    transport: Literal["file", "shm", "zmq", "nccl"] = "shm"
     """``shm``: buckets written once into /dev/shm, mapped by every generator on this host;
-    ``zmq``: streamed in ~1 MiB frames to subscribers on any host; ``file``: one safetensors
-    file per version in RUN_DIR/weights (the original path, a whole-model copy in the learner)."""
+    ``zmq``: streamed in ~1 MiB frames to subscribers on any host; ``nccl``: broadcast from GPU
+    to GPU in an NCCL group of learner rank 0 and every generator (needs CUDA); ``file``: one
+    safetensors file per version in RUN_DIR/weights (the original path, a whole-model copy in the learner)."""
+    apply_mode: Literal["between_requests", "in_flight"] = "between_requests"
+    """``between_requests``: a generator swaps weights between engine calls, so one version samples
+    every token of a request; ``in_flight``: it samples through vLLM's AsyncLLM and swaps while
+    requests run (pause keeping them, reload, reset the prefix cache, resume), each sample then
+    recording which versions sampled which tokens (``version_segments``)."""
     bucket_mb: float = Field(64.0, gt=0)
     """Size cap of one bucket in MiB: under ZeRO-3 the learner gathers, sends and frees one
     bucket at a time, so its extra memory is about two buckets, not the model."""
@@ -44,3 +50,20 @@ class WeightSyncConfig(Config):
     learner for a bucket to leave for every subscriber; past it the wait is reported by name."""
     keep_s: float = Field(60.0, gt=0)
     """shm: seconds a superseded version stays in shared memory when not every generator acked it."""
+    poll_s: float = Field(0.05, gt=0)
+    """in_flight: seconds between a generator's checks for a newly announced version."""
+
+    @model_validator(mode="after")
+    def check_nccl(self) -> WeightSyncConfig:
+        if self.transport == "nccl":
+            if self.checksum != "sum64":
+                raise ValueError(
+                    f"weights.checksum ({self.checksum}) must be sum64 with weights.transport nccl: it is computed on the GPU"
+                )
+            import torch  # only here: reading any other config stays free of torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    "weights.transport (nccl) needs CUDA, and torch sees no CUDA device here: use shm (same host) or zmq"
+                )
+        return self

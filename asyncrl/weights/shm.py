@@ -253,6 +253,10 @@ class ShmWeightSubscriber:
             total += int(b["nbytes"])
         meta = {k: v for k, v in body.items() if k not in ("dir", "buckets", "ack", "transport", "policy_version")}
         update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
+        update.shm = [
+            {"path": str(folder / b["file"]), "nbytes": int(b["nbytes"]), "tensors": b["tensors"]}
+            for b in body["buckets"]
+        ]
         update._on_done = lambda error: self._report(body.get("ack"), version, error)
         return update
 

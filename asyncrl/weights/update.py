@@ -36,6 +36,9 @@ class WeightUpdate:
     """Seconds from the first byte (or the announcement) to verified tensors."""
     path: str | None = None
     """For the file transport: the directory to load instead of ``tensors``."""
+    shm: list[dict] | None = None
+    """For the shm transport: each bucket's ``{path, nbytes, tensors}``, so that an engine in another
+    process (vLLM's AsyncLLM core) can map the same pages itself instead of receiving a copy."""
     _on_done: Callable[[str | None], None] | None = None
 
     def done(self, error: str | None = None) -> None:

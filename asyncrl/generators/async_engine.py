@@ -1,0 +1,292 @@
+"""vLLM's ``AsyncLLM`` behind the ``VLLMEngine`` interface, with weights swapped while requests run.
+
+Why it is built this way:
+
+- **Swap in flight** (``weights.apply_mode: in_flight``). A long generation need not hold a new
+  version back: ``load_weights`` pauses the scheduler keeping every request
+  (``pause_generation(mode="keep")``), reloads the weights, drops every cached KV block and
+  resumes. Running requests are preempted by that reset and recompute their prompt and the
+  tokens sampled so far with the new weights, so no KV of the old weights is ever reused; the
+  tokens they sample next come from the new version.
+- **Version segments.** The engine core stamps every step's output with its weight version
+  (``update_weight_version``), and vLLM turns that into spans per sample; ``Completion.
+  version_segments`` is ``[[first_token_index, version], ...]`` when a sample spans more than one
+  version. Its oldest version is what staleness is measured from.
+- **A synchronous face.** The generator loop stays synchronous: an event loop in a background
+  thread runs the engine, ``generate``/``score``/``load_weights`` submit coroutines to it and
+  wait. ``load_weights`` may therefore be called from another thread while ``generate`` waits
+  (``asyncrl.generators.inflight``).
+- **The weights travel to the engine process without pickled tensors.** ``AsyncLLM`` runs its
+  engine core in a child process; ``WeightLoaderExtension`` (a vLLM worker extension) maps
+  shared-memory buckets itself (zero copy), or takes each bucket as raw bytes, or a directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from asyncrl.generators.engine import (
+    LOGPROBS_MODE,
+    Completion,
+    EngineConfig,
+    SamplingConfig,
+    check_prompts,
+    derive_seed,
+    read_weight_names,
+    to_completions,
+)
+
+EXTENSION = "asyncrl.generators.async_engine.WeightLoaderExtension"
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker (``worker_extension_cls``): reloads weights sent by the generator.
+
+    Each method ends in ``reload_weights(weights_iterator=...)``, which copies into the model's
+    own tensors, so the buffers may go once it returns."""
+
+    def asyncrl_load_shm(self, buckets: list[dict]) -> int:
+        """``buckets``: ``[{path, nbytes, tensors}]`` of a shared-memory version (already verified)."""
+        from asyncrl.weights.buckets import specs_from_wire, unpack
+
+        named, maps = [], []
+        try:
+            for b in buckets:
+                with open(b["path"], "rb") as f:
+                    mm = mmap.mmap(f.fileno(), int(b["nbytes"]), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                maps.append(mm)
+                named.extend(unpack(_writable_view(mm), specs_from_wire(b["tensors"])))
+            self.reload_weights(weights_iterator=iter(named))
+        finally:
+            del named
+        return len(maps)
+
+    def asyncrl_load_bytes(self, buckets: list[list]) -> int:
+        """``buckets``: ``[[data, tensors]]``, each bucket's packed bytes and its tensor specs."""
+        from asyncrl.weights.buckets import specs_from_wire, unpack
+
+        named = []
+        for data, specs in buckets:
+            named.extend(unpack(bytearray(data), specs_from_wire(specs)))
+        self.reload_weights(weights_iterator=iter(named))
+        return len(buckets)
+
+    def asyncrl_load_dir(self, path: str) -> None:
+        self.reload_weights(weights_path=path)
+
+
+def _writable_view(mm: mmap.mmap):
+    """torch.frombuffer wants a writable buffer; a read-only map is only ever read (copied from)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(mm, dtype=torch.uint8)
+
+
+class AsyncVLLMEngine:
+    """One ``AsyncLLM`` driven from synchronous code; weights can change while it samples.
+
+    Same interface as ``VLLMEngine`` (``generate``, ``greedy``, ``score``, ``load_weights``,
+    ``close``, ``version``, ``tokenizer``)."""
+
+    maps_shm = True
+    """``load_weights`` takes a shared-memory version's bucket paths and maps them in the engine process."""
+
+    def __init__(self, model_dir: str, cfg: EngineConfig, version: int = 0, timeout_s: float = 600.0):
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.cfg = cfg
+        self.version = version
+        """Learner step of the weights currently loaded (the newest, for requests still running)."""
+        self.timeout_s = timeout_s
+        """Seconds any one call into the engine may take before it is reported by name."""
+        self._weight_names = read_weight_names(model_dir)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="asyncrl-vllm-loop", daemon=True)
+        self._thread.start()
+        self._swap_lock = threading.Lock()  # one swap at a time, whichever thread asks
+        args = AsyncEngineArgs(
+            model=str(model_dir),
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            max_num_seqs=cfg.max_num_seqs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            block_size=cfg.block_size,
+            seed=cfg.seed,
+            logprobs_mode=LOGPROBS_MODE,
+            worker_extension_cls=EXTENSION,
+        )
+
+        async def build():
+            return AsyncLLM.from_engine_args(args)
+
+        self._llm = self._call(build(), "the engine to start")
+        self._call(self._llm.update_weight_version(str(version)), "the engine to take its weight version")
+        self.tokenizer = self._llm.get_tokenizer()
+        """The engine's tokenizer (the one that produced ``Completion.prompt_ids``)."""
+
+    def _call(self, coro, what: str, timeout: float | None = None):
+        """Run ``coro`` on the engine's loop and wait for it; a timeout names ``what`` it waited for."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        limit = self.timeout_s if timeout is None else timeout
+        try:
+            return future.result(limit)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"vLLM engine: waited {limit:.0f} s for {what}") from None
+
+    # -----------------------------------------------------------------------------------------
+    # sampling
+
+    async def _one(self, prompt, params) -> object:
+        final = None
+        async for out in self._llm.generate(prompt, params, request_id=uuid.uuid4().hex):
+            final = out
+        return final
+
+    async def _many(self, prompts, params) -> list:
+        return await asyncio.gather(*(self._one(p, sp) for p, sp in zip(prompts, params)))
+
+    def generate(self, prompts: list[str], sampling: SamplingConfig, seed: int | None = None) -> list[list[Completion]]:
+        """Sample ``sampling.n`` answers per prompt (see ``VLLMEngine.generate``); a sample that
+        spans a weight update carries its ``version_segments``."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        requests = self.tokenize_prompts(prompts)
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_tokens=sampling.max_tokens,
+                logprobs=0,
+                seed=None if seed is None else derive_seed(seed, index),
+                output_kind=RequestOutputKind.FINAL_ONLY,  # one message per request, every sample in it
+            )
+            for index in range(len(prompts))
+        ]
+        outputs = self._call(self._many(requests, params), f"{len(prompts)} prompts to be sampled")
+        return [to_completions(output) for output in outputs]
+
+    def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
+        """Argmax-decode each prompt; returns the answer texts in prompt order."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+        requests = self.tokenize_prompts(prompts)
+        outputs = self._call(self._many(requests, [params] * len(requests)), f"{len(prompts)} greedy answers")
+        return [output.outputs[0].text for output in outputs]
+
+    def tokenize_prompts(self, prompts: list[str]) -> list[dict]:
+        """Prompts -> ``TokensPrompt``s; a prompt that leaves no room to sample is a ValueError naming it."""
+        from vllm import TokensPrompt
+
+        check_prompts(prompts)
+        requests = []
+        for index, prompt in enumerate(prompts):
+            token_ids = list(self.tokenizer.encode(prompt))
+            if len(token_ids) >= self.cfg.max_model_len:
+                raise ValueError(
+                    f"prompts[{index}] has {len(token_ids)} tokens; it must have fewer than max_model_len ({self.cfg.max_model_len})"
+                )
+            requests.append(TokensPrompt(prompt_token_ids=token_ids))
+        return requests
+
+    def score(self, prompt: str, continuation_ids: list[int]) -> np.ndarray:
+        """Temperature-1 logprobs of ``continuation_ids`` after ``prompt`` (the probe; see ``VLLMEngine.score``)."""
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if not continuation_ids:
+            raise ValueError("continuation_ids must not be empty")
+        prompt_ids = list(self.tokenizer.encode(prompt))
+        token_ids = prompt_ids + [int(t) for t in continuation_ids]
+        if not prompt_ids or len(token_ids) >= self.cfg.max_model_len:
+            raise ValueError(
+                f"prompt + continuation ({len(token_ids)} tokens) must be non-empty and shorter than max_model_len ({self.cfg.max_model_len})"
+            )
+        params = SamplingParams(
+            n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY
+        )
+        output = self._call(self._one(TokensPrompt(prompt_token_ids=token_ids), params), "the probe to be scored")
+        per_position = output.prompt_logprobs[len(prompt_ids) :]
+        return np.array([lp[t].logprob for t, lp in zip(continuation_ids, per_position)], dtype=np.float32)
+
+    # -----------------------------------------------------------------------------------------
+    # weights
+
+    def load_weights(self, weights, version: int, shm: list[dict] | None = None) -> float:
+        """Swap in ``version`` while requests run; returns seconds (paused time included).
+
+        ``weights``: a directory of safetensors, or ``(name, tensor)`` pairs; with ``shm`` (the
+        buckets' ``{path, nbytes, tensors}``) the engine process maps them itself instead.
+        Safe to call from any thread; swaps are serialised."""
+        start = time.perf_counter()
+        if shm is not None:
+            method, kwargs = "asyncrl_load_shm", {"buckets": shm}
+        elif isinstance(weights, (str, Path)):
+            missing = self._weight_names - read_weight_names(weights)
+            if missing:
+                raise ValueError(f"{weights}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
+            method, kwargs = "asyncrl_load_dir", {"path": str(weights)}
+        else:
+            method, kwargs = "asyncrl_load_bytes", {"buckets": _as_bytes(weights, version, self._weight_names)}
+        with self._swap_lock:
+            self._call(self._swap(method, kwargs, version), f"version {version} to be swapped in ({method})")
+            self.version = version
+        return time.perf_counter() - start
+
+    async def _swap(self, method: str, kwargs: dict, version: int) -> None:
+        await self._llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self._llm.collective_rpc(method, kwargs=kwargs)
+            # Every cached block holds KV of the old weights: running requests are preempted and
+            # recompute theirs with the new ones (a plain reset fails while they hold blocks).
+            if not await self._llm.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError(f"version {version}: reset_prefix_cache failed after the reload")
+            await self._llm.update_weight_version(str(version))
+        finally:
+            await self._llm.resume_generation()
+
+    def close(self) -> None:
+        """Shut the engine and its loop down; the object is unusable afterwards."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        self._llm = None
+        llm.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def _as_bytes(named, version: int, expected: set[str]) -> list[list]:
+    """``(name, tensor)`` pairs -> one packed bucket of bytes (the RPC carries bytes, not tensors)."""
+    from asyncrl.weights.buckets import layout, pack_into, specs_to_wire
+
+    named = list(named)
+    missing = expected - {name for name, _ in named}
+    if missing:
+        raise ValueError(f"version {version}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
+    specs, size = layout(named)
+    buf = bytearray(max(size, 1))
+    pack_into(named, specs, buf)
+    return [[bytes(buf), specs_to_wire(specs)]]

@@ -1,0 +1,72 @@
+"""Swap weights while requests run: a background thread applies each newly announced version.
+
+With ``weights.apply_mode: in_flight`` the generator samples through ``AsyncVLLMEngine`` and
+this applier polls the subscriber every ``poll_s`` seconds from its own thread; a new version
+goes in through ``apply_newest_weights`` (verify, swap, probe) while the main thread waits on
+``generate``. The main thread calls ``drain(ctx)`` once per turn: the events the applier
+recorded are emitted from there (the controller's event socket belongs to the main thread),
+and a failure the applier met is raised there, so it is never swallowed and the generator
+stops sampling with weights it cannot vouch for.
+
+>>> applier = InFlightApplier(engine, subscriber, probe_atol=1e-3)  # doctest: +SKIP
+>>> while running: applier.drain(ctx); engine.generate(...)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class InFlightApplier:
+    """Applies announced weights to ``engine`` from a background thread (see the module docstring)."""
+
+    def __init__(self, engine, weights, probe_atol: float | None, poll_s: float = 0.05, name: str = "generator"):
+        if poll_s <= 0:
+            raise ValueError(f"poll_s ({poll_s}) must be > 0")
+        self.engine = engine
+        self.weights = weights
+        self.probe_atol = probe_atol
+        self.poll_s = poll_s
+        self.name = name
+        self.error: BaseException | None = None
+        self._events: list[tuple[str, dict]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{name}.weights", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from asyncrl.generators.worker import apply_newest_weights
+
+        while not self._stop.is_set():
+            try:
+                apply_newest_weights(self.engine, self.weights, self, self.probe_atol)
+            except BaseException as e:  # handed to the main thread by drain(): never swallowed
+                log.error("%s: applying weights in flight failed: %s: %s", self.name, type(e).__name__, e)
+                self.error = e
+                return
+            self._stop.wait(self.poll_s)
+
+    def emit(self, kind: str, **body) -> None:
+        """What ``apply_newest_weights`` reports, kept for the main thread."""
+        with self._lock:
+            self._events.append((kind, body))
+
+    def drain(self, ctx) -> None:
+        """Emit the recorded events through ``ctx``; raise the applier's failure, if any."""
+        with self._lock:
+            events, self._events = self._events, []
+        for kind, body in events:
+            ctx.emit(kind, **body)
+        if self.error is not None:
+            raise self.error
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop polling; waits up to ``timeout`` s for a swap in progress to finish."""
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s: the weight applier was still swapping after %.0f s", self.name, timeout)

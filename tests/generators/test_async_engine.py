@@ -1,0 +1,181 @@
+"""Swap in flight on a real vLLM AsyncLLM (CPU build): a generation that spans an update records two
+version segments, and the tokens after the swap come from the new weights."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
+
+from asyncrl.generators.async_engine import AsyncVLLMEngine  # noqa: E402
+from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.inflight import InFlightApplier  # noqa: E402
+from asyncrl.generators.worker import build_groups  # noqa: E402
+from asyncrl.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E402
+from asyncrl.weights.buckets import iter_buckets  # noqa: E402
+from asyncrl.weights.probe import learner_probe  # noqa: E402
+from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
+from asyncrl.wire import decode, encode_group  # noqa: E402
+
+PROMPT = "12+34="
+LONG = SamplingConfig(n=8, temperature=1.0, max_tokens=48)
+
+
+class Ctx:
+    def __init__(self):
+        self.events = []
+
+    def emit(self, kind, **body):
+        self.events.append((kind, body))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {
+        name: Path(build_tiny_model(TinyModelConfig(seed=seed), root / name)) for name, seed in (("a", 1), ("b", 2))
+    }
+
+
+@pytest.fixture(scope="module")
+def hf(models):
+    from transformers import AutoModelForCausalLM
+
+    return {name: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32) for name, path in models.items()}
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    e = AsyncVLLMEngine(str(models["a"]), EngineConfig(max_model_len=64), timeout_s=120)
+    yield e
+    e.close()
+
+
+def _tokens_so_far(engine) -> int:
+    """Most output tokens any running request has (vLLM's output processor: a test-only peek)."""
+    states = list(engine._llm.output_processor.request_states.values())
+    return max((s.detokenizer.num_output_tokens() for s in states if s.detokenizer is not None), default=0)
+
+
+def _sample_while(engine, swap, min_tokens: int = 4) -> list:
+    """Sample LONG from PROMPT in a thread; call ``swap()`` once some request has ``min_tokens`` tokens."""
+    out = {}
+
+    def run():
+        out["completions"] = engine.generate([PROMPT], LONG, seed=3)[0]
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _tokens_so_far(engine) < min_tokens and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert thread.is_alive(), "the generation ended before the swap: make it longer"
+    swap()
+    thread.join(120)
+    return out["completions"]
+
+
+def _model_logprobs(model, prompt_ids, response_ids) -> np.ndarray:
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1)
+    return logprobs.gather(1, torch.tensor(response_ids, dtype=torch.long)[:, None])[:, 0].numpy()
+
+
+def test_a_generation_spanning_an_update_records_two_segments_and_samples_the_new_weights(engine, hf):
+    assert engine.version == 0
+    new = list(hf["b"].state_dict().items())
+    completions = _sample_while(engine, lambda: engine.load_weights(new, 1))
+    assert engine.version == 1
+    spanning = [c for c in completions if c.version_segments is not None and len(c.version_segments) == 2]
+    assert spanning, [c.version_segments for c in completions]
+    for c in spanning:
+        (start, v0), (swap_at, v1) = c.version_segments
+        assert (start, v0, v1) == (0, 0, 1) and 0 < swap_at < len(c.response_ids)
+        old_lp = _model_logprobs(hf["a"], c.prompt_ids, c.response_ids)
+        new_lp = _model_logprobs(hf["b"], c.prompt_ids, c.response_ids)
+        # Before the swap the behaviour logprobs are the old model's, after it the new one's
+        # (its KV recomputed by the new weights), and the two models really differ there.
+        np.testing.assert_allclose(c.logprobs[:swap_at], old_lp[:swap_at], atol=1e-3)
+        np.testing.assert_allclose(c.logprobs[swap_at:], new_lp[swap_at:], atol=1e-3)
+        assert np.abs(old_lp[swap_at:] - new_lp[swap_at:]).max() > 0.05
+    # The group is stamped with its oldest version; the segments survive the wire.
+    (group,) = build_groups(
+        [{"group_id": "g", "prompt_uid": "p", "task": "addition", "text": PROMPT, "answer": "46"}],
+        [completions],
+        version=0,
+        generator="gen-0",
+        rollout_s=0.0,
+    )
+    assert group.policy_version == 0
+    _, body = decode(encode_group(group))
+    got = {s.uid: s.version_segments for s in body["group"].samples}
+    assert got == {s.uid: s.version_segments for s in group.samples}
+    assert any(seg is not None and len(seg) == 2 for seg in got.values())
+
+
+def test_shm_update_applied_in_flight_by_the_applier_passes_the_probe(engine, hf, models):
+    from transformers import AutoTokenizer
+
+    model = hf["a"]  # back to the first weights: the probe tells them apart from the engine's
+    probe = learner_probe(model, AutoTokenizer.from_pretrained(models["a"]))
+    pub = ShmWeightPublisher("tcp://127.0.0.1:0")
+    sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
+    time.sleep(0.3)
+    version = engine.version + 1
+    applier = InFlightApplier(engine, sub, probe_atol=1e-3, poll_s=0.01, name="gen-0")
+    ctx = Ctx()
+    try:
+        completions = _sample_while(
+            engine, lambda: pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
+        )
+        deadline = time.monotonic() + 30
+        while engine.version != version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        applier.drain(ctx)
+    finally:
+        applier.close()
+    ((kind, ev),) = ctx.events
+    assert kind == "version" and ev["version"] == version and ev["probe_diff"] <= 1e-3
+    segments = [c.version_segments for c in completions]
+    assert all(seg[0] == [0, version - 1] for seg in segments), segments
+    assert all(seg[-1][1] in (version - 1, version) for seg in segments), segments
+    assert _until_acked(pub, "gen-0.weights", version)
+    pub.close()
+    sub.close()
+
+
+def _until_acked(pub, name, version, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while pub.acked.get(name, -1) < version and time.monotonic() < deadline:
+        pub.announce()
+        time.sleep(0.02)
+    return pub.acked.get(name, -1) >= version
+
+
+def test_a_failed_swap_in_flight_is_raised_by_drain(engine):
+    class Broken:
+        def newest(self, served_version, timeout=0.0):
+            raise TimeoutError("gen-0.weights: waited 1.0 s for bucket 0 of version 9")
+
+    applier = InFlightApplier(engine, Broken(), probe_atol=None, poll_s=0.01, name="gen-0")
+    deadline = time.monotonic() + 10
+    while applier.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(TimeoutError, match="bucket 0 of version 9"):
+        applier.drain(Ctx())
+    applier.close()
