@@ -113,6 +113,8 @@ class Sample:
     version. Optional on the wire (older senders omit it)."""
 
     def __post_init__(self):
+        if not isinstance(self.response_ids, np.ndarray) or not isinstance(self.logprobs, np.ndarray):
+            raise WireError("bad_fields", f"sample {self.uid!r:.80}: response_ids and logprobs must be arrays")
         if self.response_ids.shape != self.logprobs.shape or self.response_ids.ndim != 1:
             raise WireError(
                 "bad_shape",
@@ -184,8 +186,17 @@ def group_from_dict(d: dict) -> Group:
     return g
 
 
+_GROUP_STRINGS = ("group_id", "prompt_uid", "task", "prompt", "answer", "generator")
+_SAMPLE_STRINGS = ("uid", "text", "finish_reason")
+
+
 def validate_group(g: Group) -> None:
     """Reject what would poison training: wrong types, empty groups, non-finite numbers."""
+    for name in _GROUP_STRINGS:
+        if not isinstance(getattr(g, name), str):
+            raise WireError("bad_fields", f"group: {name} ({getattr(g, name)!r:.80}) must be a string")
+    if not isinstance(g.meta, dict) or not isinstance(g.samples, list):
+        raise WireError("bad_fields", f"group {g.group_id}: meta must be a map and samples a list")
     if not isinstance(g.policy_version, int) or g.policy_version < 0:
         raise WireError("bad_fields", f"group {g.group_id}: policy_version ({g.policy_version!r}) must be an int >= 0")
     if not g.samples:
@@ -193,6 +204,11 @@ def validate_group(g: Group) -> None:
     if not isinstance(g.prompt_ids, np.ndarray) or g.prompt_ids.ndim != 1:
         raise WireError("bad_fields", f"group {g.group_id}: prompt_ids must be a 1-D array")
     for s in g.samples:
+        for name in _SAMPLE_STRINGS:
+            if not isinstance(getattr(s, name), str):
+                raise WireError(
+                    "bad_fields", f"group {g.group_id}: sample {name} ({getattr(s, name)!r:.80}) must be a string"
+                )
         if not isinstance(s.response_ids, np.ndarray) or s.response_ids.dtype.kind not in "iu":
             raise WireError("bad_fields", f"sample {s.uid}: response_ids must be an integer array")
         if not isinstance(s.logprobs, np.ndarray) or s.logprobs.dtype.kind != "f":

@@ -1,7 +1,12 @@
+import time
+
 import msgpack
 import pytest
+import zmq
 
-from asyncrl import wire
+from asyncrl import security, wire
+from asyncrl.metrics import REGISTRY
+from asyncrl.security import SecurityConfig
 from asyncrl.transport import (
     Publisher,
     ReplyServer,
@@ -34,13 +39,38 @@ def test_send_times_out_when_no_receiver_takes_frames():
     tx.close()
 
 
-def test_oversized_frames_are_refused_by_the_socket():
+def test_oversized_frames_are_refused_by_the_socket_and_counted():
     rx = StreamReceiver("tcp://127.0.0.1:*", name="test.small", max_message_bytes=1024)
     tx = StreamSender(rx.address, name="test.big")
     tx.send("event", {"blob": b"x" * 4096})
-    assert rx.recv(timeout=0.5) is None  # ZeroMQ dropped the peer instead of buffering 4 KiB
+    assert rx.recv(timeout=0.5) is None  # ZeroMQ cut the peer instead of buffering 4 KiB
+    # The cut is seen on the socket's monitor once the sender has reconnected by itself.
+    deadline = time.monotonic() + 10
+    while rx.rejected == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rx.rejected == 1
+    assert (
+        REGISTRY.get_sample_value("asyncrl_rejected_frames_total", {"socket": "test.small", "reason": "oversized"}) == 1
+    )
+    tx.send("event", {"fits": True})  # the receiver, and the reconnected sender, keep going
+    assert rx.recv(timeout=5) == ("event", {"fits": True}) and rx.rejected == 1
     tx.close()
     rx.close()
+
+
+def test_the_limit_comes_from_the_security_settings_per_kind_of_socket():
+    security.configure(SecurityConfig(max_message_bytes={"stream": 2048, "reply": 4096}))
+    try:
+        rx = StreamReceiver("tcp://127.0.0.1:*", name="test.limit.rx")
+        client = RequestClient("tcp://127.0.0.1:1", name="test.limit.client")
+        assert rx.sock.getsockopt(zmq.MAXMSGSIZE) == rx.max_message_bytes == 2048
+        assert client.sock.getsockopt(zmq.MAXMSGSIZE) == 4096
+        big = wire.encode("event", {"blob": b"x" * 3000})
+        assert rx._decode(big) is None and rx.rejected == 1  # the decode-time check agrees with ZeroMQ's
+        rx.close()
+        client.close()
+    finally:
+        security.reset()
 
 
 def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
@@ -64,8 +94,6 @@ def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
 
 
 def test_publisher_reaches_subscribers_that_joined():
-    import time
-
     pub = Publisher("tcp://127.0.0.1:*", name="test.pub")
     sub = Subscriber(pub.address, name="test.sub")
     got = None

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import msgpack
@@ -97,3 +98,85 @@ def test_truncated_frames_are_rejected(n, cut):
         wire.decode(frame[: max(0, len(frame) - cut)])
     except wire.WireError:
         pass
+
+
+# --- fuzzing: oversized, wrongly typed, wrong-schema frames and non-finite numbers -------------
+
+MSGPACK_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+GROUP_FIELDS = [f.name for f in dataclasses.fields(wire.Group)]
+SAMPLE_FIELDS = [f.name for f in dataclasses.fields(wire.Sample)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=2048), st.integers(16, 2048))
+def test_frames_over_the_limit_are_refused_whatever_they_hold(frame, limit):
+    frame = frame if len(frame) % 2 else wire.encode("event", {"pad": frame})  # garbage and valid alike
+    try:
+        wire.decode(frame, max_bytes=limit)
+    except wire.WireError as e:
+        assert (e.reason == "oversized") == (len(frame) > limit)
+    else:
+        assert len(frame) <= limit
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(GROUP_FIELDS), st.sampled_from(SAMPLE_FIELDS), st.booleans(), MSGPACK_VALUES)
+def test_wrongly_typed_fields_are_rejected_or_decode_to_well_typed_records(group_field, sample_field, in_sample, value):
+    d = wire.group_to_dict(make_group(rewards=[1.0, 0.0, 1.0, 0.0]))
+    if in_sample:
+        d["samples"][1][sample_field] = value
+    else:
+        d[group_field] = value
+    try:
+        _kind, body = wire.decode(wire.encode("group", {"group": d}))
+    except wire.WireError:
+        return
+    g = body["group"]  # accepted: then every field has the type the schema says
+    assert all(
+        isinstance(getattr(g, f), str) for f in ("group_id", "prompt_uid", "task", "prompt", "answer", "generator")
+    )
+    assert isinstance(g.policy_version, int) and isinstance(g.meta, dict) and isinstance(g.samples, list)
+    for s in g.samples:
+        assert isinstance(s.uid, str) and isinstance(s.text, str) and isinstance(s.finish_reason, str)
+        assert s.reward is None or math.isfinite(s.reward)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(-5, 5), st.text(max_size=12) | st.integers(-(2**63), 2**63 - 1) | st.none())
+def test_wrong_schema_or_kind_is_rejected(schema, kind):
+    frame = msgpack.packb({"schema": schema, "kind": kind, "group": {}})
+    try:
+        wire.decode(frame)
+    except wire.WireError as e:
+        assert e.reason in ("bad_schema", "bad_kind", "bad_fields")
+        assert schema == wire.SCHEMA_VERSION or e.reason == "bad_schema"
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["logprobs", "reward", "token_rewards"]),
+    st.sampled_from([math.nan, math.inf, -math.inf]),
+    st.integers(0, 3),
+    st.integers(0, 2),
+)
+def test_nan_and_inf_anywhere_in_a_sample_are_rejected(where, bad, index, token):
+    g = make_group(rewards=[1.0, 0.0, 1.0, 0.0])
+    s = g.samples[index]
+    if where == "reward":
+        s.reward = bad
+    else:
+        values = np.zeros(3, dtype=np.float32)
+        values[token] = bad
+        setattr(s, where, values)
+    with pytest.raises(wire.WireError) as err:
+        wire.decode(wire.encode_group(g))
+    assert err.value.reason == ("nonfinite_logprobs" if where == "logprobs" else "nonfinite_reward")
