@@ -73,7 +73,9 @@ class _Watched:
                         zmq.Event(event).name,
                     )
             else:
-                self.on_reject("bad_handshake", f"a peer failed the ZeroMQ handshake ({zmq.Event(event).name})")
+                self.on_reject(
+                    "bad_handshake", f"bad_handshake: a peer failed the ZeroMQ handshake ({zmq.Event(event).name})"
+                )
         elif event == zmq.Event.DISCONNECTED:
             if self.failed_pending:  # the end of a refused handshake, already counted
                 self.failed_pending -= 1
@@ -84,7 +86,7 @@ class _Watched:
                 self.cuts.popleft()  # a peer that left
             if self.cuts:
                 self.cuts.popleft()
-                self.on_reject("oversized", "ZeroMQ cut a connection over a frame larger than MAXMSGSIZE")
+                self.on_reject("oversized", "oversized: ZeroMQ cut a connection over a frame larger than MAXMSGSIZE")
 
 
 class _Watcher:
