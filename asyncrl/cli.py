@@ -9,11 +9,18 @@ asyncrl build-tiny-model OUT_DIR [--warm-start]    build the character-level tin
 asyncrl reward-worker --connect RUN_DIR|ADDRESS [--name NAME] [reward.key=value ...]
                                                    join a running stream as one more reward worker;
                                                    SIGTERM/Ctrl-C leaves it without losing a sample
+asyncrl generator --connect RUN_DIR|ADDRESS [--name NAME] [--model DIR] [generator.key=value ...]
+                                                   join a running run as one more generator;
+                                                   SIGTERM/Ctrl-C finishes its batch, then leaves
 asyncrl bench pipeline [--modes ...] [overrides]   throughput of the pipeline under simulated engines
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
 asyncrl export RUN_DIR [--step N] OUT_DIR          the policy as a Hugging Face model directory
 asyncrl inspect RUN_DIR [--json]                   health, versions and counters of a live run's processes
 asyncrl keys KEYS_DIR [--clients NAME ...]         CURVE key pairs for security.curve (server, clients, authorized/)
+
+Every command explains its options with --help. Configs are YAML recipes (configs/*.yaml) plus
+dotted overrides (learner.total_steps=20); `asyncrl show-config` lists every key with its doc, and
+a bad key or value is reported as KEY=VALUE: RULE. Progress: run.console=live|plain|quiet|jsonl.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import logging
 import os
 import sys
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+OVERRIDES_HELP = "dotted overrides KEY=VALUE, e.g. learner.total_steps=20 (every key: `asyncrl show-config`)"
 
 
 def resume_config(run_dir: str, overrides: list[str]):
@@ -41,14 +50,15 @@ def resume_config(run_dir: str, overrides: list[str]):
     return load_config(path / "config.yaml", [*overrides, f"run.root={path.parent}", f"run.name={path.name}"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``asyncrl`` parser; every argument of every command carries its help."""
     parser = argparse.ArgumentParser(
         prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run a training job on this machine")
     train.add_argument("config", nargs="?", help="YAML recipe, e.g. configs/demo.yaml (not with --resume)")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.total_steps=20")
+    train.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     train.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -56,29 +66,29 @@ def main(argv: list[str] | None = None) -> int:
         "started with (saved there) and the overrides given, e.g. learner.total_steps=400 to train longer",
     )
     tiny = sub.add_parser("build-tiny-model", help="build the character-level tiny Qwen2")
-    tiny.add_argument("out_dir")
+    tiny.add_argument("out_dir", help="folder to write the model (and tokenizer) into")
     tiny.add_argument("--warm-start", action="store_true", help="then fine-tune it on the addition task (SFT)")
     tiny.add_argument("--config", help="YAML recipe whose model.tiny, task and sft sections to use")
     bench = sub.add_parser("bench", help="benchmarks; `asyncrl bench pipeline --help` for the options")
-    bench.add_argument("which", choices=["pipeline"])
+    bench.add_argument("which", choices=["pipeline"], help="which benchmark: pipeline (simulated engines)")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
     exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
-    exp.add_argument("run_dir")
-    exp.add_argument("out_dir")
+    exp.add_argument("run_dir", help="the run directory (runs/NAME)")
+    exp.add_argument("out_dir", help="folder to write the Hugging Face model directory into")
     exp.add_argument("--step", type=int, help="the weights published at this policy version (default: the final model)")
     insp = sub.add_parser("inspect", help="the state of a live run: health, versions and counters of each process")
-    insp.add_argument("run_dir")
+    insp.add_argument("run_dir", help="the run directory (runs/NAME) of a live or finished run")
     insp.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     keys = sub.add_parser("keys", help="write CURVE key pairs for security.curve (secret files mode 0600)")
-    keys.add_argument("keys_dir")
+    keys.add_argument("keys_dir", help="folder to write the key pairs into")
     keys.add_argument("--clients", nargs="+", default=["client"], help="names of the client key pairs to write")
     keys.add_argument("--force", action="store_true", help="replace existing keys")
     plot = sub.add_parser("plot", help="draw a run's reward, staleness and throughput curves to PNG")
-    plot.add_argument("run_dir")
+    plot.add_argument("run_dir", help="the run directory (runs/NAME), with its steps.jsonl")
     plot.add_argument("--out", help="PNG path (default RUN_DIR/plots.png)")
     show = sub.add_parser("show-config", help="print the resolved config and its documentation")
-    show.add_argument("config", nargs="?")
-    show.add_argument("overrides", nargs="*")
+    show.add_argument("config", nargs="?", help="YAML recipe (default: every default value)")
+    show.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     hot = sub.add_parser("reward-worker", help="join a running stream as one more reward worker")
     hot.add_argument(
         "--connect",
@@ -90,7 +100,34 @@ def main(argv: list[str] | None = None) -> int:
     hot.add_argument(
         "overrides", nargs="*", help="dotted overrides of the run's reward section, e.g. reward.concurrency=8"
     )
+    gen = sub.add_parser("generator", help="join a running run as one more generator")
+    gen.add_argument(
+        "--connect",
+        required=True,
+        help="the run directory (its endpoints.json and config.yaml), or the address of the run's "
+        "reward_share socket (tcp://HOST:PORT), whose owner then tells the config and endpoints",
+    )
+    gen.add_argument("--name", help="process name in metrics and the ledger (default: generator-hot-PID)")
+    gen.add_argument(
+        "--model",
+        help="model directory to start from (default: the run's starting model, else model.path); "
+        "the generator then loads the newest published weights",
+    )
+    gen.add_argument("overrides", nargs="*", help="dotted overrides of its generator, engine and sampling sections")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return run_command(parser, args)
+    except ValidationError as e:  # a bad config: say which key, which value, which rule
+        print(explain_validation_error(e), file=sys.stderr)
+        return 2
+
+
+def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -98,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from asyncrl.config import load_config
+        from asyncrl.console import print_summary
         from asyncrl.controller import Controller
 
         torch.set_num_threads(1)
@@ -108,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.config:
                 parser.error("train needs a CONFIG recipe, or --resume RUN_DIR")
             summary = Controller(load_config(args.config, args.overrides)).run()
-        print(json.dumps(summary, indent=2))
+        print_summary(summary)
         return 0 if summary["reconciles"] else 1
     if args.command == "build-tiny-model":
         from pathlib import Path
@@ -129,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "reward-worker":
         return run_hot_reward_worker(args.connect, args.name or f"reward-hot-{os.getpid()}", args.overrides)
+    if args.command == "generator":
+        from asyncrl.join import run_joined_generator
+
+        name = args.name or f"generator-hot-{os.getpid()}"
+        return run_joined_generator(args.connect, name, args.model, args.overrides)
     if args.command == "bench":
         from asyncrl.pipeline_bench import main as bench_pipeline
 
@@ -189,6 +232,25 @@ def run_hot_reward_worker(run_dir: str, name: str, overrides: list[str]) -> int:
     finally:
         ctx.close()
     return 0
+
+
+def explain_validation_error(error: ValidationError) -> str:
+    """One line per problem: ``config error: KEY=VALUE: RULE`` (the dotted key, the value given,
+    the rule it breaks, in pydantic's words or the validator's)."""
+    lines = []
+    for item in error.errors():
+        rule = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            rule = "unknown key (a typo? `asyncrl show-config` lists every key)"
+        if not item["loc"]:  # a rule across sections: its message names the keys
+            lines.append(f"config error: {rule}")
+            continue
+        key = ".".join(str(part) for part in item["loc"])
+        shown = "(missing)" if item["type"] == "missing" else json.dumps(item.get("input"), default=str)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        lines.append(f"config error: {key}={shown}: {rule}")
+    return "\n".join(lines)
 
 
 def fetch_run(address: str, timeout: float = 30.0):

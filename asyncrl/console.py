@@ -29,6 +29,7 @@ WINDOW = 10
 MODES = ("live", "plain", "quiet", "jsonl")
 
 _output = None  # where progress goes when not given; None: sys.stdout at the time
+_last_mode = "plain"  # the mode of the last console made: print_summary follows it
 
 
 def set_output(stream) -> None:
@@ -143,7 +144,13 @@ class RunConsole:
     def __init__(self, mode: str, total_steps: int, run_name: str = "run", out=None):
         if mode not in MODES:
             raise ValueError(f"run.console ({mode!r}) must be one of {MODES}")
+        global _last_mode
+        _last_mode = mode
         self.out = out if out is not None else (_output or sys.stdout)
+        self._stdout = None
+        if mode == "jsonl" and self.out is sys.stdout:
+            # Stray prints (SFT progress, libraries) go to stderr: stdout holds JSON lines only.
+            self._stdout, sys.stdout = sys.stdout, sys.stderr
         if mode == "live" and not (hasattr(self.out, "isatty") and self.out.isatty()):
             mode = "plain"  # nothing to redraw in a file or a pipe
         self.mode = mode
@@ -182,6 +189,8 @@ class RunConsole:
     def close(self, summary: dict | None = None) -> None:
         if summary is not None:
             self.set_eval(summary.get("eval_before"), summary.get("eval_after"))
+        if self._stdout is not None:
+            sys.stdout, self._stdout = self._stdout, None
         if self.live is not None:
             self.live.refresh()
             self.live.stop()
@@ -259,3 +268,16 @@ def _fmt(value, fmt: str) -> str:
         return format(value, fmt)
     except (TypeError, ValueError):
         return str(value)
+
+
+def print_summary(summary: dict, out=None) -> None:
+    """The run's summary at the end of ``asyncrl train``, in the console's mode: indented JSON
+    (live, plain), one ``{"type": "summary", ...}`` line (jsonl), nothing (quiet; it is in
+    RUN_DIR/summary.json either way)."""
+    out = out if out is not None else (_output or sys.stdout)
+    if _last_mode == "quiet":
+        return
+    if _last_mode == "jsonl":
+        print(json.dumps({"type": "summary", **summary}), file=out, flush=True)
+    else:
+        print(json.dumps(summary, indent=2), file=out, flush=True)

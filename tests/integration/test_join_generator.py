@@ -1,0 +1,60 @@
+"""``asyncrl generator --connect RUN_DIR`` joins a running (simulated) run, samples for it, and
+leaves with the run's stop; the run's accounting includes it and Prometheus scrapes it."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import yaml
+
+from asyncrl.config import load_config
+from asyncrl.controller import Controller
+
+
+def test_a_generator_joins_a_running_run_and_is_accounted_for(tmp_path):
+    cfg = load_config(
+        "configs/bench_pipeline.yaml",
+        [
+            f"run.root={tmp_path}",
+            "run.name=join",
+            "run.num_generators=1",
+            "run.console=quiet",
+            "learner.total_steps=40",
+            "learner.batch_groups=4",
+            "sampling.max_tokens=128",
+            "simulation.generator.decode_step_s=0.01",  # slow enough that the run outlasts the join
+        ],
+    )
+    result = {}
+    run = threading.Thread(target=lambda: result.update(Controller(cfg).run()))
+    run.start()
+    run_dir = tmp_path / "join"
+    hot = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "steps.jsonl").exists():  # training is under way
+            assert run.is_alive() and time.monotonic() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        log = open(tmp_path / "generator-hot.log", "w")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "asyncrl.cli", "generator", "--connect", str(run_dir), "--name", "generator-hot"]
+        hot = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        run.join(300)
+        assert not run.is_alive(), "the run did not finish"
+        assert hot.wait(60) == 0, (tmp_path / "generator-hot.log").read_text()[-3000:]
+    finally:
+        if hot is not None and hot.poll() is None:
+            hot.kill()
+    summary = result
+    assert summary["learner_steps"] == 40 and summary["reconciles"], summary
+    prom = (run_dir / "metrics" / "generator-hot.prom").read_text()
+    generated = [line for line in prom.splitlines() if line.startswith('asyncrl_samples_total{outcome="generated"}')]
+    assert generated and float(generated[0].split()[-1]) > 0, "the joined generator sampled nothing"
+    assert 'asyncrl_policy_version{component="generator-hot"}' in prom
+    scrape = yaml.safe_load((run_dir / "prometheus.yml").read_text())
+    assert "generator-hot" in {t["labels"]["component"] for t in scrape["scrape_configs"][0]["static_configs"]}
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 40
