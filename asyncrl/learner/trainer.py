@@ -501,6 +501,8 @@ class PolicyTrainer:
     def load_state(self, in_dir: str | Path) -> None:
         """Restore what ``save_state`` wrote (the same config, the same number of ranks)."""
         src = Path(in_dir)
+        if not (src / "policy").is_dir():
+            raise FileNotFoundError(f"{src} holds no policy checkpoint (no {src / 'policy'} directory)")
         _, state = self.engine.load_checkpoint(str(src), tag="policy")
         if state is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint 'policy' in {src}")
