@@ -4,12 +4,15 @@ For every process that wrote ``RUN_DIR/metrics/NAME.port`` it asks ``/health`` a
 (a second at most each) and prints one row: up or down, the policy version it holds or serves,
 its sample counters by outcome and drops by reason, the buffer's size, and requests/rejects;
 ``--json`` prints the same as one JSON object, for scripts. A process that has exited shows as
-down with the values it last exported (``NAME.prom``), when it wrote them.
+down with the values it last exported (``NAME.prom``), when it wrote them. A first row, ``run``,
+gives the last learner step (``steps.jsonl``: version, reward, accuracy, staleness, seconds since
+it) and whether the run has finished (``summary.json``).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -50,12 +53,37 @@ def summarize_exposition(text: str) -> dict:
     return out
 
 
+def learner_exposition(run_dir: Path) -> str | None:
+    """The learner's metrics: live from its endpoint, else its last snapshot, else None."""
+    port_file = run_dir / "metrics" / "learner.port"
+    text = scrape(int(port_file.read_text()), "/metrics") if port_file.exists() else None
+    snapshot = run_dir / "metrics" / "learner.prom"
+    if text is None and snapshot.exists():
+        text = snapshot.read_text()
+    return text
+
+
+def run_row(run_dir: Path) -> dict:
+    """The run as a whole: finished or not, and its last learner step."""
+    row: dict = {"finished": (run_dir / "summary.json").exists()}
+    steps = run_dir / "steps.jsonl"
+    lines = steps.read_text().splitlines() if steps.exists() else []
+    if lines:
+        last = json.loads(lines[-1])
+        row["step"] = last["version"]
+        for key in ("reward", "accuracy", "staleness_mean"):
+            if last.get(key) is not None:
+                row[key] = last[key]
+        row["since_last_step_s"] = time.time() - steps.stat().st_mtime
+    return row
+
+
 def inspect_run(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     ports = sorted((run_dir / "metrics").glob("*.port"))
     if not ports:
         raise FileNotFoundError(f"{run_dir}/metrics has no *.port file: is it a run directory?")
-    state = {}
+    state = {"run": run_row(run_dir)}
     for port_file in ports:
         name = port_file.stem
         port = int(port_file.read_text())
@@ -76,12 +104,22 @@ def inspect_run(run_dir: str | Path) -> dict:
             row.pop("last_step_at", None), row.pop("mismatch_kl", None)
         if not row.get("busy_s"):
             row.pop("busy_s", None)
+        if row.get("last_step_at"):  # a Unix time: shown as its age
+            row["since_last_step_s"] = time.time() - row["last_step_at"]
+        row.pop("last_step_at", None)
         state[name] = {"up": up, "port": port, **row}
     return state
 
 
 def print_state(state: dict) -> None:
+    run = state.get("run", {})
+    print(
+        f"{'run':14s} {'done' if run.get('finished') else 'live'}  "
+        + "  ".join(f"{k}={_fmt(v)}" for k, v in run.items() if k != "finished")
+    )
     for name, row in state.items():
+        if name == "run":
+            continue
         extras = {k: v for k, v in row.items() if k not in ("up", "port")}
         fields = "  ".join(f"{k}={_fmt(v)}" for k, v in extras.items())
         print(f"{name:14s} {'up  ' if row['up'] else 'DOWN'} :{row['port']:<6d} {fields}")

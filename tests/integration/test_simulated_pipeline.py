@@ -15,6 +15,7 @@ from asyncrl.config import load_config
 from asyncrl.controller import Controller
 from asyncrl.inspect_run import inspect_run
 from asyncrl.pipeline_bench import capacities
+from asyncrl.plot import staleness_histogram
 
 
 def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tmp_path, capsys):
@@ -80,10 +81,14 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     events.Reload()
     assert [e.step for e in events.Scalars("train/reward")] == list(range(1, 9))
     assert main(["plot", str(run_dir)]) == 0 and (run_dir / "plots.png").stat().st_size > 10_000
+    assert sum(staleness_histogram(run_dir, {}).values()) == summary["trained"]  # from the learner's metrics
 
     # inspect: every process is down now, and shows the counters it last exported.
     state = inspect_run(run_dir)
-    assert not any(row["up"] for row in state.values())
+    assert not any(row["up"] for name, row in state.items() if name != "run")
+    assert state["run"]["finished"] and state["run"]["step"] == 8
+    assert main(["inspect", str(run_dir)]) == 0
+    assert "\nrun            done  step=8  reward=" in capsys.readouterr().out
     assert state["learner"]["samples"]["trained"] == summary["trained"] and state["learner"]["version"] == 8
     assert sum(state[f"generator-{i}"]["samples"]["generated"] for i in range(4)) == summary["generated"]
 
