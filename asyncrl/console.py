@@ -17,6 +17,7 @@ event, when such a reward ran). Tokens/s is response tokens trained per second o
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import sys
@@ -162,6 +163,8 @@ class RunConsole:
         self._handlers: list[tuple[logging.StreamHandler, object]] = []
         if mode == "live":
             self._start_live()
+        if self.live is not None or self._stdout is not None:
+            atexit.register(self.close)  # a run that fails before its end still gives the terminal back
 
     def watch(self, fleet) -> None:
         """Derive restarts and exits from the fleet's processes as well as from events."""
@@ -197,6 +200,7 @@ class RunConsole:
             self.live = None
             for handler, stream in self._handlers:
                 handler.setStream(stream)
+            self._handlers = []
 
     # -- live view --------------------------------------------------------------------------------
 
@@ -216,7 +220,9 @@ class RunConsole:
         # handlers at the (now redirected) stderr, and back at close.
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.__stderr__, sys.__stdout__):
-                self._handlers.append((handler, handler.setStream(sys.stderr)))
+                previous = handler.setStream(sys.stderr)  # None when stderr was not redirected
+                if previous is not None:
+                    self._handlers.append((handler, previous))
 
     def render(self):
         """The live panel: a header with the progress bar, the last step's numbers, the processes."""
