@@ -29,6 +29,7 @@ from asyncrl.checkpoint import commit, discard_staging, latest_checkpoint, stagi
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
 from asyncrl.fleet import ProcessFleet
+from asyncrl.generators.group import generator_process_names
 from asyncrl.ledger import LedgerWriter, reconcile_ledger
 from asyncrl.progress import RunProgress
 from asyncrl.supervision import Backoff
@@ -242,7 +243,7 @@ class Controller:
                 "WORLD_SIZE": "1",
             },
         )
-        for name in [f"generator-{i}" for i in range(cfg.run.num_generators)]:
+        for name in generator_process_names(cfg):  # several simulated engines may share one
             fleet.start("generator", name, env)
         ready = set()
         deadline = time.monotonic() + cfg.run.startup_timeout_s

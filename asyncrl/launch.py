@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
 
             run_dispatcher(ctx)
         elif args.role == "generator":
-            from asyncrl.generators.worker import run_generator
+            from asyncrl.generators.group import run_generator_process
 
-            run_generator(ctx, args.model_dir)
+            run_generator_process(ctx, args.model_dir)
         elif args.role == "reward":
             from asyncrl.rewards.worker import run_reward_worker
 

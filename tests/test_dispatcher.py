@@ -26,6 +26,15 @@ def test_admission_counts_from_the_version_the_generator_serves():
     assert a.capacity(version=9) == 8  # no generator serves a version the learner has not made
 
 
+def test_a_generator_behind_a_used_up_budget_is_told_to_reload():
+    a = Admission(batch_groups=4, max_staleness=0)  # synchronous: one batch per version
+    a.dispatched = 4
+    assert not a.behind(0)  # the learner has not moved: waiting is right
+    a.update(version=1, dropped_groups=0)
+    assert a.behind(0) and a.capacity(0) == 0 and a.capacity(1) == 4
+    assert not a.behind(1)
+
+
 def test_no_staleness_bound_means_no_admission_limit():
     assert Admission(batch_groups=4, max_staleness=None).capacity() > 10**6
 

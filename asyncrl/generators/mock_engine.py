@@ -52,6 +52,9 @@ class MockEngineConfig(Config):
     """Simulated time to apply a weight update."""
     vocab_size: int = Field(32000, ge=2)
     """Range of the fake token ids."""
+    engines_per_process: int = Field(1, ge=1)
+    """Simulated engines (generator loops, one thread each) per generator process, so that
+    hundreds of generators fit on a few cores (``asyncrl.generators.group``)."""
 
     @model_validator(mode="after")
     def check_lengths(self) -> MockEngineConfig:

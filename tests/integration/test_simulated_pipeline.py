@@ -14,7 +14,7 @@ from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller import Controller
 from asyncrl.inspect_run import inspect_run
-from asyncrl.pipeline_bench import capacities
+from asyncrl.pipeline_bench import capacities, run_measured
 from asyncrl.plot import staleness_histogram
 
 
@@ -108,3 +108,26 @@ def test_capacities_come_from_the_timing_models():
     cap = capacities(cfg, draws=3)
     assert cap["mean_response_tokens"] == 10
     assert cap["ideal_samples_per_s"] == min(cap["generation_samples_per_s"], cap["training_samples_per_s"])
+
+
+def test_several_simulated_engines_share_a_process_and_the_steady_state_is_measured(tmp_path):
+    cfg = load_config(
+        "configs/bench_scale.yaml",
+        [
+            f"run.root={tmp_path}",
+            "run.num_generators=4",
+            "simulation.generator.engines_per_process=2",
+            "learner.batch_groups=8",
+            "learner.total_steps=8",
+            "sampling.max_tokens=128",
+        ],
+    )
+    m = run_measured(cfg)
+    # Two processes, each one generator to the controller, both serving the final version.
+    assert m["generator_versions"] == {"generators-0": 8, "generators-1": 8}
+    assert m["counters_reconcile"] and m["samples_per_s"] > 0 and m["wall_s"] > 0
+    assert 0 < m["generator_busy_fraction"] < 1.5 and 0 < m["learner_busy_fraction"] < 1
+    assert set(m["cpu_us_per_sample"]) == {"controller", "dispatcher", "reward", "buffer", "learner", "generator"}
+    assert m["cpu_us_per_sample"]["reward"] > 0 and m["messages_per_s"] > 0
+    logs = sorted(p.name for p in (tmp_path / "scale" / "logs").iterdir())
+    assert [n for n in logs if n.startswith("generator")] == ["generators-0.log", "generators-1.log"]
