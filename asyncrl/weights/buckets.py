@@ -62,20 +62,37 @@ def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorSpec], int
     return specs, offset
 
 
-def pack_into(named: list[tuple[str, torch.Tensor]], specs: list[TensorSpec], buf, algo: str = "sum64") -> int:
+def pack_into(
+    named: list[tuple[str, torch.Tensor]], specs: list[TensorSpec], buf, algo: str | None = "sum64"
+) -> int | None:
     """Copy each tensor's bytes into ``buf`` (a writable buffer of the bucket's size) at its
-    spec's offset; return the ``algo`` checksum of the whole buffer (padding included: it is zeroed)."""
+    spec's offset (one copy, device to host included); return the ``algo`` checksum of the whole
+    buffer (padding included: it is zeroed), or None without ``algo``."""
     dst = torch.frombuffer(buf, dtype=torch.uint8) if not isinstance(buf, torch.Tensor) else buf
-    end = 0
     for (_name, t), spec in zip(named, specs):
+        pack_tensor(dst, t, spec)
+    zero_padding(dst, specs)
+    if algo is None:
+        return None
+    return checksum(dst.numpy(), algo) if dst.device.type == "cpu" else device_checksum(dst, algo)
+
+
+def pack_tensor(dst: torch.Tensor, t: torch.Tensor, spec: TensorSpec) -> None:
+    """Copy one tensor's bytes to its place in a bucket buffer (device to host in the same copy)."""
+    src = t.detach()
+    src = src if src.is_contiguous() else src.contiguous()
+    dst[spec.offset : spec.offset + spec.nbytes].copy_(src.reshape(-1).view(torch.uint8))
+
+
+def zero_padding(dst: torch.Tensor, specs: list[TensorSpec]) -> None:
+    """Zero the bytes of a bucket buffer between and after its tensors (they count in its checksum)."""
+    end = 0
+    for spec in specs:
         if spec.offset > end:
             dst[end : spec.offset].zero_()
-        src = t.detach().to(dst.device).contiguous().reshape(-1).view(torch.uint8)
-        dst[spec.offset : spec.offset + spec.nbytes].copy_(src)
         end = spec.offset + spec.nbytes
     if dst.numel() > end:
         dst[end:].zero_()
-    return checksum(dst.numpy(), algo) if dst.device.type == "cpu" else device_checksum(dst, algo)
 
 
 HASHES = ("sum64", "crc32")
@@ -130,6 +147,13 @@ def verify(buf, crc: int, what: str, algo: str = "sum64") -> None:
         )
 
 
+class Bucket(list):
+    """A bucket: ``[(name, tensor)]``; ``transient`` when its tensors are freed at the next
+    ``next()`` (a ZeRO-3 gather), so a transport must copy them rather than keep references."""
+
+    transient: bool = False
+
+
 def _full_numel(p: torch.Tensor) -> int:
     return int(getattr(p, "ds_numel", p.numel()))
 
@@ -175,9 +199,11 @@ def iter_buckets(module: torch.nn.Module, bucket_bytes: int) -> Iterator[list[tu
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
-                yield [(name, t.detach()) for name, t in plan]
+                bucket = Bucket((name, t.detach()) for name, t in plan)
+                bucket.transient = True
+                yield bucket
         else:
-            yield [(name, t.detach()) for name, t in plan]
+            yield Bucket((name, t.detach()) for name, t in plan)
 
 
 def state_dict_buckets(state: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -204,6 +230,7 @@ def specs_from_wire(items: list) -> list[TensorSpec]:
 
 __all__ = [
     "ALIGN",
+    "Bucket",
     "TensorSpec",
     "WeightSyncError",
     "HASHES",
@@ -212,10 +239,12 @@ __all__ = [
     "iter_buckets",
     "layout",
     "pack_into",
+    "pack_tensor",
     "plan_buckets",
     "specs_from_wire",
     "specs_to_wire",
     "state_dict_buckets",
     "unpack",
     "verify",
+    "zero_padding",
 ]

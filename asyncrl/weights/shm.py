@@ -37,13 +37,24 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 import zmq
 
 from asyncrl.transport import Publisher, StreamReceiver, StreamSender, Subscriber
-from asyncrl.weights.buckets import HASHES, layout, pack_into, specs_from_wire, specs_to_wire, unpack, verify
+from asyncrl.weights.buckets import (
+    HASHES,
+    checksum,
+    layout,
+    pack_tensor,
+    specs_from_wire,
+    specs_to_wire,
+    unpack,
+    verify,
+    zero_padding,
+)
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -95,6 +106,9 @@ class ShmWeightPublisher:
         self.errors: list[dict] = []  # error reports from subscribers, newest last
         self._last_sent = 0.0
         self._free: list[Path] = []  # directories of versions every subscriber is done with
+        self._recycled: Path | None = None
+        self._maps: dict[Path, dict[str, mmap.mmap]] = {}  # version directory -> its files' mappings
+        self._summer = ThreadPoolExecutor(1, thread_name_prefix=f"{name}.checksum")
 
     def publish(
         self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int, meta: dict | None = None
@@ -105,34 +119,54 @@ class ShmWeightPublisher:
         final = self.dir / f"v{version:06d}"
         tmp = self.dir / f".v{version:06d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        if self._free:  # reuse the files of a version nobody needs: their pages are allocated
-            os.replace(self._free.pop(), tmp)
+        new_maps: dict[str, mmap.mmap] = {}
+        if self._free:  # reuse the files of a version nobody needs: pages allocated, mappings kept
+            self._recycled = self._free.pop()
+            os.replace(self._recycled, tmp)
         else:
             tmp.mkdir()
-        entries, total = [], 0
+        maps = self._maps.pop(self._recycled, {}) if self._recycled is not None else {}
+        self._recycled = None
+        entries, sums, total = [], [], 0
         for index, named in enumerate(buckets):
             specs, size = layout(named)
             size = max(size, 1)
             fname = f"b{index:05d}"
-            path = tmp / fname
-            reuse = path.exists() and path.stat().st_size == size
-            with open(path, "r+b" if reuse else "w+b") as f:
-                if not reuse:
-                    f.truncate(size)
-                with mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | (_POPULATE if reuse else 0)) as mm:
-                    dst = torch.frombuffer(mm, dtype=torch.uint8)
-                    crc = pack_into(named, specs, dst, self.hash)
-                    del dst
-            entries.append(
-                {"file": fname, "nbytes": size, "crc": crc, "hash": self.hash, "tensors": specs_to_wire(specs)}
-            )
+            mm = maps.pop(fname, None)
+            if mm is None or len(mm) != size:
+                if mm is not None:
+                    mm.close()
+                mm = self._map(tmp / fname, size)
+            new_maps[fname] = mm
+            dst = torch.frombuffer(mm, dtype=torch.uint8)
+            view = memoryview(mm)
+            parts = []
+            # Each tensor is summed on a second thread while the next one is copied (both
+            # release the GIL); sum64 adds up per tensor (each starts 8-aligned, padding is 0).
+            for (_, t), spec in zip(named, specs):
+                pack_tensor(dst, t, spec)
+                if self.hash == "sum64":
+                    part = view[spec.offset : spec.offset + spec.nbytes]
+                    parts.append(self._summer.submit(checksum, part, self.hash))
+            zero_padding(dst, specs)
+            if self.hash != "sum64":
+                parts.append(self._summer.submit(checksum, view, self.hash))
+            sums.append(parts)
+            del dst, view
+            entries.append({"file": fname, "nbytes": size, "hash": self.hash, "tensors": specs_to_wire(specs)})
             total += size
-        for extra in tmp.glob("b*"):  # files of a recycled version beyond this one's buckets
-            if extra.name not in {e["file"] for e in entries}:
+        for entry, parts in zip(entries, sums):
+            entry["crc"] = sum(p.result() for p in parts) & 0xFFFFFFFFFFFFFFFF
+        for mm in maps.values():  # files of a recycled version beyond this one's buckets
+            mm.close()
+        for extra in tmp.glob("b*"):
+            if extra.name not in new_maps:
                 extra.unlink()
         if final.exists():
+            self._close_maps(final)
             shutil.rmtree(final)
         os.replace(tmp, final)
+        self._maps[final] = new_maps
         now = time.monotonic()
         for v, superseded in self.versions.items():
             if superseded is None:
@@ -149,6 +183,18 @@ class ShmWeightPublisher:
         self.announce(force=True)
         self.poll()
         return {"bytes": total, "buckets": len(entries), "seconds": time.perf_counter() - start}
+
+    @staticmethod
+    def _map(path: Path, size: int) -> mmap.mmap:
+        """A shared, writable mapping of ``path`` sized ``size`` (a new tmpfs file, or a recycled one resized)."""
+        with open(path, "r+b" if path.exists() else "w+b") as f:
+            if os.fstat(f.fileno()).st_size != size:
+                f.truncate(size)
+            return mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED)
+
+    def _close_maps(self, folder: Path) -> None:
+        for mm in self._maps.pop(folder, {}).values():
+            mm.close()
 
     def announce(self, force: bool = False) -> None:
         """Repeat the newest announcement (at most once a second unless forced); collect acks."""
@@ -193,14 +239,20 @@ class ShmWeightPublisher:
                     )
                 folder = self.dir / f"v{v:06d}"
                 if everyone and not self._free:
-                    # Every subscriber has copied it out: its files can take the next version.
+                    # Every subscriber has copied it out: its files (and our mappings of them,
+                    # written again without a page fault) can take the next version.
                     os.replace(folder, self.dir / f".free-{v:06d}")
                     self._free.append(self.dir / f".free-{v:06d}")
+                    self._maps[self._free[-1]] = self._maps.pop(folder, {})
                 else:  # unlinked: a subscriber still mapping it keeps its pages until it unmaps
+                    self._close_maps(folder)
                     shutil.rmtree(folder, ignore_errors=True)
                 del self.versions[v]
 
     def close(self) -> None:
+        self._summer.shutdown(wait=True)
+        for folder in list(self._maps):
+            self._close_maps(folder)
         self.pub.close()
         self.acks.close()
         self._cleanup()

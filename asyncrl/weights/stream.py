@@ -1,19 +1,31 @@
 """Weight broadcast as a ZeroMQ stream of ~1 MiB frames, to any number of subscribers on any host.
 
 One PUB socket carries, per version: a ``weights_begin`` message, then one multipart message
-per bucket — a header frame ``{policy_version, index, crc, nbytes, tensors}`` followed by the
-bucket's bytes cut into ``frame_bytes`` slices sent with ``copy=False`` (no copy on the learner;
-libzmq fans the same buffer out to every subscriber) — then ``weights_end {num_buckets,
-bytes}``. Each subscriber checks the order, every bucket's checksum, and the count at the end.
+per bucket — a header frame ``{policy_version, index, crc, hash, nbytes, tensors}`` followed by
+each tensor's bytes cut into ``frame_bytes`` slices (a frame never spans two tensors) sent with
+``copy=False`` — then ``weights_end {num_buckets, bytes}``. Each subscriber checks the order,
+every bucket's checksum, and the count at the end.
 
-Memory: the publisher tracks each bucket's frames (``track=True``) and, before packing bucket
-i, waits until bucket i-1 has left for every subscriber, so at most two packed buckets exist
-(plus, under ZeRO-3, the gathered one); packing buffers whose frames have left are reused, as
-are a subscriber's receive buffers once the update holding them is ``done()`` (warm memory:
-no page faults on the next version), which is why its tensors are valid only until then. A subscriber that dies mid-broadcast drops its
-connection, and with it its queue: the others are not held up. A live subscriber that stops
-reading holds the wait up to ``send_timeout_s``; the publisher then logs it, counts a failure
-and moves on (the bucket stays queued for that subscriber, at most ``SNDHWM`` buckets).
+Copies: none on the learner when a bucket's tensors are on the CPU, contiguous and stay put
+until the next bucket is asked for (a plain model, a state dict): the frames are views of the
+tensors and libzmq fans the same memory out to every subscriber. A bucket on the GPU, or
+gathered under ZeRO-3 (``Bucket.transient``: freed at the next ``next()``), is packed once into
+a host buffer. A subscriber receives each frame straight into its place in the bucket's buffer
+(``recv_into``) and adds it to the checksum while it is still in cache, so the data is touched
+once on arrival. The checksum is over the tensors' bytes in order (padding excluded):
+``sum64`` is the sum of their 8-byte words (each tensor starts 8-aligned, so frames sum
+independently), ``crc32`` is chained across them.
+
+Memory: before sending bucket i the publisher waits until bucket i-1 has left for every
+subscriber (frames tracked with ``track=True``), so at most two buckets are referenced by
+frames and at most two packing buffers exist (``buffer_bytes``/``peak_buffer_bytes`` count
+them: tracemalloc does not see torch memory). Packing buffers whose frames have left are reused,
+as are a subscriber's receive buffers once the update holding them is ``done()`` (warm memory:
+no page faults on the next version), which is why its tensors are valid only until then. A
+subscriber that dies mid-broadcast drops its connection, and with it its queue: the others are
+not held up. A live subscriber that stops reading holds the wait up to ``send_timeout_s``; the
+publisher then logs it, counts a failure and moves on (the bucket stays queued for that
+subscriber, at most ``SNDHWM`` buckets).
 
 | socket | blocks | dropped |
 | --- | --- | --- |
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Iterable
 
 import torch
@@ -32,7 +45,7 @@ import zmq
 
 from asyncrl import security, wire
 from asyncrl.metrics import WEIGHT_FAILURES
-from asyncrl.weights.buckets import HASHES, layout, pack_into, specs_from_wire, specs_to_wire, unpack, verify
+from asyncrl.weights.buckets import HASHES, checksum, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -53,15 +66,15 @@ class ZmqWeightPublisher:
         send_timeout_s: float = 60.0,
         hash: str = "sum64",
     ):
-        if frame_bytes < 1:
-            raise ValueError(f"frame_bytes ({frame_bytes}) must be >= 1")
+        if frame_bytes < 64:
+            raise ValueError(f"frame_bytes ({frame_bytes}) must be >= 64")
         if send_timeout_s <= 0:
             raise ValueError(f"send_timeout_s ({send_timeout_s}) must be > 0")
         if hash not in HASHES:
             raise ValueError(f"hash ({hash!r}) must be one of {HASHES}")
         self.name = name
         self.hash = hash
-        self.frame_bytes = frame_bytes
+        self.frame_bytes = frame_bytes // 64 * 64  # whole 8-byte words: frames of a tensor sum independently
         self.send_timeout_s = send_timeout_s
         self.sock = zmq.Context.instance().socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 1000)
@@ -71,23 +84,31 @@ class ZmqWeightPublisher:
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.stalled = 0  # buckets some live subscriber had not taken within send_timeout_s
         self._spare: list[torch.Tensor] = []  # packing buffers whose frames have left: reused, warm
+        self.buffer_bytes = 0
+        """Bytes of packing buffers alive now (in flight or spare): the learner's extra memory."""
+        self.peak_buffer_bytes = 0
+        """Most ``buffer_bytes`` seen during the last ``publish``."""
 
     def publish(
         self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int, meta: dict | None = None
     ) -> dict:
-        """Stream every bucket (consumed one at a time); returns {bytes, buckets, seconds}."""
+        """Stream every bucket (consumed one at a time); returns {bytes, buckets, seconds, extra_bytes}."""
         start = time.perf_counter()
+        self.peak_buffer_bytes = self.buffer_bytes
         self.sock.send(wire.encode("weights_begin", {"policy_version": version, **(meta or {})}))
-        in_flight: list[tuple[int, list[zmq.MessageTracker], torch.Tensor]] = []
+        in_flight: tuple[int, list[zmq.MessageTracker], torch.Tensor | None] | None = None
         total = count = 0
         for index, named in enumerate(buckets):
-            if in_flight:  # bucket i-1 must have left before bucket i is packed: two buckets at most
-                sent = in_flight.pop(0)
-                if self._wait_sent(version, sent[0], sent[1]):
-                    self._spare.append(sent[2])
             specs, size = layout(named)
-            buf = self._buffer(max(size, 1))
-            crc = pack_into(named, specs, buf, self.hash)
+            if _zero_copy(named):
+                buf, views = None, [_flat(t) for _, t in named]
+            else:  # on a GPU, or freed at the next bucket (ZeRO-3): packed once into host memory
+                buf = self._buffer(max(size, 1))  # not the one in flight: two buffers at most
+                pack_into(named, specs, buf[: max(size, 1)], self.hash)
+                views = [buf[sp.offset : sp.offset + sp.nbytes] for sp in specs]
+            crc = tensors_checksum(views, self.hash)
+            if in_flight is not None:  # bucket i-1 must have left before bucket i goes: two at most
+                self._finish(version, in_flight)
             header = wire.encode(
                 "weights_bucket",
                 {
@@ -95,41 +116,67 @@ class ZmqWeightPublisher:
                     "index": index,
                     "crc": crc,
                     "hash": self.hash,
-                    "nbytes": buf.numel(),
+                    "nbytes": max(size, 1),
                     "tensors": specs_to_wire(specs),
                 },
             )
-            view = memoryview(buf.numpy())
-            parts = [view[o : o + self.frame_bytes] for o in range(0, len(view), self.frame_bytes)]
-            self.sock.send(header, zmq.SNDMORE)
-            trackers = []
-            for i, part in enumerate(parts):
-                trackers.append(self.sock.send(part, 0 if i == len(parts) - 1 else zmq.SNDMORE, copy=False, track=True))
-            in_flight.append((index, trackers, buf))
-            total += buf.numel()
+            parts = [
+                mv[o : o + self.frame_bytes]
+                for mv in (memoryview(v.numpy()) for v in views)
+                for o in range(0, len(mv), self.frame_bytes)
+            ]
+            self.sock.send(header, zmq.SNDMORE if parts else 0)
+            trackers = [
+                self.sock.send(part, 0 if i == len(parts) - 1 else zmq.SNDMORE, copy=False, track=True)
+                for i, part in enumerate(parts)
+            ]
+            in_flight = (index, trackers, buf, views)
+            total += max(size, 1)
             count += 1
-        for index, trackers, buf in in_flight:
-            if self._wait_sent(version, index, trackers):
-                self._spare.append(buf)
-        self._spare = self._spare[-2:]
+        if in_flight is not None:
+            self._finish(version, in_flight)
         self.sock.send(wire.encode("weights_end", {"policy_version": version, "num_buckets": count, "bytes": total}))
-        return {"bytes": total, "buckets": count, "seconds": time.perf_counter() - start}
+        return {
+            "bytes": total,
+            "buckets": count,
+            "seconds": time.perf_counter() - start,
+            "extra_bytes": self.peak_buffer_bytes,
+        }
+
+    def _finish(self, version: int, in_flight: tuple) -> None:
+        """Wait for a bucket's frames to leave; keep its packing buffer (if any) for reuse."""
+        index, trackers, buf, _views = in_flight
+        if self._wait_sent(version, index, trackers) and buf is not None:
+            self._spare.append(buf)
+        elif buf is not None:  # still referenced by frames queued for a stalled subscriber
+            self.buffer_bytes -= buf.numel()
+        while len(self._spare) > 2:
+            self.buffer_bytes -= self._spare.pop(0).numel()
 
     def _buffer(self, size: int) -> torch.Tensor:
-        """A packing buffer of ``size`` bytes, from a spare one when one is big enough."""
+        """A packing buffer of at least ``size`` bytes, a spare one when one is big enough."""
         for i, spare in enumerate(self._spare):
             if spare.numel() >= size:
-                return self._spare.pop(i)[:size]
-        return torch.empty(size, dtype=torch.uint8)
+                return self._spare.pop(i)
+        buf = torch.empty(size, dtype=torch.uint8)
+        self.buffer_bytes += size
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
+        return buf
 
     def _wait_sent(self, version: int, index: int, trackers: list) -> bool:
         """Wait until a bucket's frames have left for every subscriber; False past the timeout."""
         deadline = time.monotonic() + self.send_timeout_s
-        for t in trackers:
-            left = deadline - time.monotonic()
+        pending = [t for t in trackers if not t.done]
+        while pending:
             try:
-                t.wait(max(left, 0.001))
+                pending[-1].wait(0.005)
             except zmq.NotDone:
+                pass
+            # libzmq handles a dead subscriber's disconnect (dropping its queue, which releases
+            # our frames) only when this thread calls into the socket: poke it while waiting.
+            self.sock.getsockopt(zmq.EVENTS)
+            pending = [t for t in pending if not t.done]
+            if pending and time.monotonic() > deadline:
                 self.stalled += 1
                 WEIGHT_FAILURES.labels("send").inc()
                 log.error(
@@ -150,6 +197,33 @@ class ZmqWeightPublisher:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _zero_copy(named) -> bool:
+    """Frames can be views of the tensors themselves: on the CPU, contiguous, and alive until
+    the next bucket is asked for (not a ZeRO-3 gather, which ``iter_buckets`` marks transient)."""
+    if getattr(named, "transient", False):
+        return False
+    return all(t.device.type == "cpu" and t.is_contiguous() for _, t in named)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def tensors_checksum(views, algo: str = "sum64") -> int:
+    """The bucket checksum of the stream: over each tensor's bytes in order (see the module docstring)."""
+    total = 0
+    for v in views:
+        total = _update(total, v.numpy(), algo)
+    return total
+
+
+def _update(total: int, data, algo: str) -> int:
+    """Add ``data`` (bytes starting 8-aligned within its tensor) to a running checksum."""
+    if algo == "crc32":
+        return zlib.crc32(data, total) & 0xFFFFFFFF
+    return (total + checksum(data, algo)) & 0xFFFFFFFFFFFFFFFF
 
 
 class ZmqWeightSubscriber:
@@ -173,10 +247,17 @@ class ZmqWeightSubscriber:
         self.sock.connect(address)
         self._spare: list[bytearray] = []  # receive buffers of versions applied: reused, warm
 
-    def _recv(self, timeout: float, what: str) -> list[zmq.Frame]:
+    def _recv_header(self, timeout: float, what: str) -> tuple[str, dict]:
+        """The first frame of the next message (its other frames stay queued: ``RCVMORE``)."""
         if not self.sock.poll(int(timeout * 1000), zmq.POLLIN):
             raise TimeoutError(f"{self.name}: waited {timeout:.1f} s for {what} from {self.address}")
-        return self.sock.recv_multipart(copy=False)
+        return wire.decode(self.sock.recv())
+
+    def _drain(self) -> None:
+        """Skip what is left of the current message (its parts have all arrived: ZeroMQ delivers a
+        multipart message whole or not at all)."""
+        while self.sock.getsockopt(zmq.RCVMORE):
+            self.sock.recv(copy=False)
 
     def newest(self, served_version: int, timeout: float = 0.0) -> WeightUpdate | None:
         """Take every message queued (waiting up to ``timeout`` s for the first); once a version
@@ -186,13 +267,17 @@ class ZmqWeightSubscriber:
         wait = timeout
         while self.sock.poll(int(wait * 1000), zmq.POLLIN):
             wait = 0
-            frames = self.sock.recv_multipart(copy=False)
-            kind, body = wire.decode(frames[0].bytes)
+            kind, body = wire.decode(self.sock.recv())
+            self._drain()
             if kind != "weights_begin":
                 continue  # the tail of a version that began before we joined
             update = self._receive_version(body)
             if update.version > served_version and (best is None or update.version > best.version):
+                if best is not None:
+                    best.done()
                 best = update
+            else:
+                update.done()
         return best
 
     def _receive_version(self, begin: dict) -> WeightUpdate:
@@ -201,9 +286,9 @@ class ZmqWeightSubscriber:
         tensors, total, index = [], 0, 0
         buffers: list[bytearray] = []
         while True:
-            frames = self._recv(self.timeout_s, f"bucket {index} (or the end) of version {version}")
-            kind, body = wire.decode(frames[0].bytes)
+            kind, body = self._recv_header(self.timeout_s, f"bucket {index} (or the end) of version {version}")
             if int(body.get("policy_version", -1)) != version or kind not in ("weights_bucket", "weights_end"):
+                self._drain()
                 raise WeightSyncError(
                     f"{self.name}: version {version} interrupted by {kind} of version {body.get('policy_version')}"
                 )
@@ -217,24 +302,48 @@ class ZmqWeightSubscriber:
                 update._on_done = lambda error: self._spare.extend(buffers)
                 return update
             if int(body["index"]) != index:
+                self._drain()
                 raise WeightSyncError(
                     f"{self.name}: version {version}: got bucket {body['index']}, expected {index} (frames were dropped)"
                 )
-            got = sum(len(f.buffer) for f in frames[1:])
-            if got != int(body["nbytes"]):
-                raise WeightSyncError(
-                    f"{self.name}: version {version} bucket {index}: {got} bytes, expected {body['nbytes']}"
-                )
-            data = self._recv_buffer(got)  # one copy out of the frames: tensors need contiguous memory
+            what = f"{self.name}: version {version} bucket {index}"
+            data = self._recv_buffer(int(body["nbytes"]))
             buffers.append(data)
-            view, offset = memoryview(data), 0
-            for f in frames[1:]:
-                view[offset : offset + len(f.buffer)] = f.buffer
-                offset += len(f.buffer)
-            verify(data, int(body["crc"]), f"{self.name}: version {version} bucket {index}", body.get("hash", "crc32"))
-            tensors.extend(unpack(data, specs_from_wire(body["tensors"])))
+            specs = specs_from_wire(body["tensors"])
+            self._receive_bucket(memoryview(data), specs, int(body["crc"]), body.get("hash", "crc32"), what)
+            tensors.extend(unpack(data, specs))
             total += len(data)
             index += 1
+
+    def _receive_bucket(self, view: memoryview, specs, crc: int, algo: str, what: str) -> None:
+        """Receive each frame straight into its tensor's place (``recv_into``: the one copy out of
+        libzmq) and add it to the checksum while it is in cache; raise on any mismatch."""
+        got = 0
+        try:
+            for spec in specs:
+                offset, end = spec.offset, spec.offset + spec.nbytes
+                if end > len(view):
+                    raise WeightSyncError(
+                        f"{what}: tensor {spec.name} ends at byte {end}, past the bucket's {len(view)}"
+                    )
+                while offset < end:
+                    if not self.sock.getsockopt(zmq.RCVMORE):
+                        raise WeightSyncError(
+                            f"{what}: tensor {spec.name} got {offset - spec.offset} of {spec.nbytes} bytes (frames were lost)"
+                        )
+                    n = self.sock.recv_into(view[offset:end])
+                    if n > end - offset:
+                        raise WeightSyncError(f"{what}: a frame of {n} bytes overruns tensor {spec.name}")
+                    got = _update(got, view[offset : offset + n], algo)
+                    offset += n
+            if self.sock.getsockopt(zmq.RCVMORE):
+                raise WeightSyncError(f"{what}: more bytes than its tensors hold")
+        finally:
+            self._drain()
+        if got != crc:
+            raise WeightSyncError(
+                f"{what}: {algo} checksum mismatch (got {got:#x}, expected {crc:#x}): corrupted in transit"
+            )
 
     def _recv_buffer(self, size: int) -> bytearray:
         for i, spare in enumerate(self._spare):
