@@ -154,8 +154,9 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
             for g in groups:
                 trained.setdefault(g, []).append(int(line["version"]))
         elif event == "dropped":
-            for g in groups:
-                dropped.setdefault(g, line["reason"])
+            for g in groups:  # a copy dropped as a duplicate does not hide the fate of the original
+                if dropped.get(g, "duplicate") == "duplicate":
+                    dropped[g] = line["reason"]
         elif event == "held":
             held[line["source"]] = set(groups)
         elif event == "returned":

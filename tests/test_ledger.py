@@ -69,3 +69,15 @@ def test_a_torn_last_line_is_skipped(tmp_path):
         f.write(json.dumps({"t": 1.0, "event": "trained", "groups": ["g00000000"], "version": 1}) + "\n")
         f.write('{"t": 2.0, "event": "trai')  # the line a SIGKILL interrupted
     assert reconcile_ledger(tmp_path)["trained"] == 1
+
+
+def test_a_copy_dropped_as_duplicate_does_not_hide_the_originals_drop(tmp_path):
+    write(tmp_path, "dispatcher", ("dispatched", ["g00000000"], {}), ("dispatched", ["g00000000"], {}))
+    write(
+        tmp_path,
+        "buffer",
+        ("dropped", ["g00000000"], {"reason": "duplicate"}),
+        ("dropped", ["g00000000"], {"reason": "stale"}),
+    )
+    out = reconcile_ledger(tmp_path)
+    assert out["lost"] == 0 and out["dropped"] == {"stale": 1}

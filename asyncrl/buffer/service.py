@@ -89,6 +89,8 @@ class BufferService:
         # the learner reports trained (with the version of that step).
         self._inserted_ids: list[str] = []
         self._trained: list[list] = []
+        self._ledgered = 0  # of _inserted_ids, how many the ledger has
+        self.ledger = None
         self.inbox, self.requests, self.status = inbox, requests, status
         self.held: list[_Held] = []
         self.bad_requests = 0
@@ -137,6 +139,9 @@ class BufferService:
                 self._on_request(*req)
                 changed = True
         changed |= self._serve_held(time.monotonic())
+        if self._inserted_ids and getattr(self, "ledger", None) is not None:
+            self.ledger.write("inserted", self._inserted_ids[self._ledgered:])
+            self._ledgered = len(self._inserted_ids)
         self._publish(changed)
 
     def _insert(self, group) -> None:
@@ -238,6 +243,7 @@ class BufferService:
             },
         )
         self._inserted_ids, self._trained = [], []
+        self._ledgered = 0
         dropped_ids.clear()
         self._last_status = now
         m.BUFFER_GROUPS.set(len(buf))
@@ -270,6 +276,7 @@ def run_buffer(ctx) -> None:
     requests = ReplyServer(ctx.endpoints.buffer_requests, name="buffer.requests")
     status = Publisher(ctx.endpoints.buffer_status, name="buffer.status")
     service = BufferService(buf, inbox, requests, status)
+    service.ledger = ctx.ledger
     ctx.emit("ready")
 
     def stop_or_command() -> bool:

@@ -210,6 +210,7 @@ def run_generator(ctx, model_dir: str) -> None:
         busy_s += rollout_s
         BUSY_SECONDS.inc(rollout_s)
         batches += 1
+        ctx.ledger.write("generated", [r["group_id"] for r in rows], version=engine.version)
         for index, group in enumerate(build_groups(rows, completions, version, ctx.name, rollout_s, sampled_at)):
             if greedy is not None:
                 group.meta["greedy_text"] = greedy[index]
@@ -229,6 +230,11 @@ def run_generator(ctx, model_dir: str) -> None:
             GENERATED_TOKENS.inc(group.num_tokens)
             SAMPLES.labels("generated").inc(len(group.samples))
     wall = time.monotonic() - loop_start
+    # A reply that came after its request timed out holds prompts the dispatcher counts as handed
+    # out; the ledger says they were returned unsampled, so they are not mistaken for lost.
+    while (late := dispatcher.receive(timeout=0.3)) is not None:
+        if late[0] == "prompts":
+            ctx.ledger.write("returned", [r["group_id"] for r in late[1]["prompts"]])
     # A reply that came after its request timed out holds prompts the dispatcher counts as handed
     # out; the ledger says they were returned unsampled, so they are not mistaken for lost.
     while (late := dispatcher.receive(timeout=0.3)) is not None:
