@@ -235,11 +235,6 @@ def run_generator(ctx, model_dir: str) -> None:
     while (late := dispatcher.receive(timeout=0.3)) is not None:
         if late[0] == "prompts":
             ctx.ledger.write("returned", [r["group_id"] for r in late[1]["prompts"]])
-    # A reply that came after its request timed out holds prompts the dispatcher counts as handed
-    # out; the ledger says they were returned unsampled, so they are not mistaken for lost.
-    while (late := dispatcher.receive(timeout=0.3)) is not None:
-        if late[0] == "prompts":
-            ctx.ledger.write("returned", [r["group_id"] for r in late[1]["prompts"]])
     ctx.emit(
         "final",
         generated=generated,
