@@ -86,8 +86,9 @@ def detect_format(path: Path, fmt: str) -> str:
     )
 
 
-def read_rows(path: Path, fmt: str = "auto", split: str = "train") -> list[dict]:
-    """Every row of a JSONL file, a Parquet file, or one split of a saved Hugging Face dataset."""
+def read_rows(path: Path, fmt: str = "auto", split: str = "train", need_split: bool = False) -> list[dict]:
+    """Every row of a JSONL file, a Parquet file, or one split of a saved Hugging Face dataset
+    (``need_split``: the dataset must have that split, a single one will not do)."""
     fmt = detect_format(path, fmt)
     if fmt == "jsonl":
         with path.open() as lines:
@@ -105,6 +106,8 @@ def read_rows(path: Path, fmt: str = "auto", split: str = "train") -> list[dict]
         if split not in loaded:
             raise KeyError(f"dataset {path} has no split {split!r}; it has {sorted(loaded)}")
         loaded = loaded[split]
+    elif need_split:
+        raise ValueError(f"dataset {path} is a single split, not a DatasetDict with {split!r}: set task.data.{split}")
     return loaded.to_list()
 
 

@@ -120,7 +120,8 @@ def file_prompts(cfg: TaskConfig, source: str, split: Literal["train", "test"]) 
         raise ValueError(
             f"task.data.test is None and task.data.train ({source!r}) is a file with no test split: set both"
         )
-    rows = read_rows(path, data.format, split)
+    # The held-out split of the train source only if it has one: never train and test on the same rows.
+    rows = read_rows(path, data.format, split, need_split=split == "test" and data.test is None)
     formatter = PromptFormatter(data, GSM8K_TEMPLATE if cfg.name == "gsm8k" else "{question}")
     prompts = []
     for index, row in enumerate(rows):

@@ -65,6 +65,16 @@ def test_dataset_dict_splits_serve_train_and_test(tmp_path):
     assert [(p.text, p.answer, p.task) for p in test] == [("What is 2+3?", "5", "addition")]
 
 
+def test_a_single_split_dataset_does_not_serve_as_its_own_test_split(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
+    cfg = TaskConfig(data=DataConfig(train=str(tmp_path / "ds"), question_key="q", answer_key="a"))
+    assert len(load_prompts(cfg, "train")) == 3
+    with pytest.raises(ValueError, match="is a single split.*set task.data.test"):
+        load_prompts(cfg, "test")
+
+
 def test_missing_key_names_the_column_and_the_setting(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", ROWS)
     cfg = TaskConfig(data=DataConfig(train=str(train), test=str(train)))
