@@ -70,6 +70,19 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _waits_for(ev: dict | None) -> str:
+    """What a process waits for, read from its last event."""
+    if ev is None:
+        return " (starting)"
+    waits = {
+        "step": " (learner: waiting for its next batch from the buffer)",
+        "version": " (generator: sampling, or waiting for prompts within the staleness budget)",
+        "ready": " (waiting for work)",
+        "checkpoint_part": " (writing or waiting on a checkpoint)",
+    }
+    return waits.get(ev["type"], "")
+
+
 def prepare_run_dir(cfg: RunConfig) -> Path:
     run_dir = Path(cfg.run.root) / cfg.run.name
     if run_dir.exists():
@@ -145,6 +158,7 @@ class Controller:
         self.run_dir = resume_run_dir(cfg) if resume else prepare_run_dir(cfg)
         self.finals: dict[str, dict] = {}
         self.last_event: dict[str, dict] = {}
+        self.last_event_at: dict[str, float] = {}
         self.generator_versions: dict[str, int] = {}
         self.step_events: list[dict] = []
         self.progress = RunProgress(cfg, self.run_dir)  # console and step loggers
@@ -262,11 +276,16 @@ class Controller:
         cfg = self.cfg
         self.training = True
         deadline = time.monotonic() + cfg.run.stall_timeout_s
-        last_go = time.monotonic()
+        last_go = last_progress = time.monotonic()
+        warned = False
         while self.learner_done is None or self.checkpoint is not None:
             ev = self._next_event(deadline, "the learner's next step")
             if ev and ev["type"] in ("step", "ready", "checkpoint_part"):
                 deadline = time.monotonic() + cfg.run.stall_timeout_s
+                last_progress, warned = time.monotonic(), False
+            elif not warned and time.monotonic() - last_progress > cfg.run.stall_timeout_s / 4:
+                warned = True  # the watchdog: say what everyone waits for long before giving up
+                self._log_waits(time.monotonic() - last_progress)
             if time.monotonic() - last_go > 1.0:  # a restarted process waits for go, too
                 self.control.send("control", {"command": "go"})
                 last_go = time.monotonic()
@@ -318,10 +337,11 @@ class Controller:
             self._command("dispatcher", "checkpoint", dir=str(stage), version=version, ack=f"dispatcher@{version}")
         elif part == "dispatcher.json":
             self.unacked.pop(f"dispatcher@{version}", None)
+            shutil.copy2(self.run_dir / "config.yaml", stage / "config.yaml")  # the resolved config it ran with
             path = commit(
                 self.run_dir,
                 version,
-                ["learner", "buffer", "dispatcher.json"],
+                ["learner", "buffer", "dispatcher.json", "config.yaml"],
                 meta={"run": self.cfg.run.name, "samples_per_group": self.cfg.sampling.n},
                 keep_last=self.cfg.checkpoint.keep_last,
             )
@@ -433,6 +453,7 @@ class Controller:
             return None
         ev = msg[1]
         self.last_event[ev["source"]] = ev
+        self.last_event_at[ev["source"]] = time.monotonic()
         self._handle(ev)
         return ev
 
@@ -467,6 +488,15 @@ class Controller:
         if kind == "ready" and ev["role"] == "generator":
             self.generator_versions[ev["source"]] = ev.get("version", 0)
         self.progress.update(ev)
+
+    def _log_waits(self, stalled_s: float) -> None:
+        log.warning("no learner step for %.0f s; each process's last word:", stalled_s)
+        now = time.monotonic()
+        for name in sorted(self.fleet.procs):
+            ev = self.last_event.get(name)
+            alive = self.fleet.procs[name].poll() is None if hasattr(self.fleet, "procs") else True
+            said = f"{ev['type']} {now - self.last_event_at[name]:.0f} s ago" if ev else "nothing yet"
+            log.warning("  %s (%s): %s%s", name, "alive" if alive else "exited", said, _waits_for(ev))
 
     def _dump_state(self) -> None:
         log.error("run aborted; last event of each process:")
