@@ -21,9 +21,11 @@ from asyncrl.dispatcher import DispatcherConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
 from asyncrl.generators.mock_engine import MockEngineConfig
 from asyncrl.generators.worker import GeneratorConfig
+from asyncrl.launcher import LauncherConfig
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
 from asyncrl.loggers import LoggingConfig
+from asyncrl.placement import PlacementConfig
 from asyncrl.rewards.worker import RewardConfig
 from asyncrl.security import SecurityConfig
 from asyncrl.sft import SFTConfig
@@ -115,12 +117,32 @@ class RunConfig(Config):
     """What happens when a component process dies."""
     simulation: SimulationConfig = SimulationConfig()
     """Simulated generators and learner (benchmarks); off by default."""
+    launcher: LauncherConfig = LauncherConfig()
+    """Where the components run: local processes (default) or Ray actors on a cluster."""
+    placement: PlacementConfig = PlacementConfig()
+    """Per-role resources and node labels on a Ray cluster (``launcher.kind: ray``)."""
     security: SecurityConfig = SecurityConfig()
     """Message-size limits of every receiving socket; ZeroMQ CURVE (off by default; keys by path only)."""
 
     @model_validator(mode="after")
     def _check_algorithm(self) -> RunConfig:
         self.algorithm.check_run(group_size=self.sampling.n, greedy_baseline=self.generator.greedy_baseline)
+        return self
+
+    @model_validator(mode="after")
+    def _check_placement(self) -> RunConfig:
+        self.placement.check_counts(self.run.num_generators)
+        gpus, tp = self.placement.generator.num_gpus, self.engine.tensor_parallel_size
+        if gpus and gpus != tp:
+            raise ValueError(
+                f"placement.generator.num_gpus ({gpus}) must equal engine.tensor_parallel_size ({tp}): "
+                "a generator's engine spans the GPUs of its actor"
+            )
+        if self.launcher.bind_host == "node" and self.weights.transport == "shm":
+            raise ValueError(
+                "weights.transport (shm) shares /dev/shm of one host; with launcher.bind_host node the "
+                "generators may be on other machines: use zmq (or file on shared storage)"
+            )
         return self
 
 

@@ -1,7 +1,10 @@
 """The addresses of a run's sockets, chosen by the controller and written to ``endpoints.json``.
 
 Every child process reads this file; nothing else carries addresses. Ports are picked free on
-127.0.0.1 at start (a tiny race with other programs is possible and fails loudly at bind).
+127.0.0.1 at start (a tiny race with other programs is possible and fails loudly at bind). On a
+Ray cluster with ``launcher.bind_host: node`` the controller's own sockets are on its machine's
+address, and ``asyncrl.ray_fleet`` rewrites the addresses each role binds (``BOUND_BY``) to its
+node's address and ports free there, before any process that connects to them starts.
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ import socket
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
-
-from asyncrl.transport import tcp_address
 
 
 class Endpoints(BaseModel):
@@ -42,9 +43,11 @@ class Endpoints(BaseModel):
     """ROUTER of the reference process (``algorithm.kl.reference: process``): reference logprobs."""
 
     @classmethod
-    def allocate(cls) -> Endpoints:
+    def allocate(cls, host: str = "127.0.0.1") -> Endpoints:
+        """Every address on ``host`` (the controller's machine), at ports free there now."""
         names = list(cls.model_fields)
-        return cls(**{name: tcp_address(port) for name, port in zip(names, free_ports(len(names)))})
+        ports = free_ports(len(names), host)
+        return cls(**{name: tcp_address(port, host) for name, port in zip(names, ports)})
 
     def save(self, run_dir: Path) -> None:
         (run_dir / "endpoints.json").write_text(self.model_dump_json(indent=2))
@@ -54,12 +57,28 @@ class Endpoints(BaseModel):
         return cls(**json.loads((run_dir / "endpoints.json").read_text()))
 
 
-def free_ports(n: int) -> list[int]:
+BOUND_BY = {
+    "controller": ("events", "control"),
+    "buffer": ("buffer_in", "buffer_requests", "buffer_status"),
+    "reward": ("reward_in", "reward_share"),
+    "dispatcher": ("dispatcher",),
+    "learner": ("weights", "weights_stream"),
+    "reference": ("reference",),
+}
+"""Which role binds each address (the owner reward worker binds the reward ones); every other
+process connects to it."""
+
+
+def tcp_address(port: int, host: str = "127.0.0.1") -> str:
+    return f"tcp://{host}:{port}"
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     socks = []
     try:
         for _ in range(n):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from safetensors import safe_open
 
 from asyncrl.configbase import Config
@@ -72,6 +72,9 @@ class EngineConfig(Config):
     Only whole blocks are prefix-cached, so prompts shorter than a block never hit the cache."""
     seed: int = 0
     """Seed of the engine's sampling RNG, used for requests that pass no seed."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one engine shards the model over (vLLM tensor parallelism); on a Ray cluster each
+    generator's placement reserves that many GPUs."""
 
     @model_validator(mode="after")
     def check_sizes(self) -> EngineConfig:
@@ -158,6 +161,7 @@ class VLLMEngine:
             block_size=cfg.block_size,
             seed=cfg.seed,
             logprobs_mode=LOGPROBS_MODE,
+            tensor_parallel_size=cfg.tensor_parallel_size,
         )
         self.tokenizer = self._llm.get_tokenizer()
         """The engine's tokenizer (the one that produced ``Completion.prompt_ids``)."""
