@@ -274,6 +274,7 @@ def metrics_app(environ, start_response):
 
 
 _METRICS_APP = make_wsgi_app(REGISTRY)
+_servers: dict[str, WSGIServer] = {}  # name -> its endpoint, for stop_metrics
 
 
 def serve_metrics(run_dir: str | Path | None, name: str) -> int:
@@ -283,12 +284,22 @@ def serve_metrics(run_dir: str | Path | None, name: str) -> int:
     set_component(name)
     server = make_server("127.0.0.1", 0, metrics_app, _ThreadingServer, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    _servers[name] = server
     port = server.server_port
     if run_dir is not None:
         path = Path(run_dir) / "metrics" / f"{name}.port"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(str(port))
     return port
+
+
+def stop_metrics(name: str) -> None:
+    """Stop serving ``name``'s endpoint (a process that outlives its run, e.g. a test running a
+    controller in-process); component processes just exit."""
+    server = _servers.pop(name, None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 def write_metrics_snapshot(run_dir: str | Path, name: str) -> Path:

@@ -4,6 +4,10 @@
 (``logging``: TensorBoard, W&B); the controller calls ``watch(fleet)`` once its processes exist,
 ``update(ev)`` for every event it receives (after it has stamped step events with ``t``), and
 ``close(summary)`` at the end (also on failure, with no summary).
+
+The controller is a process like the others: it serves ``/metrics`` and ``/health`` too
+(``RUN_DIR/metrics/controller.port``, in the scrape config), with the last learner version it
+heard of as ``asyncrl_policy_version{component="controller"}``.
 """
 
 from __future__ import annotations
@@ -12,12 +16,16 @@ from pathlib import Path
 
 from asyncrl.console import RunConsole
 from asyncrl.loggers import StepLoggers
+from asyncrl.metrics import POLICY_VERSION, serve_metrics, stop_metrics, write_metrics_snapshot
 
 
 class RunProgress:
     def __init__(self, cfg, run_dir: Path, out=None):
         self.console = RunConsole(cfg.run.console, cfg.learner.total_steps, cfg.run.name, out=out)
-        self.loggers = StepLoggers(cfg.logging, Path(run_dir), cfg.run.name, cfg.model_dump(mode="json"))
+        self.run_dir = Path(run_dir)
+        self.loggers = StepLoggers(cfg.logging, self.run_dir, cfg.run.name, cfg.model_dump(mode="json"))
+        self.metrics_port = serve_metrics(self.run_dir, "controller")
+        self.closed = False
 
     def watch(self, fleet, eval_before: float | None = None) -> None:
         """The fleet whose processes the console follows, and the held-out score before RL."""
@@ -31,14 +39,20 @@ class RunProgress:
     def update(self, ev: dict) -> None:
         self.console.update(ev)
         if ev.get("type") == "step":
+            POLICY_VERSION.set(ev["version"])
             row = self.console.steps.last or {}
             perf = {f"perf/{k}": row[k] for k in ("tokens_per_s", "samples_per_s") if row.get(k) is not None}
             self.loggers.log_step(ev, perf)
 
     def close(self, summary: dict | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
         try:
             if summary is not None:
                 self.loggers.log_summary(summary)
         finally:
             self.loggers.close()
             self.console.close(summary)
+            write_metrics_snapshot(self.run_dir, "controller")
+            stop_metrics("controller")

@@ -41,7 +41,7 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     run_dir = tmp_path / "bench"
     promtool = find_promtool()
     snapshots = sorted((run_dir / "metrics").glob("*.prom"))
-    assert {p.stem for p in snapshots} == {"buffer", "dispatcher", "learner", "reward-0"} | {
+    assert {p.stem for p in snapshots} == {"controller", "buffer", "dispatcher", "learner", "reward-0"} | {
         f"generator-{i}" for i in range(4)
     }
     for snapshot in snapshots:
@@ -86,7 +86,7 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     # inspect: every process is down now, and shows the counters it last exported.
     state = inspect_run(run_dir)
     assert not any(row["up"] for name, row in state.items() if name != "run")
-    assert state["run"]["finished"] and state["run"]["step"] == 8
+    assert state["run"]["finished"] and state["run"]["step"] == 8 and state["controller"]["version"] == 8
     assert main(["inspect", str(run_dir)]) == 0
     assert "\nrun            done  step=8  reward=" in capsys.readouterr().out
     assert state["learner"]["samples"]["trained"] == summary["trained"] and state["learner"]["version"] == 8
