@@ -275,9 +275,14 @@ def run_dispatcher(ctx) -> None:
         for _kind, body in status.recv_latest():
             admission.update(int(body["learner_version"]), int(body["dropped_groups"]))
             outstanding.settle(body)
-        req = server.recv(timeout=0.05)
-        if req is not None:
-            client, kind, body = req
+        # Every request already queued is read before any is served: a generator that asked
+        # again while the dispatcher was busy (or before go) is answered once, not once per ask,
+        # else the extra answers queue up in its socket and it lags a few batches behind.
+        first = server.recv(timeout=0.05)
+        queued = [first] if first is not None else []
+        while first is not None and len(queued) < 1000 and (more := server.recv(timeout=0)) is not None:
+            queued.append(more)
+        for client, kind, body in queued:
             if kind == "want_prompts":
                 # Groups the generator dropped (invalid) are settled: their reason is in its ledger.
                 outstanding.settle({"dropped": body.get("dropped", ())})

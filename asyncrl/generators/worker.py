@@ -197,7 +197,11 @@ def run_generator(ctx, model_dir: str) -> None:
         dropped_ids = []
         if reply is None or not reply[1].get("prompts"):
             continue
-        rows = reply[1]["prompts"]
+        rows = list(reply[1]["prompts"])
+        # Answers to earlier asks that timed out may be queued behind this one: take them too,
+        # so a generator never lags behind a backlog of its own replies.
+        while (more := dispatcher.receive(timeout=0)) is not None:
+            rows.extend(more[1].get("prompts", []) if more[0] == "prompts" else [])
         take_weights()  # sample with the newest weights: only less stale
         version = engine.version  # of the first tokens; an engine that swaps in flight labels the rest
         start = time.monotonic()
