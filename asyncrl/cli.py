@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
     exp.add_argument("run_dir", help="the run directory (runs/NAME)")
     exp.add_argument("out_dir", help="folder to write the Hugging Face model directory into")
-    exp.add_argument("--step", type=int, help="the weights published at this policy version (default: the final model)")
+    exp.add_argument(
+        "--step",
+        type=int,
+        help="the policy of this version, from the run's checkpoint of it (or weights published to files); "
+        "default: the final model",
+    )
     insp = sub.add_parser("inspect", help="the state of a live run: health, versions and counters of each process")
     insp.add_argument("run_dir", help="the run directory (runs/NAME) of a live or finished run")
     insp.add_argument("--json", action="store_true", help="one JSON object instead of a table")
