@@ -16,6 +16,13 @@ Dispatch starts when the controller says go (every process is ready). Generators
 asks for up to k prompts; a request that cannot be served yet is held until capacity opens (a
 new version, a drop) or until its deadline passes, after which it is dropped unanswered because
 the generator has stopped waiting for it.
+
+At-least-once dispatch. Until a group is settled for good (dropped with a reason, or trained by a
+step a committed checkpoint holds) the dispatcher keeps its prompt row (``Outstanding``), and
+learns what became of it from the buffer's status (inserted, dropped, trained). When the
+controller reports a death, or a group's lease runs out unseen, the rows that may have been lost
+are dispatched again, first, under the same group id; their slots were admitted already. Its
+part of a checkpoint is the cursor, the counters and those rows (``save_dispatcher``).
 """
 
 from __future__ import annotations
