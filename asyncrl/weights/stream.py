@@ -17,7 +17,7 @@ once on arrival. The checksum is over the tensors' bytes in order (padding exclu
 independently), ``crc32`` is chained across them.
 
 Memory: before sending bucket i the publisher waits until bucket i-1 has left for every
-subscriber (frames tracked with ``track=True``), so at most two buckets are referenced by
+subscriber (its last frame tracked with ``track=True``), so at most two buckets are referenced by
 frames and at most two packing buffers exist (``buffer_bytes``/``peak_buffer_bytes`` count
 them: tracemalloc does not see torch memory). Packing buffers whose frames have left are reused,
 as are a subscriber's receive buffers once the update holding them is ``done()`` (warm memory:
@@ -126,10 +126,12 @@ class ZmqWeightPublisher:
                 for o in range(0, len(mv), self.frame_bytes)
             ]
             self.sock.send(header, zmq.SNDMORE if parts else 0)
-            trackers = [
-                self.sock.send(part, 0 if i == len(parts) - 1 else zmq.SNDMORE, copy=False, track=True)
-                for i, part in enumerate(parts)
-            ]
+            for part in parts[:-1]:
+                self.sock.send(part, zmq.SNDMORE, copy=False)
+            # Only the last frame is tracked: each subscriber's pipe writes a message's frames in
+            # order, so once the last has left for every one, all have (pyzmq holds each frame's
+            # memory until libzmq lets it go, tracked or not).
+            trackers = [self.sock.send(parts[-1], 0, copy=False, track=True)] if parts else []
             in_flight = (index, trackers, buf, views)
             total += max(size, 1)
             count += 1

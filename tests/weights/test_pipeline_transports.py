@@ -9,13 +9,14 @@ from asyncrl.controller import Controller
 
 
 @pytest.mark.parametrize(
-    "transport, schedule",
+    "transport, schedule, apply_mode",
     [
-        ("zmq", "staleness"),
-        pytest.param("file", "every_s", marks=pytest.mark.slow),  # shm/every_k: the default, run everywhere
+        ("zmq", "staleness", "between_requests"),
+        ("shm", "every_k", "in_flight"),  # a background thread swaps while the engine samples
+        pytest.param("file", "every_s", "between_requests", marks=pytest.mark.slow),
     ],
 )
-def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule):
+def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule, apply_mode):
     cfg = load_config(
         "configs/bench_pipeline.yaml",
         [
@@ -26,6 +27,7 @@ def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule
             "buffer.max_staleness=3",
             f"weights.transport={transport}",
             f"weights.schedule={schedule}",
+            f"weights.apply_mode={apply_mode}",
             "weights.every_s=0.2",
             "weights.bucket_mb=0.25",
         ],

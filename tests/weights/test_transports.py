@@ -179,3 +179,29 @@ def test_a_subscriber_that_dies_mid_broadcast_does_not_block_the_others():
     assert all(torch.equal(dict(got["update"].tensors)[k], v) for k, v in sd.items())
     pub.close()
     live.close()
+
+
+def test_zmq_copies_a_transient_bucket_into_at_most_two_packing_buffers():
+    from asyncrl.weights.buckets import Bucket
+
+    pub = ZmqWeightPublisher("tcp://127.0.0.1:0")
+    sub = ZmqWeightSubscriber(pub.address, name="g0", timeout_s=10)
+    time.sleep(0.3)
+    sd = {f"w{i}": torch.full((1 << 16,), float(i)) for i in range(8)}  # 256 KiB each
+    expected = {k: v.clone() for k, v in sd.items()}
+
+    def gathered():  # like a ZeRO-3 gather: the tensors are gone once the next bucket is asked for
+        for name, t in sd.items():
+            bucket = Bucket([(name, t)])
+            bucket.transient = True
+            yield bucket
+            t.zero_()
+
+    stats = pub.publish(gathered(), 1)
+    update = _receive(sub)
+    got = dict(update.tensors)
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    assert 0 < stats["extra_bytes"] <= 2 * (1 << 18), stats  # two buckets of 256 KiB at most
+    update.done()
+    pub.close()
+    sub.close()
