@@ -162,7 +162,7 @@ def run_learner(ctx, model_dir: str) -> None:
             publish_weights(trainer, publisher, wcfg, ctx)
             schedule.published(trainer.version)
         every = cfg.checkpoint.every_steps
-        # ... and at the last step, so that a finished run can be resumed to train longer.
+        # Every `every` steps, and at the last one so that a finished run can be resumed to train longer.
         if every and (trainer.version % every == 0 or trainer.version == cfg.learner.total_steps):
             stage = staging_dir(ctx.run_dir, trainer.version)
             save_start = time.monotonic()
