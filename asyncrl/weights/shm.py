@@ -10,6 +10,11 @@ views, no copy), checks every bucket's checksum and hands out views: the data
 is written once whatever the number of subscribers, which is why the time stays flat as they
 grow.
 
+To overlap the subscribers' checks with the writing, each bucket is also announced as soon as it
+is written and summed (``{policy_version, part, dir, bucket}``, pointing into the version's
+temporary directory): a subscriber maps and checks it then, and once the version is announced
+whole it maps only the buckets it has not seen (a mapping survives the rename).
+
 Unlinking: each subscriber acks a version (PUSH to the learner's PULL, address in the
 announcement) once its engine has copied the tensors in, or reports the error. A superseded
 version is removed once every subscriber that has ever acked has acked it or a newer one, or
@@ -127,7 +132,7 @@ class ShmWeightPublisher:
             tmp.mkdir()
         maps = self._maps.pop(self._recycled, {}) if self._recycled is not None else {}
         self._recycled = None
-        entries, sums, total = [], [], 0
+        entries, sums, total, announced = [], [], 0, 0
         for index, named in enumerate(buckets):
             specs, size = layout(named)
             size = max(size, 1)
@@ -155,6 +160,7 @@ class ShmWeightPublisher:
             del dst, view
             entries.append({"file": fname, "nbytes": size, "hash": self.hash, "tensors": specs_to_wire(specs)})
             total += size
+            announced = self._announce_parts(version, tmp, entries, sums, announced)
         for entry, parts in zip(entries, sums):
             entry["crc"] = sum(p.result() for p in parts) & 0xFFFFFFFFFFFFFFFF
         for mm in maps.values():  # files of a recycled version beyond this one's buckets
@@ -183,6 +189,18 @@ class ShmWeightPublisher:
         self.announce(force=True)
         self.poll()
         return {"bytes": total, "buckets": len(entries), "seconds": time.perf_counter() - start}
+
+    def _announce_parts(self, version: int, folder: Path, entries: list, sums: list, announced: int) -> int:
+        """Announce each bucket written and summed since the last call (subscribers check it while
+        the next ones are written); returns how many are announced."""
+        while announced < len(entries) and all(p.done() for p in sums[announced]):
+            entry = entries[announced]
+            entry["crc"] = sum(p.result() for p in sums[announced]) & 0xFFFFFFFFFFFFFFFF
+            self.pub.send(
+                "weights", {"policy_version": version, "part": announced, "dir": str(folder), "bucket": entry}
+            )
+            announced += 1
+        return announced
 
     @staticmethod
     def _map(path: Path, size: int) -> mmap.mmap:
@@ -267,6 +285,7 @@ class ShmWeightSubscriber:
         self.name = name
         self.sub = Subscriber(address, name=name)
         self._ack: StreamSender | None = None
+        self._parts: dict[int, dict[str, tuple[mmap.mmap, dict]]] = {}  # version -> file -> (map, entry) checked early
 
     def newest(self, served_version: int, timeout: float = 0.0) -> WeightUpdate | None:
         """The newest announced version above ``served_version``, mapped and verified, or None.
@@ -276,10 +295,37 @@ class ShmWeightSubscriber:
         msg = self.sub.recv(timeout) if timeout > 0 else None
         msgs = ([msg] if msg else []) + self.sub.recv_latest()
         for kind, body in msgs:
-            if kind == "weights" and int(body["policy_version"]) > served_version:
-                if best is None or int(body["policy_version"]) > int(best["policy_version"]):
-                    best = body
+            if kind != "weights" or int(body["policy_version"]) <= served_version:
+                continue
+            if "part" in body:
+                self._take_part(body)
+            elif best is None or int(body["policy_version"]) > int(best["policy_version"]):
+                best = body
         return None if best is None else self.fetch(best)
+
+    def _take_part(self, body: dict) -> None:
+        """Map and check one bucket of a version still being written (announced early); ``fetch``
+        then only maps the buckets it has not seen. A part gone already is left to ``fetch``."""
+        version, entry = int(body["policy_version"]), body["bucket"]
+        for old in [v for v in self._parts if v < version]:
+            del self._parts[old]
+        try:
+            mm = self._map(Path(body["dir"]) / entry["file"], int(entry["nbytes"]), version)
+        except WeightSyncError:
+            return
+        verify(mm, int(entry["crc"]), f"{self.name}: version {version} bucket {entry['file']}", entry["hash"])
+        self._parts.setdefault(version, {})[entry["file"]] = (mm, entry)
+
+    def _map(self, path: Path, nbytes: int, version: int) -> mmap.mmap:
+        try:
+            with open(path, "rb") as f:
+                # Shared and read-only: nothing is copied; populated up front (one call instead
+                # of a page fault per 4 KiB while the checksum reads it).
+                return mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        except FileNotFoundError:
+            raise WeightSyncError(
+                f"{self.name}: version {version} is gone from shared memory ({path}): a newer one replaced it"
+            ) from None
 
     def fetch(self, body: dict) -> WeightUpdate:
         """Map and verify the version that ``body`` announces."""
@@ -287,18 +333,13 @@ class ShmWeightSubscriber:
         version = int(body["policy_version"])
         folder = Path(body["dir"])
         tensors, total = [], 0
+        early = self._parts.pop(version, {})
         for b in body["buckets"]:
-            path = folder / b["file"]
-            try:
-                with open(path, "rb") as f:
-                    # Shared and read-only: nothing is copied; populated up front (one call
-                    # instead of a page fault per 4 KiB while the checksum reads it).
-                    mm = mmap.mmap(f.fileno(), int(b["nbytes"]), flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
-            except FileNotFoundError:
-                raise WeightSyncError(
-                    f"{self.name}: version {version} is gone from shared memory ({path}): a newer one replaced it"
-                ) from None
-            verify(mm, int(b["crc"]), f"{self.name}: version {version} bucket {b['file']}", b.get("hash", "crc32"))
+            mm, seen = early.get(b["file"], (None, None))
+            if seen is None or seen["crc"] != b["crc"] or seen["nbytes"] != b["nbytes"]:
+                mm = self._map(folder / b["file"], int(b["nbytes"]), version)
+                what = f"{self.name}: version {version} bucket {b['file']}"
+                verify(mm, int(b["crc"]), what, b.get("hash", "crc32"))
             with warnings.catch_warnings():  # read-only views: the engine only copies from them
                 warnings.simplefilter("ignore", UserWarning)
                 tensors.extend(unpack(mm, specs_from_wire(b["tensors"])))
