@@ -28,8 +28,8 @@ from asyncrl.accounting import summarize
 from asyncrl.checkpoint import commit, discard_staging, latest_checkpoint, staging_dir
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
-from asyncrl.fleet import ProcessFleet
 from asyncrl.generators.group import generator_process_names
+from asyncrl.launcher import controller_host, make_fleet
 from asyncrl.ledger import LedgerWriter, reconcile_ledger
 from asyncrl.progress import RunProgress
 from asyncrl.supervision import Backoff
@@ -190,11 +190,11 @@ class Controller:
         if eval_before is not None:
             log.info("held-out exact match before RL: %.3f", eval_before)
         security.configure(cfg.security)  # before the first socket: CURVE and size limits
-        endpoints = Endpoints.allocate()
+        endpoints = Endpoints.allocate(controller_host(cfg.launcher))
         endpoints.save(self.run_dir)
         self.events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)
         self.control = Publisher(endpoints.control, name="controller.control")
-        self.fleet = ProcessFleet(self.run_dir, model_dir, child_env(self.run_dir))
+        self.fleet = make_fleet(cfg, self.run_dir, model_dir, child_env(self.run_dir))
         self.progress.watch(self.fleet, eval_before)
         rl_start = time.monotonic()
         cpu_start = time.process_time()

@@ -114,7 +114,9 @@ class ComponentActor:
         finally:
             for s in socks:
                 s.close()
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ip, "host": host, "ports": ports}
+        context = ray.get_runtime_context()
+        labels = {k: v for k, v in context.get_node_labels().items() if not k.startswith("ray.io/")}
+        return {"node_id": context.get_node_id(), "ip": ip, "host": host, "ports": ports, "labels": labels}
 
     def start(self, cmd: list[str], settings: dict[str, str], cwd: str, log_path: str, append: bool) -> int:
         """Start the component (``cmd`` with this node's Python) and return its PID on this node."""
@@ -157,6 +159,10 @@ class Component:
     starts: int = 0
     binds: bool = False
     """It binds its role's addresses (``endpoints.BOUND_BY``) that other processes connect to."""
+
+    def poll(self) -> int | None:
+        """Its exit status as last collected (None: running), as ``Popen.poll`` answers."""
+        return self.returncode
 
 
 class RayFleet:
@@ -222,6 +228,11 @@ class RayFleet:
         """Name -> role of every component started."""
         return {n: c.role for n, c in self.procs.items()}
 
+    @property
+    def starts(self) -> dict[str, int]:
+        """Name -> how many times it was started (restarts included)."""
+        return {n: c.starts for n, c in self.procs.items()}
+
     def start(self, role: str, name: str, extra_env: dict[str, str] | None = None) -> None:
         """Start component ``name`` with ``role`` on a node its placement allows."""
         if not self._open:
@@ -260,7 +271,7 @@ class RayFleet:
         return self.procs[name].pid
 
     def node(self, name: str) -> dict:
-        """Where ``name`` runs now: node_id, ip, host (its bind address)."""
+        """Where ``name`` runs now: node_id, ip, host (its bind address), the node's labels."""
         return dict(self.procs[name].where)
 
     def dead(self) -> dict[str, int]:
