@@ -11,9 +11,9 @@ until the next bucket is asked for (a plain model, a state dict): the frames are
 tensors and libzmq fans the same memory out to every subscriber. A bucket on the GPU, or
 gathered under ZeRO-3 (``Bucket.transient``: freed at the next ``next()``), is packed once into
 a host buffer. A subscriber receives each frame straight into its place in the bucket's buffer
-(``recv_into``) and adds it to the checksum while it is still in cache, so the data is touched
-once on arrival. The checksum is over the tensors' bytes in order (padding excluded):
-``sum64`` is the sum of their 8-byte words (each tensor starts 8-aligned, so frames sum
+(``recv_into``) and adds each tensor to the checksum as soon as it is in, while it is still in
+cache. The checksum is over the tensors' bytes in order (padding excluded):
+``sum64`` is the sum of their 8-byte words (each tensor starts 8-aligned, so tensors sum
 independently), ``crc32`` is chained across them.
 
 Memory: before sending bucket i the publisher waits until bucket i-1 has left for every
@@ -74,7 +74,7 @@ class ZmqWeightPublisher:
             raise ValueError(f"hash ({hash!r}) must be one of {HASHES}")
         self.name = name
         self.hash = hash
-        self.frame_bytes = frame_bytes // 64 * 64  # whole 8-byte words: frames of a tensor sum independently
+        self.frame_bytes = frame_bytes // 64 * 64  # whole cache lines
         self.send_timeout_s = send_timeout_s
         self.sock = zmq.Context.instance().socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 1000)
@@ -319,7 +319,7 @@ class ZmqWeightSubscriber:
 
     def _receive_bucket(self, view: memoryview, specs, crc: int, algo: str, what: str) -> None:
         """Receive each frame straight into its tensor's place (``recv_into``: the one copy out of
-        libzmq) and add it to the checksum while it is in cache; raise on any mismatch."""
+        libzmq), add each tensor to the checksum while it is in cache; raise on any mismatch."""
         got = 0
         try:
             for spec in specs:
@@ -336,8 +336,9 @@ class ZmqWeightSubscriber:
                     n = self.sock.recv_into(view[offset:end])
                     if n > end - offset:
                         raise WeightSyncError(f"{what}: a frame of {n} bytes overruns tensor {spec.name}")
-                    got = _update(got, view[offset : offset + n], algo)
                     offset += n
+                # Summed once the tensor is in (one call per tensor, not per frame; still in cache).
+                got = _update(got, view[spec.offset : end], algo)
             if self.sock.getsockopt(zmq.RCVMORE):
                 raise WeightSyncError(f"{what}: more bytes than its tensors hold")
         finally:
