@@ -122,6 +122,7 @@ class AsyncVLLMEngine:
             max_model_len=cfg.max_model_len,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            tensor_parallel_size=cfg.tensor_parallel_size,
             enforce_eager=cfg.enforce_eager,
             max_num_seqs=cfg.max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
