@@ -1,0 +1,62 @@
+"""Kill components of a running pipeline (simulated engines, every other process real) and check
+that supervision brings the run to its end with every group accounted for by id; then resume a
+finished run from its checkpoint and train on, exactly once."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+from asyncrl.cli import main
+from asyncrl.config import load_config
+from asyncrl.controller import Controller
+
+SIMULATED = [
+    "sampling.max_tokens=64",
+    "run.num_generators=2",
+    "run.console=quiet",
+    "checkpoint.every_steps=5",
+    "supervision.backoff_initial_s=0.2",
+    "run.stall_timeout_s=120",
+]
+
+
+def kill_at_steps(controller, plan, killed):
+    """SIGKILL the named process once the learner has taken that many steps (of this history)."""
+    for step, name in plan:
+        while len(controller.step_events) < step or not controller.training or controller.restart_due:
+            time.sleep(0.05)
+        os.kill(controller.fleet.pid(name), signal.SIGKILL)
+        killed.append(name)
+
+
+def test_killed_generator_reward_worker_buffer_and_learner_lose_nothing(tmp_path):
+    cfg = load_config("configs/bench_pipeline.yaml", [f"run.root={tmp_path}", "learner.total_steps=40", *SIMULATED])
+    controller = Controller(cfg)
+    killed: list[str] = []
+    plan = [(4, "generator-1"), (9, "reward-0"), (14, "buffer"), (22, "learner")]
+    threading.Thread(target=kill_at_steps, args=(controller, plan, killed), daemon=True).start()
+    summary = controller.run()
+    assert killed == [name for _, name in plan]
+    assert [d["name"] for d in summary["deaths"]] == killed and summary["restores"] == 1
+    assert summary["learner_steps"] == 40 and summary["reconciles"], summary
+    ledger = summary["ledger"]
+    assert ledger["lost"] == 0 and ledger["trained_twice"] == 0, ledger
+    assert ledger["restores"] == 1
+    assert summary["checkpoints"][-1] == 40 and 20 in summary["checkpoints"]
+
+
+def test_resume_continues_from_the_checkpoint_and_trains_each_group_once(tmp_path, capsys):
+    overrides = [f"run.root={tmp_path}", "run.name=resumed", "learner.total_steps=10", *SIMULATED]
+    assert main(["train", "configs/bench_pipeline.yaml", *overrides]) == 0
+    run_dir = tmp_path / "resumed"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "v00000010"
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "learner.total_steps=20"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["learner_steps"] == 20 and summary["reconciles"]
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["trained_twice"] == 0
+    assert summary["ledger"]["restores"] == 1
+    versions = [json.loads(line)["version"] for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert versions == list(range(1, 21))  # the resumed run went on from version 10
