@@ -63,7 +63,10 @@ def through_sockets(group: wire.Group, seconds: float) -> dict:
 
     def send():
         while not stop.is_set():
-            tx.send_frame(wire.encode_group(group), timeout=5)
+            try:
+                tx.send_frame(wire.encode_group(group), timeout=1)
+            except TimeoutError:
+                return  # the receiver has stopped reading: the measurement is over
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()

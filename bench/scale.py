@@ -4,11 +4,13 @@ Each point is one run of the real controller, dispatcher, transport, reward work
 learner loop (``configs/bench_scale.yaml``: a learner too fast to be the bottleneck), with G
 simulated generators, E = ceil(G / max_processes) of them per process (threads around the
 unchanged generator loop, ``asyncrl.generators.group``), so 256 fit on two cores. Per point it
-reports samples/s against the ideal G x one generator's capacity (the baseline, from the same
-timing model), CPU µs per trajectory of each control-plane process and each process's CPU
+reports samples/s against the ideal G x one generator's capacity (from the same timing model),
+CPU µs per trajectory of each control-plane process and each process's CPU
 utilisation over the steady-state window (``asyncrl.steady_state``), and the message rate. The
 control plane saturates where samples/s stops following the ideal; the process whose
-utilisation nears one core there is the bottleneck.
+utilisation nears one core there is the bottleneck. The baseline, measured in the same run, is
+one hop of the transport alone (``bench/control_plane.py``: encode, push/pull, decode on one
+core) at this workload's mean length and at 1k tokens, from which bench/README.md extrapolates.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/scale.py [--generators 1,4,16,64,256] [--seconds 6]
         [--out bench/results] [overrides ...]
@@ -23,6 +25,8 @@ import argparse
 import json
 import math
 from pathlib import Path
+
+from control_plane import make_group, through_sockets
 
 from asyncrl.config import load_config
 from asyncrl.pipeline_bench import CONTROL_PLANE, capacities, run_measured
@@ -83,8 +87,28 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = load_config(args.config, [*args.overrides, "run.num_generators=1"])
-    one = capacities(base)["generation_samples_per_s"]  # one generator's samples/s: the baseline
-    result = {"config": args.config, "one_generator_samples_per_s": one, "points": []}
+    cap = capacities(base)
+    one = cap["generation_samples_per_s"]  # one generator's samples/s: the ideal's unit
+    # Baseline in the same run: one hop (encode, ZeroMQ push/pull, decode, validate) on one core,
+    # for groups of this workload's mean length and of 1k-token trajectories (bench/control_plane.py).
+    hops = {
+        tokens: through_sockets(make_group(0, base.sampling.n, tokens), 3.0)
+        for tokens in (round(cap["mean_response_tokens"]), 1024)
+    }
+    result = {
+        "config": args.config,
+        "one_generator_samples_per_s": one,
+        "mean_response_tokens": cap["mean_response_tokens"],
+        "one_hop_baseline": {
+            str(t): {
+                "trajectories_per_s": h["trajectories_per_s"],
+                "us_per_trajectory": 1e6 / h["trajectories_per_s"],
+                "frame_bytes": h["frame_bytes"],
+            }
+            for t, h in hops.items()
+        },
+        "points": [],
+    }
     for g in (int(x) for x in args.generators.split(",")):
         overrides = point_overrides(g, args.max_processes, args.seconds, one, base.sampling.n)
         cfg = load_config(args.config, [*args.overrides, *overrides, f"run.root={out}"])

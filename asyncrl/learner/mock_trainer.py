@@ -6,7 +6,8 @@
 
 (tokens = prompt + response tokens of every sample), counts staleness exactly as the real
 trainer does, and advances ``version``; ``full_state_dict`` is a buffer of ``weight_bytes`` so
-the weight path carries real-sized payloads. With ``MockEngine`` it lets the whole control plane
+the weight path carries real-sized payloads, or, with ``weights_from``, a real model's tensors,
+so that real vLLM generators load every broadcast (``asyncrl bench pipeline --engine vllm``). With ``MockEngine`` it lets the whole control plane
 be benchmarked at any scale without a GPU.
 """
 
@@ -32,6 +33,9 @@ class MockTrainerConfig(Config):
     """Forward + backward cost per token of the batch."""
     weight_bytes: int = Field(1 << 20, ge=4)
     """Size of the weights published to the generators."""
+    weights_from: str | None = None
+    """A Hugging Face model directory whose safetensors are published instead of a blank buffer
+    (for real generator engines, which must be able to load what they receive)."""
 
 
 class MockTrainer:
@@ -40,6 +44,7 @@ class MockTrainer:
     def __init__(self, cfg: MockTrainerConfig):
         self.cfg = cfg
         self.version = 0
+        self._tensors: dict | None = None
 
     def step_seconds(self, tokens: int) -> float:
         return self.cfg.step_overhead_s + self.cfg.s_per_token * tokens
@@ -65,7 +70,17 @@ class MockTrainer:
     def full_state_dict(self) -> dict:
         import torch
 
-        return {"weights": torch.zeros(self.cfg.weight_bytes // 4, dtype=torch.float32)}
+        if self.cfg.weights_from is None:
+            return {"weights": torch.zeros(self.cfg.weight_bytes // 4, dtype=torch.float32)}
+        if self._tensors is None:  # read once: the simulated policy never changes
+            from safetensors.torch import load_file
+
+            self._tensors = {}
+            for path in sorted(Path(self.cfg.weights_from).glob("*.safetensors")):
+                self._tensors.update(load_file(str(path)))
+            if not self._tensors:
+                raise ValueError(f"weights_from ({self.cfg.weights_from}) holds no *.safetensors file")
+        return self._tensors
 
     def weight_buckets(self, bucket_bytes: int):
         from asyncrl.weights.buckets import state_dict_buckets

@@ -13,3 +13,14 @@ def test_mock_trainer_counts_staleness_and_versions_like_the_real_one():
     assert stats["staleness"] == [1] * 8 and stats["reward_mean"] == pytest.approx(1 / 8)
     assert t.full_state_dict()["weights"].numel() == 16
     assert t.step_seconds(100) == 0
+
+
+def test_mock_trainer_publishes_a_real_models_tensors_when_asked(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"model.embed_tokens.weight": torch.ones(4, 2)}, str(tmp_path / "model.safetensors"))
+    t = MockTrainer(MockTrainerConfig(weights_from=str(tmp_path)))
+    assert list(t.full_state_dict()) == ["model.embed_tokens.weight"]
+    with pytest.raises(ValueError, match="holds no"):
+        MockTrainer(MockTrainerConfig(weights_from=str(tmp_path / "none"))).full_state_dict()

@@ -1,0 +1,31 @@
+"""``asyncrl bench pipeline --engine vllm`` end to end: real vLLM generator, the real control plane
+and weight path, the same engine generating alone before and after, one JSON."""
+
+import json
+
+import pytest
+
+from asyncrl.pipeline_bench import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_vllm_pipeline_overhead_is_measured_against_the_engine_alone(tmp_path):
+    result = main(
+        [
+            "--engine",
+            "vllm",
+            "--out",
+            str(tmp_path),
+            "learner.total_steps=4",
+            "sampling.max_tokens=8",
+            "run.console=quiet",
+        ]
+    )
+    assert json.loads((tmp_path / "pipeline_vllm.json").read_text())["overhead"] == result["overhead"]
+    assert result["pipeline"]["generator_versions"] == {"generator-0": 4}  # every broadcast was loaded
+    assert result["pipeline"]["counters_reconcile"] and result["pipeline"]["tokens_per_s"] > 0
+    for alone in (result["alone_before"], result["alone_after"]):
+        assert [e["calls"] for e in alone["per_engine"]] == [4] and alone["tokens_per_s"] > 0
+    assert result["overhead"] == pytest.approx(1 - result["pipeline_tokens_per_s"] / result["alone_tokens_per_s"])
+    assert result["alone_tokens_per_cpu_s"] > 0 and result["pipeline_tokens_per_cpu_s"] > 0
