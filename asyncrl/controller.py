@@ -491,10 +491,10 @@ class Controller:
 
     def _log_waits(self, stalled_s: float) -> None:
         log.warning("no learner step for %.0f s; each process's last word:", stalled_s)
-        now = time.monotonic()
+        now, dead = time.monotonic(), self.fleet.dead()
         for name in sorted(self.fleet.procs):
             ev = self.last_event.get(name)
-            alive = self.fleet.procs[name].poll() is None if hasattr(self.fleet, "procs") else True
+            alive = name not in dead
             said = f"{ev['type']} {now - self.last_event_at[name]:.0f} s ago" if ev else "nothing yet"
             log.warning("  %s (%s): %s%s", name, "alive" if alive else "exited", said, _waits_for(ev))
 
