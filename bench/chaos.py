@@ -44,7 +44,8 @@ def killer(controller, kills: int, seed: int, gap_s: tuple[float, float], log: l
         if fleet is None or not controller.training or controller.learner_done is not None:
             continue
         role = TARGETS[len(log) % len(TARGETS)] if len(log) < len(TARGETS) else rng.choice(TARGETS)
-        names = [n for n in fleet.names(role) if fleet.procs[n].poll() is None]
+        dead = fleet.dead()
+        names = [n for n in fleet.names(role) if n not in dead and n not in controller.restart_due]
         if not names:
             continue
         name = rng.choice(names)
