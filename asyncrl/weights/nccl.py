@@ -71,12 +71,15 @@ def broadcast(group, buf: torch.Tensor, timeout_s: float, what: str) -> None:
     wait(work, timeout_s, what)
 
 
-def wait(work, timeout_s: float, what: str) -> None:
+def wait(work, timeout_s: float, what: str, tick=None) -> None:
+    """Wait for ``work`` up to ``timeout_s``, calling ``tick()`` meanwhile; raise naming ``what``."""
     deadline = time.monotonic() + timeout_s
     try:
         while not work.is_completed():
             if time.monotonic() > deadline:
                 raise WeightSyncError(f"waited {timeout_s:.1f} s for {what}")
+            if tick is not None:
+                tick()
             time.sleep(0.0005)
         work.wait()
     except WeightSyncError:
@@ -174,7 +177,7 @@ class NcclWeightPublisher:
 
     def _finish(self, version: int, index: int, work, buf: torch.Tensor) -> None:
         what = f"{self.name}: every generator to take version {version} bucket {index} over {self.backend}"
-        wait(work, self.timeout_s, what)
+        wait(work, self.timeout_s, what, tick=self.announce)  # a generator that missed it hears it again
         self._spare.append(buf)
         self._spare = self._spare[-2:]
 

@@ -301,7 +301,8 @@ class ZmqWeightSubscriber:
                     )
                 meta = {k: v for k, v in begin.items() if k != "policy_version"}
                 update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
-                update._on_done = lambda error: self._spare.extend(buffers)
+                # The newest version's buffers are kept for the next one (same sizes); older ones go.
+                update._on_done = lambda error: setattr(self, "_spare", buffers)
                 return update
             if int(body["index"]) != index:
                 self._drain()

@@ -93,6 +93,7 @@ def test_nccl_without_cuda_is_a_config_error_naming_the_key(monkeypatch):
 def _gpu_subscriber(address, rank, queue):
     torch.cuda.set_device(rank)
     sub = NcclWeightSubscriber(address, rank=rank, name=f"gen-{rank}", timeout_s=60)
+    queue.put("ready")
     out = {}
     _take(sub, 0, out, "u", timeout=120)
     result = out.get("u")
@@ -117,7 +118,8 @@ def test_nccl_round_trip_between_gpus_is_bit_identical():
     procs = [ctx.Process(target=_gpu_subscriber, args=(pub.address, r, queue)) for r in range(1, ranks + 1)]
     for p in procs:
         p.start()
-    time.sleep(2.0)  # the subscribers' SUB sockets connect; the announcement is repeated anyway
+    assert [queue.get(timeout=120) for _ in procs] == ["ready"] * ranks
+    time.sleep(0.5)  # the SUB sockets connect (the announcement is repeated while the learner waits anyway)
     stats = pub.publish(state_dict_buckets(sd, 64 << 10), 1)
     results = [queue.get(timeout=120) for _ in procs]
     for p in procs:
