@@ -245,7 +245,9 @@ def main(argv: list[str] | None = None) -> dict:
         if m not in MODES:
             raise ValueError(f"mode ({m!r}) must be one of {list(MODES)}")
     cfg = load_config(recipe, args.overrides)
-    result = {"capacity": capacities(cfg), "modes": {}}
+    from asyncrl.steady_state import machine_load
+
+    result = {"capacity": capacities(cfg), "modes": {}, "machine_at_start": machine_load()}
     for mode in modes:
         m = result["modes"][mode] = run_mode(recipe, args.overrides, mode, out)
         m["fraction_of_ideal"] = m["samples_per_s"] / result["capacity"]["ideal_samples_per_s"]
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
         sync["fraction_of_sync_model"] = sync["samples_per_s"] / result["capacity"]["sync_samples_per_s"]
         for m in result["modes"].values():
             m["speedup_over_sync"] = m["samples_per_s"] / sync["samples_per_s"]
+    result["machine_at_end"] = machine_load()
     (out / "pipeline.json").write_text(json.dumps(result, indent=2))
     plot(result, out / "pipeline.png")
     print(json.dumps(result, indent=2))

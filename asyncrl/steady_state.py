@@ -121,6 +121,11 @@ class SteadyStateMonitor:
         }
 
 
+def machine_load() -> dict:
+    """CPUs and load averages (1, 5, 15 min): on a shared machine, the context of any figure."""
+    return {"cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
 def by_role(values: dict[str, float], roles: dict[str, str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, value in values.items():

@@ -129,6 +129,9 @@ def run_vllm_bench(recipe: str, overrides: list[str], out: Path) -> dict:
     calls = (
         cfg.learner.total_steps * cfg.learner.batch_groups // (cfg.generator.prompts_per_batch * cfg.run.num_generators)
     )
+    from asyncrl.steady_state import machine_load
+
+    load_start = machine_load()
     before = run_alone(cfg, model_dir, calls, out / "alone-before")
     pipeline = run_measured(cfg)
     after = run_alone(cfg, model_dir, calls, out / "alone-after")
@@ -156,6 +159,8 @@ def run_vllm_bench(recipe: str, overrides: list[str], out: Path) -> dict:
         "overhead_per_cpu_s": 1 - pipeline_per_cpu / alone_per_cpu,
         "control_plane_cores": pipeline["control_plane_cpu_us_per_sample"] * 1e-6 * pipeline["samples_per_s"],
         "goal_overhead": 0.10,
+        "machine_at_start": load_start,
+        "machine_at_end": machine_load(),
     }
     (out / "pipeline_vllm.json").write_text(json.dumps(result, indent=2))
     return result

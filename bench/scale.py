@@ -30,6 +30,7 @@ from control_plane import make_group, through_sockets
 
 from asyncrl.config import load_config
 from asyncrl.pipeline_bench import CONTROL_PLANE, capacities, run_measured
+from asyncrl.steady_state import machine_load
 
 
 def point_overrides(generators: int, max_processes: int, seconds: float, per_generator_samples_s: float, n: int):
@@ -108,6 +109,7 @@ def main() -> None:
             for t, h in hops.items()
         },
         "points": [],
+        "machine_at_start": machine_load(),
     }
     for g in (int(x) for x in args.generators.split(",")):
         overrides = point_overrides(g, args.max_processes, args.seconds, one, base.sampling.n)
@@ -129,6 +131,7 @@ def main() -> None:
             "latency_s": m["latency_s"],
             "reconciles": m["reconciles"],
             "wall_s": m["wall_s"],
+            "machine_at_end": machine_load(),
         }
         result["points"].append(point)
         print(json.dumps(point), flush=True)
