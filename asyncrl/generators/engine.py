@@ -9,7 +9,8 @@ Why it is built this way:
 - **A batch is sampled by exactly one policy version.** ``generate`` runs all prompts in one
   blocking ``LLM.generate`` call and ``load_weights`` only runs between calls, so every token of
   every returned group came from the weights of ``self.version``: a weight update is atomic per
-  request, and the learner's importance ratios use the right behaviour policy.
+  request, and the learner's importance ratios use the right behaviour policy. (To swap while
+  requests run, ``weights.apply_mode: in_flight`` uses ``asyncrl.generators.async_engine``.)
 - **Behaviour logprobs, not model logprobs.** The engine is built with
   ``logprobs_mode="processed_logprobs"``: the logprob returned for each sampled token is taken
   from the distribution the sampler actually drew from, i.e.

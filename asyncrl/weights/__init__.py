@@ -9,7 +9,9 @@ One small interface, four transports (``file``, ``shm``, ``zmq``, ``nccl``):
   newest complete, checksum-verified version above the one served; ``close()``. The generator
   calls ``update.done(error)`` once the engine has copied the tensors in.
 
-``make_publisher`` / ``make_subscriber`` pick the transport from ``WeightSyncConfig``.
+``make_publisher`` / ``make_subscriber`` pick the transport from ``WeightSyncConfig``. How a
+generator applies an update (between engine calls, or in flight with per-token version
+segments) is ``weights.apply_mode``: see ``asyncrl.generators.worker`` and ``.inflight``.
 """
 
 from __future__ import annotations
