@@ -15,6 +15,8 @@ that connects to them starts.
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,7 +44,8 @@ class LauncherConfig(Config):
     """Host every socket binds on: 127.0.0.1 when every node is this machine; ``node``: the address
     Ray knows each process's node by (the controller: its own machine's), for several machines."""
     num_cpus: int | None = Field(None, ge=1)
-    """CPUs of the private Ray instance (``address: local``); None: every CPU of this machine."""
+    """Logical CPUs of the private Ray instance (``address: local``); None: this machine's CPUs, or
+    as many as the placement asks for when that is more (the processes then share the cores)."""
     placement_timeout_s: float = Field(120.0, gt=0)
     """Seconds a component may wait for a node with the resources and labels it asks for, before
     the run fails naming them."""
@@ -74,14 +77,24 @@ def make_fleet(cfg: RunConfig, run_dir: Path, model_dir: Path, env: dict[str, st
         from asyncrl.fleet import ProcessFleet
 
         return ProcessFleet(run_dir, model_dir, env)
-    import os
-
     from asyncrl.ray_fleet import RayFleet
 
     # Only what the controller adds to its own environment travels: PATH, HOME, CUDA_VISIBLE_DEVICES
     # and the like are each node's own.
     settings = {k: v for k, v in env.items() if os.environ.get(k) != v}
-    return RayFleet(run_dir, model_dir, settings, cfg.launcher, cfg.placement, binding_roles(cfg))
+    launcher = cfg.launcher
+    if launcher.address == "local" and launcher.num_cpus is None:
+        launcher = launcher.model_copy(update={"num_cpus": max(os.cpu_count() or 1, math.ceil(placed_cpus(cfg)))})
+    return RayFleet(run_dir, model_dir, settings, launcher, cfg.placement, binding_roles(cfg))
+
+
+def placed_cpus(cfg: RunConfig) -> float:
+    """Logical CPUs the placement reserves for every component this run starts."""
+    from asyncrl.generators.group import generator_process_names
+
+    p = cfg.placement
+    generators = len(generator_process_names(cfg)) * p.generator.num_cpus
+    return generators + sum(getattr(p, role).num_cpus for role in binding_roles(cfg))
 
 
 def binding_roles(cfg: RunConfig) -> list[str]:

@@ -157,6 +157,8 @@ class Component:
     exit_ref: ray.ObjectRef | None = None
     returncode: int | None = None
     starts: int = 0
+    signalled: bool = False
+    """The fleet sent its child a signal (so an exit by signal is no loss)."""
     binds: bool = False
     """It binds its role's addresses (``endpoints.BOUND_BY``) that other processes connect to."""
 
@@ -288,6 +290,7 @@ class RayFleet:
         """SIGKILL ``name`` (if it still runs) and wait for its exit status."""
         comp = self.procs[name]
         if comp.returncode is None:
+            comp.signalled = True
             try:
                 ray.get(comp.actor.signal.remote(signal.SIGKILL), timeout=30)
             except ray.exceptions.RayActorError:
@@ -420,22 +423,52 @@ class RayFleet:
                 self._record_exit(comp)
 
     def _record_exit(self, comp: Component) -> None:
+        """The child's exit code; ``ActorLost`` when its actor is gone, or when a signal nobody here
+        sent ended it and the actor is gone too (a node shutting down stops its workers' children
+        before the node is declared dead)."""
         try:
-            comp.returncode = ray.get(comp.exit_ref)
+            rc = ray.get(comp.exit_ref)
         except ray.exceptions.RayActorError:
-            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-            node_id = comp.where["node_id"]
-            comp.returncode = ActorLost(node_id, comp.where["ip"], node_died=node_id not in alive)
-            log.warning("%s %s", comp.role, comp.returncode)
+            rc = None
+        if rc is not None and (rc >= 0 or comp.signalled or _answers(comp.actor)):
+            comp.returncode = rc
+            return
+        node_id = comp.where["node_id"]
+        comp.returncode = ActorLost(node_id, comp.where["ip"], node_died=_node_gone(node_id))
+        log.warning("%s %s", comp.role, comp.returncode)
 
     def _signal_all(self, signum: int) -> None:
-        refs = [c.actor.signal.remote(signum) for c in self.procs.values() if c.returncode is None]
+        running = [c for c in self.procs.values() if c.returncode is None]
+        for comp in running:
+            comp.signalled = True
+        refs = [c.actor.signal.remote(signum) for c in running]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10)
         for ref in ready:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
                 pass  # gone with its node: nothing left to signal
+
+
+def _answers(actor: ray.actor.ActorHandle) -> bool:
+    """Whether the actor still answers (within a few seconds)."""
+    try:
+        ray.get(actor.signal.remote(0), timeout=5)
+        return True
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+
+
+def _node_gone(node_id: str, wait_s: float = 5.0) -> bool:
+    """Whether Ray declares the node dead, waiting a little: a node shutting down is declared dead
+    shortly after its workers are gone."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 def _cluster_summary() -> str:
