@@ -148,3 +148,14 @@ def test_clients_without_the_right_keys_are_refused_and_counted(keys, tmp_path, 
         assert secret_of(keys / f"{name}.key_secret").decode() not in caplog.text
     good.close()
     rx.close()
+
+
+def test_the_keys_command_writes_them_and_prints_paths_only(tmp_path, capsys):
+    from asyncrl.cli import main
+
+    assert main(["keys", str(tmp_path / "k"), "--clients", "a", "b"]) == 0
+    out = capsys.readouterr().out
+    assert "server.key" in out and "a.key" in out and "b.key" in out
+    assert secret_of(tmp_path / "k" / "server.key_secret").decode() not in out
+    with pytest.raises(SystemExit, match="refusing to replace"):
+        main(["keys", str(tmp_path / "k")])
