@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("nccl", "gloo")
 PREFIX = "asyncrl-weights"
+JOINED = "joined"  # store counter: generators that have joined the group
 
 
 def make_group(backend: str, store, rank: int, world_size: int, timeout_s: float):
@@ -153,7 +154,14 @@ class NcclWeightPublisher:
         }
         self.announce(force=True)
         if self.group is None:
-            self.group = make_group(self.backend, self.store, 0, self.world_size, self.timeout_s)
+            try:
+                self.group = make_group(self.backend, self.store, 0, self.world_size, self.timeout_s)
+            except Exception as e:  # gloo meets every rank here, within the timeout
+                raise WeightSyncError(
+                    f"{self.name}: waited {self.timeout_s:.1f} s to form the {self.backend} group with "
+                    f"{self.world_size - 1} generators at {self.store_address}: {type(e).__name__}"
+                ) from e
+            self._wait_joined()
         in_flight: list[tuple[int, object, torch.Tensor]] = []
         total = count = 0
         for index, named in enumerate(buckets):
@@ -174,6 +182,19 @@ class NcclWeightPublisher:
         self.store.set(f"v{version}/b{count}", json.dumps({"end": True, "num_buckets": count, "bytes": total}))
         self._forget(version - 2)
         return {"bytes": total, "buckets": count, "seconds": time.perf_counter() - start}
+
+    def _wait_joined(self) -> None:
+        """Wait until every generator has joined: NCCL's first collective sets the communicator
+        up and would block, with no deadline of ours, on a generator that never comes."""
+        deadline = time.monotonic() + self.timeout_s
+        while (joined := self.store.add(JOINED, 0)) < self.world_size - 1:
+            if time.monotonic() > deadline:
+                raise WeightSyncError(
+                    f"{self.name}: waited {self.timeout_s:.1f} s for {self.world_size - 1} generators to join the "
+                    f"{self.backend} group at {self.store_address}; {joined} did"
+                )
+            self.announce()  # a generator that missed the announcement hears it again
+            time.sleep(0.01)
 
     def _finish(self, version: int, index: int, work, buf: torch.Tensor) -> None:
         what = f"{self.name}: every generator to take version {version} bucket {index} over {self.backend}"
@@ -263,6 +284,7 @@ class NcclWeightSubscriber:
         try:
             self.store = torch.distributed.TCPStore(host, int(port), None, False, timeout=timeout)
             self.group = make_group(self.backend, self.store, self.rank, world, self.timeout_s)
+            self.store.add(JOINED, 1)
         except Exception as e:
             raise WeightSyncError(
                 f"{self.name}: waited {self.timeout_s:.1f} s to join the learner's {self.backend} group at {body['store']} "

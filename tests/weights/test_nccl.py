@@ -80,6 +80,15 @@ def test_a_subscriber_waiting_for_a_silent_learner_names_what_it_waited_for():
     sub.close()
 
 
+def test_a_learner_whose_generators_never_join_names_what_it_waited_for():
+    pub = NcclWeightPublisher("tcp://127.0.0.1:0", num_subscribers=2, backend="gloo", timeout_s=1.0)
+    with pytest.raises(
+        WeightSyncError, match=r"learner.weights.nccl: waited 1.0 s to form the gloo group with 2 generators"
+    ):
+        pub.publish(state_dict_buckets(_state(), 64 << 10), 1)
+    pub.close()
+
+
 def test_nccl_without_cuda_is_a_config_error_naming_the_key(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"weights.transport \(nccl\) needs CUDA"):
