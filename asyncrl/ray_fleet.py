@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 DEAD_POLL_S = 0.2
 """``dead()`` asks Ray at most this often; the controller calls it on every event it reads."""
+LOSS_WATCH_S = 3.0
+"""Seconds a child killed by a signal nobody here sent is watched for its node or actor going down."""
 
 
 class FleetError(RuntimeError):
@@ -424,17 +426,26 @@ class RayFleet:
 
     def _record_exit(self, comp: Component) -> None:
         """The child's exit code; ``ActorLost`` when its actor is gone, or when a signal nobody here
-        sent ended it and the actor is gone too (a node shutting down stops its workers' children
-        before the node is declared dead)."""
+        sent ended it while its node was going down (a node shutting down stops its workers and
+        their children before Ray declares the node dead: watch for a few seconds)."""
         try:
             rc = ray.get(comp.exit_ref)
         except ray.exceptions.RayActorError:
             rc = None
-        if rc is not None and (rc >= 0 or comp.signalled or _answers(comp.actor)):
+        node_id = comp.where["node_id"]
+        if rc is not None and (rc >= 0 or comp.signalled):
             comp.returncode = rc
             return
-        node_id = comp.where["node_id"]
-        comp.returncode = ActorLost(node_id, comp.where["ip"], node_died=_node_gone(node_id))
+        deadline = time.monotonic() + LOSS_WATCH_S
+        while rc is not None and time.monotonic() < deadline:
+            if _node_gone(node_id) or not _answers(comp.actor):
+                rc = None
+            else:
+                time.sleep(0.2)
+        if rc is not None:  # killed by a signal on a node that lives on: an ordinary death
+            comp.returncode = rc
+            return
+        comp.returncode = ActorLost(node_id, comp.where["ip"], node_died=_node_gone(node_id, wait_s=LOSS_WATCH_S))
         log.warning("%s %s", comp.role, comp.returncode)
 
     def _signal_all(self, signum: int) -> None:
@@ -451,15 +462,15 @@ class RayFleet:
 
 
 def _answers(actor: ray.actor.ActorHandle) -> bool:
-    """Whether the actor still answers (within a few seconds)."""
+    """Whether the actor still answers (within 2 s)."""
     try:
-        ray.get(actor.signal.remote(0), timeout=5)
+        ray.get(actor.signal.remote(0), timeout=2)
         return True
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return False
 
 
-def _node_gone(node_id: str, wait_s: float = 5.0) -> bool:
+def _node_gone(node_id: str, wait_s: float = 0.0) -> bool:
     """Whether Ray declares the node dead, waiting a little: a node shutting down is declared dead
     shortly after its workers are gone."""
     deadline = time.monotonic() + wait_s

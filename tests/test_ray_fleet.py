@@ -7,6 +7,8 @@ environment): these tests check where and how the fleet runs processes, not what
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -57,6 +59,16 @@ def make_fleet(tmp_path, cluster, bind_host="127.0.0.1", placement=PLACEMENT, ti
     )
 
 
+def wait_for_text(path, text: str, timeout: float = 60) -> bool:
+    """Whether ``text`` appears in the file at ``path`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def labels_of(node_id: str) -> dict:
     return next(n["Labels"] for n in ray.nodes() if n["NodeID"] == node_id)
 
@@ -81,8 +93,13 @@ def test_components_land_on_nodes_their_placement_allows_and_learner_ranks_share
         while "reward-0" not in fleet.dead() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert fleet.dead() == {"reward-0": 3} and not fleet.exited(["buffer"])
-        log = (tmp_path / "logs" / "generator-0.log").read_text()
-        assert "settings yes None cpu" in log  # the controller's settings; DeepSpeed's device decided on the node
+        os.kill(fleet.pid("generator-2"), signal.SIGKILL)  # its node lives on: an ordinary death
+        while "generator-2" not in fleet.dead() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rc = fleet.dead()["generator-2"]
+        assert rc == -signal.SIGKILL and not isinstance(rc, ActorLost)
+        # The controller's settings arrive; DeepSpeed's device is decided on the node.
+        assert wait_for_text(tmp_path / "logs" / "generator-0.log", "settings yes None cpu")
         recorded = json.loads((tmp_path / "placement.json").read_text())
         assert {r["name"] for r in recorded} == set(fleet.procs)
     finally:
@@ -117,7 +134,7 @@ def test_a_lost_node_is_reported_with_its_components_which_restart_on_a_live_nod
             fleet.restart(name, {"ASYNCRL_TEST": "again"})
             assert fleet.node(name)["node_id"] == spare.node_id
         assert fleet.dead() == {}
-        assert "settings again" in (tmp_path / "logs" / f"{on_doomed[0]}.log").read_text()
+        assert wait_for_text(tmp_path / "logs" / f"{on_doomed[0]}.log", "settings again")
         starts = [
             r["start"] for r in json.loads((tmp_path / "placement.json").read_text()) if r["name"] == on_doomed[0]
         ]
@@ -137,11 +154,8 @@ def test_with_bind_host_node_the_binding_roles_addresses_move_to_their_nodes(tmp
             assert getattr(after, name).startswith("tcp://127.0.0.1:")  # these nodes' address
         assert len({after.buffer_in, after.reward_in, after.weights, before.buffer_in}) == 4  # ports chosen there
         fleet.start("learner", "learner", {"RANK": "0", "MASTER_ADDR": "controller-host"})
-        deadline = time.monotonic() + 30
-        log = tmp_path / "logs" / "learner.log"
-        while "settings" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert "settings yes 127.0.0.1 cpu" in log.read_text()  # rank 0's node is the rendezvous
+        # Rank 0's node is the rendezvous, not the controller's MASTER_ADDR.
+        assert wait_for_text(tmp_path / "logs" / "learner.log", "settings yes 127.0.0.1 cpu")
     finally:
         fleet.terminate()
 
