@@ -31,7 +31,7 @@ def starts_by_name(run_dir) -> dict[str, list[dict]]:
     return starts
 
 
-def test_a_toy_run_spread_over_three_nodes_trains_to_the_end_and_reconciles(tmp_path):
+def test_a_toy_run_spread_over_three_nodes_binding_on_their_addresses_trains_and_reconciles(tmp_path):
     with local_cluster(
         head_cpus=3,
         head_labels={"pool": "main"},
@@ -46,6 +46,10 @@ def test_a_toy_run_spread_over_three_nodes_trains_to_the_end_and_reconciles(tmp_
                 *PLACED,
                 "placement.generator={num_cpus: 1, labels: {pool: gen}}",
                 "placement.reward={num_cpus: 1, labels: {pool: cpu}}",
+                # As on several machines: each process binds on its node's address (here every
+                # node's is 127.0.0.1, at ports its node chose), weights stream over ZeroMQ.
+                "launcher.bind_host=node",
+                "weights.transport=zmq",
             ],
         )
         summary = Controller(cfg).run()
@@ -61,6 +65,9 @@ def test_a_toy_run_spread_over_three_nodes_trains_to_the_end_and_reconciles(tmp_
         **{f"generator-{i}": "gen" for i in range(4)},
     }
     assert len({records[-1]["node_id"] for records in starts.values()}) == 3
+    endpoints = json.loads((tmp_path / "bench" / "endpoints.json").read_text())
+    for role, name in (("buffer", "buffer_in"), ("reward-0", "reward_in"), ("learner", "weights_stream")):
+        assert endpoints[name].rsplit(":", 1)[1] in map(str, starts[role][0]["ports"])  # chosen on its node
     assert not summary["deaths"]
 
 
