@@ -12,8 +12,10 @@ grow.
 
 To overlap the subscribers' checks with the writing, each bucket is also announced as soon as it
 is written and summed (``{policy_version, part, dir, bucket}``, pointing into the version's
-temporary directory): a subscriber maps and checks it then, and once the version is announced
-whole it maps only the buckets it has not seen (a mapping survives the rename).
+temporary directory): a subscriber's checker thread maps and checks it then, and once the
+version is announced whole it maps only the buckets it has not seen (a mapping survives the
+rename). ``newest`` hands out versions already verified, so the checks run while a generator
+samples, off its critical path.
 
 Unlinking: each subscriber acks a version (PUSH to the learner's PULL, address in the
 announcement) once its engine has copied the tensors in, or reports the error. A superseded
@@ -37,6 +39,7 @@ import logging
 import mmap
 import os
 import shutil
+import threading
 import time
 import uuid
 import warnings
@@ -277,31 +280,79 @@ class ShmWeightPublisher:
 
 
 class ShmWeightSubscriber:
-    """Maps announced versions from shared memory, verifies them, and acks them when done."""
+    """Maps announced versions from shared memory, verifies them, and acks them when done.
+
+    A background thread owns the SUB socket: it checks each bucket as it is announced and each
+    version as it completes, so ``newest`` hands out a version already verified, and the
+    checks run while the generator samples. A failed check is raised by the next ``newest``."""
 
     transport = "shm"
 
     def __init__(self, address: str, name: str = "generator.weights"):
         self.name = name
-        self.sub = Subscriber(address, name=name)
+        self.sub = Subscriber(address, name=name)  # the checker thread's alone (ZeroMQ sockets are not thread-safe)
         self._ack: StreamSender | None = None
         self._parts: dict[int, dict[str, tuple[mmap.mmap, dict]]] = {}  # version -> file -> (map, entry) checked early
+        self._cond = threading.Condition()
+        self._ready: WeightUpdate | None = None  # the newest version verified and not handed out yet
+        self._error: BaseException | None = None
+        self._taken = -1  # newest version verified (or being handed out): repeats of it are ignored
+        self._served = -1  # newest version the caller said it serves
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{name}.check", daemon=True)
+        self._thread.start()
 
     def newest(self, served_version: int, timeout: float = 0.0) -> WeightUpdate | None:
         """The newest announced version above ``served_version``, mapped and verified, or None.
 
-        Waits up to ``timeout`` seconds for a first announcement (0: only what is queued)."""
-        best = None
-        msg = self.sub.recv(timeout) if timeout > 0 else None
-        msgs = ([msg] if msg else []) + self.sub.recv_latest()
-        for kind, body in msgs:
-            if kind != "weights" or int(body["policy_version"]) <= served_version:
+        Waits up to ``timeout`` seconds for one (0: only what is ready); raises what the checks met."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._served = max(self._served, served_version)
+            while self._error is None and not self._has_newer(served_version):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            if not self._has_newer(served_version):
+                return None
+            update, self._ready = self._ready, None
+            return update
+
+    def _has_newer(self, served_version: int) -> bool:
+        return self._ready is not None and self._ready.version > served_version
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msg = self.sub.recv(0.05)
+            if msg is None or msg[0] != "weights":
                 continue
-            if "part" in body:
-                self._take_part(body)
-            elif best is None or int(body["policy_version"]) > int(best["policy_version"]):
-                best = body
-        return None if best is None else self.fetch(best)
+            body = msg[1]
+            version = int(body["policy_version"])
+            if version <= max(self._taken, self._served):
+                continue  # a repeat, or older than what is served
+            try:
+                if "part" in body:
+                    self._take_part(body)
+                    continue
+                announced_at = time.monotonic()
+                update = self.fetch(body)
+                update.announced_at = announced_at
+            except Exception as e:  # raised by the caller's next newest(): never swallowed
+                log.error("%s: %s", self.name, e)
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                self._taken = version
+                superseded, self._ready = self._ready, update
+                self._cond.notify_all()
+            if superseded is not None:
+                superseded.done()  # never applied, no longer needed: the learner may reuse it
 
     def _take_part(self, body: dict) -> None:
         """Map and check one bucket of a version still being written (announced early); ``fetch``
@@ -368,6 +419,8 @@ class ShmWeightSubscriber:
             log.warning("%s: the learner took no %s for version %d within 1 s; dropped", self.name, kind, version)
 
     def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
         self.sub.close()
         if self._ack is not None:
             self._ack.close()

@@ -34,6 +34,8 @@ class WeightUpdate:
     """Bytes of tensor data received."""
     receive_s: float = 0.0
     """Seconds from the first byte (or the announcement) to verified tensors."""
+    announced_at: float = 0.0
+    """``time.monotonic()`` when the whole version was announced to (shm) or had arrived at this subscriber."""
     path: str | None = None
     """For the file transport: the directory to load instead of ``tensors``."""
     shm: list[dict] | None = None
