@@ -194,6 +194,7 @@ def plot(result: dict, path: Path) -> None:
     ax1.axhline(
         cap["sync_samples_per_s"], color="tab:red", linestyle=":", label=f"sync model {cap['sync_samples_per_s']:.0f}/s"
     )
+    ax1.set_ylim(0, 1.15 * max(cap["ideal_samples_per_s"], *rates))
     ax1.set_title("throughput (samples/s; label: fraction of ideal)")
     ax1.legend(loc="lower right")
     x = np.arange(len(modes))
@@ -206,7 +207,7 @@ def plot(result: dict, path: Path) -> None:
     ax2.legend(loc="lower right")
     width = 0.8 / len(modes)
     for i, m in enumerate(modes):
-        hist = result["modes"][m]["staleness_hist"]
+        hist = {int(k): v for k, v in result["modes"][m]["staleness_hist"].items()}  # str keys once in JSON
         total = sum(hist.values())
         ks = sorted(hist)
         ax3.bar(np.array(ks) + (i - (len(modes) - 1) / 2) * width, [hist[k] / total for k in ks], width, label=m)

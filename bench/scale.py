@@ -66,10 +66,12 @@ def plot(result: dict, path: Path) -> None:
     ax1.legend()
     for role in (*CONTROL_PLANE, "generator"):
         ax2.semilogx(gens, [p["cpu_cores"].get(role, 0.0) for p in points], "o-", label=role)
+    ax2.semilogx(gens, [sum(p["cpu_cores"].values()) for p in points], "k^-", label="all of them")
     ax2.axhline(1.0, color="k", linestyle=":", linewidth=1)
+    ax2.axhline(2.0, color="k", linestyle="--", linewidth=1)
     ax2.set_xlabel("simulated generators")
     ax2.set_ylabel("CPU cores used (steady state)")
-    ax2.set_title("CPU by process kind (2 cores, shared)")
+    ax2.set_title("CPU by process kind (the machine: 2 cores, shared)")
     ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
