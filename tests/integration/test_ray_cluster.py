@@ -1,6 +1,7 @@
 """The simulated pipeline (simulated engines, every other process real) launched on a Ray cluster
 of three nodes on this machine: placed by labels, trained to the end, every sample accounted for;
-then the same with a node removed mid-run, whose components supervision restarts on a live node."""
+then the same with a node removed mid-run, whose components supervision restarts on a live node;
+and the real pipeline (vLLM generators, DeepSpeed learner) over two nodes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import threading
 import time
 
+import pytest
 import ray
 
 from asyncrl.config import load_config
@@ -22,6 +24,9 @@ PLACED = [
     "sampling.max_tokens=64",
     "run.console=quiet",
 ]
+
+
+MAIN_ROLES = ("learner", "buffer", "dispatcher", "reward")
 
 
 def starts_by_name(run_dir) -> dict[str, list[dict]]:
@@ -131,3 +136,38 @@ def test_a_run_survives_losing_a_node_with_its_generators_and_reward_worker(tmp_
     starts = starts_by_name(tmp_path / "bench")
     for name in lost["names"]:
         assert [r["node_id"] for r in starts[name]] == [lost["node_id"], spare], starts[name]
+
+
+@pytest.mark.slow
+def test_real_vllm_generators_and_a_deepspeed_learner_on_two_nodes(tmp_path):
+    with local_cluster(
+        head_cpus=4, head_labels={"pool": "main"}, nodes=[{"num_cpus": 2, "labels": {"pool": "gen"}}]
+    ) as c:
+        cfg = load_config(
+            "configs/demo.yaml",
+            [
+                f"run.root={tmp_path}",
+                "run.name=vllm",
+                "run.console=quiet",
+                "learner.total_steps=4",
+                "learner.broadcast_every=2",
+                "learner.batch_groups=4",
+                "generator.prompts_per_batch=4",
+                "sampling.n=4",
+                "sft.steps=20",
+                "eval.num_prompts=20",
+                "launcher.kind=ray",
+                f"launcher.address={c.address}",
+                "placement.generator={num_cpus: 1, labels: {pool: gen}}",
+                *(f"placement.{role}={{num_cpus: 1, labels: {{pool: main}}}}" for role in MAIN_ROLES),
+            ],
+        )
+        summary = Controller(cfg).run()
+    assert summary["learner_steps"] == 4 and summary["reconciles"], summary
+    assert summary["generator_versions"] == {"generator-0": 4, "generator-1": 4}
+    assert (tmp_path / "vllm" / "final" / "model.safetensors").exists()
+    starts = starts_by_name(tmp_path / "vllm")
+    assert {name: records[-1]["labels"]["pool"] for name, records in starts.items() if "generator" in name} == {
+        "generator-0": "gen",
+        "generator-1": "gen",
+    }
