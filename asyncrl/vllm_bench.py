@@ -19,7 +19,8 @@ around generation: asking for prompts, sending groups, weight reloads and the pa
 On a machine shared with other jobs the wall-clock figure moves with their load, so the same
 ratio is also given per CPU second of the generator processes (``overhead_per_cpu_s``: the work
 the pipeline adds inside a generator process), with the cores the rest of the control plane used
-(``control_plane_cores``; on a GPU host, spare host cores).
+(``control_plane_cores``; on a GPU host, spare host cores), and the share of the generators'
+own time spent outside ``generate()`` (``overhead_in_generator_loop``), which that load does not blur.
 What it leaves out on purpose is training compute: on a cluster the learner runs on its own
 devices, and here a real learner on the same two CPU cores would measure the machine's
 contention, not the pipeline; the simulated learner keeps the weight path real and the CPU free.
@@ -158,6 +159,9 @@ def run_vllm_bench(recipe: str, overrides: list[str], out: Path) -> dict:
         "pipeline_tokens_per_cpu_s": pipeline_per_cpu,
         "overhead_per_cpu_s": 1 - pipeline_per_cpu / alone_per_cpu,
         "control_plane_cores": pipeline["control_plane_cpu_us_per_sample"] * 1e-6 * pipeline["samples_per_s"],
+        # Share of the generators' own time outside generate() over the same window: the part of
+        # the overhead that another job's load on the machine does not blur.
+        "overhead_in_generator_loop": 1 - pipeline["generator_busy_fraction"],
         "goal_overhead": 0.10,
         "machine_at_start": load_start,
         "machine_at_end": machine_load(),

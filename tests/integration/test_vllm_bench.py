@@ -29,3 +29,4 @@ def test_vllm_pipeline_overhead_is_measured_against_the_engine_alone(tmp_path):
         assert [e["calls"] for e in alone["per_engine"]] == [4] and alone["tokens_per_s"] > 0
     assert result["overhead"] == pytest.approx(1 - result["pipeline_tokens_per_s"] / result["alone_tokens_per_s"])
     assert result["alone_tokens_per_cpu_s"] > 0 and result["pipeline_tokens_per_cpu_s"] > 0
+    assert 0 <= result["overhead_in_generator_loop"] < 1
