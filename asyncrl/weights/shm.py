@@ -292,6 +292,7 @@ class ShmWeightSubscriber:
         self.name = name
         self.sub = Subscriber(address, name=name)  # the checker thread's alone (ZeroMQ sockets are not thread-safe)
         self._ack: StreamSender | None = None
+        self._ack_lock = threading.Lock()
         self._parts: dict[int, dict[str, tuple[mmap.mmap, dict]]] = {}  # version -> file -> (map, entry) checked early
         self._cond = threading.Condition()
         self._ready: WeightUpdate | None = None  # the newest version verified and not handed out yet
@@ -407,6 +408,10 @@ class ShmWeightSubscriber:
     def _report(self, address: str | None, version: int, error: str | None) -> None:
         if address is None:
             return
+        with self._ack_lock:  # done() runs on the caller's thread and, for superseded versions, on ours
+            self._send_report(address, version, error)
+
+    def _send_report(self, address: str, version: int, error: str | None) -> None:
         if self._ack is None or self._ack.address != address:
             if self._ack is not None:
                 self._ack.close()
@@ -422,5 +427,6 @@ class ShmWeightSubscriber:
         self._stop.set()
         self._thread.join(5)
         self.sub.close()
-        if self._ack is not None:
-            self._ack.close()
+        with self._ack_lock:
+            if self._ack is not None:
+                self._ack.close()
