@@ -35,6 +35,7 @@ removal only races a subscriber that has not opened the files yet; it then gets 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
@@ -71,6 +72,24 @@ SHM_ROOT = "/dev/shm"
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
+def remove_stale(root: Path) -> None:
+    """Remove the directories of publishers that are gone (killed by SIGKILL: nothing else leaves
+    them behind), so that shared memory does not fill up across runs. A live publisher holds an
+    exclusive ``flock`` on its directory's ``.lock`` (valid across PID namespaces sharing /dev/shm)."""
+    for folder in root.glob("asyncrl-weights-*-*"):
+        try:
+            fd = os.open(folder / ".lock", os.O_RDWR)
+        except FileNotFoundError:
+            continue  # not ours, or being created
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its publisher is alive
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class ShmWeightPublisher:
     """Writes versions into shared memory, bucket by bucket, and announces the newest.
 
@@ -99,11 +118,14 @@ class ShmWeightPublisher:
         self.hash = hash
         self.keep_s = keep_s
         self.max_versions = max_versions
+        remove_stale(Path(root))
         self.dir = Path(root) / f"asyncrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.dir.mkdir(parents=True)
+        self._lock = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while this publisher lives
         # Removed at close(), or when this object is collected or the interpreter exits (an
         # exception, a failed test): shared memory must not outlive the learner. Only a SIGKILL
-        # leaves it behind (``/dev/shm/asyncrl-weights-PID-*``).
+        # leaves it behind (``/dev/shm/asyncrl-weights-PID-*``): the next publisher removes it.
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
         self.pub = Publisher(address, name=name)
         self.address = self.pub.address
@@ -277,6 +299,7 @@ class ShmWeightPublisher:
         self.pub.close()
         self.acks.close()
         self._cleanup()
+        os.close(self._lock)
 
 
 class ShmWeightSubscriber:

@@ -206,3 +206,14 @@ def test_zmq_copies_a_transient_bucket_into_at_most_two_packing_buffers():
     update.done()
     pub.close()
     sub.close()
+
+
+def test_shm_removes_what_a_killed_publisher_left_behind(tmp_path):
+    (tmp_path / "asyncrl-weights-1-deadbeef" / "v000001").mkdir(parents=True)
+    (tmp_path / "asyncrl-weights-1-deadbeef" / ".lock").touch()  # its owner is gone: no flock on it
+    live = ShmWeightPublisher("tcp://127.0.0.1:0", root=tmp_path)
+    pub = ShmWeightPublisher("tcp://127.0.0.1:0", root=tmp_path)
+    assert not (tmp_path / "asyncrl-weights-1-deadbeef").exists()
+    assert live.dir.exists() and pub.dir.exists()  # a live publisher's directory stays
+    live.close()
+    pub.close()
