@@ -26,12 +26,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 from pathlib import Path
 
 import numpy as np
 
 from asyncrl.config import RunConfig, load_config
+
+log = logging.getLogger(__name__)
+
+PORT_RETRIES = 3
+"""Runs of one mode at most, when a port is taken between its allocation and its bind."""
 
 MODES = {"sync": 0, "one-step-off": 1, "async-4": 4, "async-16": 16}
 CONTROL_PLANE = ("controller", "dispatcher", "reward", "buffer", "learner")
@@ -112,7 +118,7 @@ def run_measured(cfg: RunConfig) -> dict:
     over the steady state (``warmup_steps``). Start-up, the pipeline fill and the drained stop
     are the same in every mode and would blur the comparison; the fill is reported (``fill_s``:
     from "go" to the first step)."""
-    from asyncrl.controller import Controller
+    from asyncrl.controller import Controller, RunError
     from asyncrl.steady_state import SteadyStateMonitor
 
     warm = warmup_steps(cfg)
@@ -120,9 +126,19 @@ def run_measured(cfg: RunConfig) -> dict:
         raise ValueError(
             f"learner.total_steps ({cfg.learner.total_steps}) must be >= {warm + 2} to measure a steady state"
         )
-    controller = Controller(cfg)
-    monitor = SteadyStateMonitor(controller, start_step=warm).start()
-    summary = controller.run()
+    for attempt in range(1, PORT_RETRIES + 1):
+        controller = Controller(cfg)
+        monitor = SteadyStateMonitor(controller, start_step=warm).start()
+        try:
+            summary = controller.run()
+            break
+        except RunError as e:
+            # Ports are chosen free, then bound by the children: on a shared machine another
+            # program can take one in between. Nothing was measured yet; run it again.
+            monitor.stop()
+            if "Address already in use" not in str(e) or attempt == PORT_RETRIES:
+                raise
+            log.warning("%s: a port was taken before it was bound (%s); running it again", cfg.run.name, e)
     window = monitor.stop()
     steps = controller.step_events
     wall = steps[-1]["t"] - steps[warm - 1]["t"]
