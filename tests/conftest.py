@@ -1,8 +1,6 @@
 """Tests marked ``gpu`` need CUDA and run only when selected (``pytest -m gpu``): CI and the
 default run have no GPU, and a GPU test selected on a machine without one fails, never skips."""
 
-import pytest
-
 
 def pytest_collection_modifyitems(config, items):
     if "gpu" in (config.getoption("markexpr") or ""):
