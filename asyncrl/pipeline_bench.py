@@ -201,8 +201,11 @@ def plot(result: dict, path: Path) -> None:
         ax1.annotate(
             f"{result['modes'][m]['fraction_of_ideal']:.2f}",
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            xytext=(0, -4),
+            textcoords="offset points",
             ha="center",
-            va="bottom",
+            va="top",
+            color="white",
         )
     ax1.axhline(
         cap["ideal_samples_per_s"], color="k", linestyle="--", label=f"ideal {cap['ideal_samples_per_s']:.0f}/s"
