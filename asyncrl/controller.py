@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from pathlib import Path
 
 import yaml
@@ -160,7 +161,8 @@ class Controller:
         self.last_event: dict[str, dict] = {}
         self.last_event_at: dict[str, float] = {}
         self.generator_versions: dict[str, int] = {}
-        self.step_events: list[dict] = []
+        self.step_events: deque[dict] = deque(maxlen=10_000)  # the latest steps: memory stays flat for days
+        self.steps_seen = 0
         self.progress = RunProgress(cfg, self.run_dir)  # console and step loggers
         self.learner_done: dict | None = None
         self.go_at = self.done_at = 0.0  # monotonic times of "go" and of the learner's last step
@@ -483,6 +485,7 @@ class Controller:
         elif kind == "step":
             ev["t"] = time.monotonic() - self.go_at  # seconds since go: the x axis of throughput plots
             self.step_events.append(ev)
+            self.steps_seen += 1
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
                 f.write(json.dumps(ev) + "\n")
         if kind == "ready" and ev["role"] == "generator":

@@ -159,6 +159,9 @@ class Outstanding:
     again: deque = field(default_factory=deque)
     """Rows to dispatch again, before any new prompt."""
     requeued: int = 0
+    keep_trained: bool = True
+    """Keep trained groups until a checkpoint holds them (False when the run takes no checkpoints:
+    nothing could bring them back, and memory stays flat)."""
     handled: deque = field(default_factory=lambda: deque(maxlen=256))
     """Ids of requeue commands already acted on."""
 
@@ -180,7 +183,9 @@ class Outstanding:
         for version, gids in body.get("trained", ()):
             for gid in gids:
                 e = self.entries.get(gid)
-                if e is not None:
+                if e is not None and not self.keep_trained:
+                    del self.entries[gid]
+                elif e is not None:
                     e.state, e.version = TRAINED, int(version)
 
     def forget_trained(self, version: int) -> None:
@@ -263,7 +268,7 @@ def run_dispatcher(ctx) -> None:
     cfg = ctx.cfg
     cursor = PromptCursor(load_prompts(cfg.task, "train"), cfg.run.seed, cfg.dispatcher.epochs)
     admission = Admission(cfg.learner.batch_groups, cfg.buffer.max_staleness)
-    outstanding = Outstanding(lease_s=cfg.dispatcher.lease_s)
+    outstanding = Outstanding(lease_s=cfg.dispatcher.lease_s, keep_trained=cfg.checkpoint.every_steps > 0)
     if ctx.resume_dir is not None:
         restored = restore_dispatcher(ctx.resume_dir, cursor, admission, outstanding)
         log.info("dispatcher: resumed from %s: %s", ctx.resume_dir, restored)

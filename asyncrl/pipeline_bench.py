@@ -140,7 +140,7 @@ def run_measured(cfg: RunConfig) -> dict:
                 raise
             log.warning("%s: a port was taken before it was bound (%s); running it again", cfg.run.name, e)
     window = monitor.stop()
-    steps = controller.step_events
+    steps = list(controller.step_events)
     wall = steps[-1]["t"] - steps[warm - 1]["t"]
     trained = sum(s["samples"] for s in steps[warm:])
     tokens = summary["trained_tokens"] * trained / max(summary["trained"], 1)  # response tokens in the window

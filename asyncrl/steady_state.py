@@ -95,7 +95,7 @@ class SteadyStateMonitor:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._read_cpu()
-            if self.cpu_go is None and len(self.controller.step_events) >= self.start_step:
+            if self.cpu_go is None and self.controller.steps_seen >= self.start_step:
                 self.cpu_go = dict(self.last)
                 self.busy_go = self._read_busy()
             if self.cpu_done is None and self.controller.done_at:

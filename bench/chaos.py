@@ -49,7 +49,7 @@ def killer(controller, kills: int, seed: int, gap_s: tuple[float, float], log: l
         if not names:
             continue
         name = rng.choice(names)
-        steps_before = len(controller.step_events)
+        steps_before = controller.steps_seen
         try:
             os.kill(fleet.pid(name), signal.SIGKILL)
         except ProcessLookupError:
@@ -58,7 +58,7 @@ def killer(controller, kills: int, seed: int, gap_s: tuple[float, float], log: l
         # Recovered: the learner stepped again after the kill and nothing waits for a restart.
         deadline = time.monotonic() + 600
         while not stop.is_set() and time.monotonic() < deadline:
-            if len(controller.step_events) > steps_before + 1 and not controller.restart_due:
+            if controller.steps_seen > steps_before + 1 and not controller.restart_due:
                 break
             time.sleep(0.2)
 

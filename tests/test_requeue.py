@@ -80,3 +80,19 @@ def test_dispatcher_checkpoint_round_trip_sends_out_what_no_other_part_holds(tmp
     assert queued(o2) == ["g00000000", "g00000003"] and out["again"] == 2
     assert (cursor2.epoch, cursor2.index, admission2.dispatched) == (cursor.epoch, cursor.index, 4)
     assert [p.prompt_uid for p in cursor2.take(3)] == [p.prompt_uid for p in cursor.take(3)]
+
+
+def test_without_checkpoints_trained_groups_are_forgotten_at_once():
+    o = Outstanding(keep_trained=False)
+    o.dispatched(rows(0)[0], "generator-0", 0.0)
+    o.settle({"trained": [[1, ["g00000000"]]]})
+    assert o.entries == {}
+
+
+def test_a_dropped_duplicate_copy_does_not_settle_its_group():
+    from asyncrl.buffer.service import BufferMetrics
+
+    metrics = BufferMetrics()
+    metrics.on_drop_groups(["g00000001"], "duplicate")
+    metrics.on_drop_groups(["g00000002"], "stale")
+    assert metrics.dropped_ids == ["g00000002"]

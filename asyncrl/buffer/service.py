@@ -54,7 +54,8 @@ class BufferMetrics:
         self.dropped_ids: list[str] = []
 
     def on_drop_groups(self, group_ids: list[str], reason: str) -> None:
-        self.dropped_ids.extend(group_ids)
+        if reason != "duplicate":  # a dropped copy settles nothing: the original goes on
+            self.dropped_ids.extend(group_ids)
         if self.ledger is not None:
             self.ledger.write("dropped", group_ids, reason=reason)
 

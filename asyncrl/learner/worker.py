@@ -88,7 +88,7 @@ def run_learner(ctx, model_dir: str) -> None:
     trained_ids = GroupIdSet()  # every group trained in this run's history: exactly-once across failures
     priority_updates: dict | None = None
     just_trained: dict | None = None  # the last step's groups, reported to the dispatcher via the buffer
-    latencies: list[float] = []  # seconds from the start of sampling to the end of training, per sample
+    latencies = Reservoir(100_000)  # seconds from the start of sampling to the end of training, per sample
     if ctx.resume_dir is not None:
         trained_ids = load_learner_part(trainer, counters, ctx.resume_dir / "learner")
         log.info("learner: resumed at version %d from %s", trainer.version, ctx.resume_dir)
@@ -204,7 +204,7 @@ def run_learner(ctx, model_dir: str) -> None:
         dropped=dict(counters.dropped),
         version=trainer.version,
         staleness_hist={str(k): v for k, v in sorted(counters.staleness_hist.items())},
-        latency_s=latency_summary(latencies),
+        latency_s=latency_summary(latencies.values),
         trained_tokens=counters.trained_tokens,
         busy_s=counters.busy_s,
         wall_s=wall,
@@ -288,6 +288,23 @@ def _count_first_time(groups, seen: dict[int, set[str]], version: int, max_stale
         for v in [v for v in seen if version - v > max_staleness + 1]:
             del seen[v]
     return new
+
+
+class Reservoir:
+    """A uniform sample of at most ``size`` values of a stream (Vitter's algorithm R): percentiles
+    over a run of any length in bounded memory."""
+
+    def __init__(self, size: int, seed: int = 0):
+        self.size, self.seen, self.values = size, 0, []
+        self._rng = np.random.default_rng(seed)
+
+    def extend(self, values) -> None:
+        for v in values:
+            self.seen += 1
+            if len(self.values) < self.size:
+                self.values.append(v)
+            elif (j := int(self._rng.integers(self.seen))) < self.size:
+                self.values[j] = v
 
 
 def latency_summary(latencies: list[float]) -> dict:
