@@ -68,6 +68,7 @@ class Admission:
         self.version = 0
         self.dispatched = 0
         self.dropped = 0
+        self._buffer_dropped: int | None = None  # the last count the buffer reported
 
     def capacity(self, version: int | None = None) -> int:
         """How many more groups may be dispatched now, to be sampled by ``version``
@@ -84,8 +85,21 @@ class Admission:
         return version < self.version and self.capacity(version) == 0 and self.capacity() > 0
 
     def update(self, version: int, dropped_groups: int) -> None:
+        """The buffer's status: the learner's version and the groups it has dropped so far. That
+        count starts again from 0 when a dead buffer is restarted empty, and from its snapshot's
+        count after a restore: only its increases are added here."""
         self.version = max(self.version, version)
-        self.dropped = max(self.dropped, dropped_groups)
+        last, self._buffer_dropped = self._buffer_dropped, dropped_groups
+        if last is None:  # first report: the larger of our own (restored) count and the buffer's
+            self.dropped = max(self.dropped, dropped_groups)
+        elif dropped_groups >= last:
+            self.dropped += dropped_groups - last
+        else:  # a buffer restarted empty counts from 0 again
+            self.dropped += dropped_groups
+
+    def may_sample(self, version: int) -> bool:
+        """Whether groups sampled by ``version`` would be within the staleness bound now."""
+        return self.max_staleness is None or self.version - version <= self.max_staleness
 
 
 class PromptCursor:
@@ -318,8 +332,11 @@ def run_dispatcher(ctx) -> None:
                 )
         pending = [p for p in pending if p.deadline > now]
         for p in list(pending):
-            # Groups to hand out again come first; they were admitted once already.
-            rows = [outstanding.again.popleft() for _ in range(min(p.max_prompts, len(outstanding.again)))]
+            # Groups to hand out again come first (they were admitted once already), but only to a
+            # generator whose weights are recent enough: a restarted one starts from the initial
+            # weights, and what it sampled before loading the newest would only be dropped as stale.
+            again = min(p.max_prompts, len(outstanding.again)) if admission.may_sample(p.policy_version) else 0
+            rows = [outstanding.again.popleft() for _ in range(again)]
             room = min(p.max_prompts - len(rows), admission.capacity(p.policy_version))
             for prompt in cursor.take(room) if room > 0 else []:
                 rows.append(

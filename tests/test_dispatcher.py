@@ -13,8 +13,26 @@ def test_admission_follows_the_staleness_budget():
     assert a.capacity() == 4  # (1 + 1 + 1) * 4 - 8
     a.update(version=1, dropped_groups=2)
     assert a.capacity() == 6  # dropped groups free their slots
-    a.update(version=0, dropped_groups=1)  # stale status messages never move it backwards
+    a.update(version=0, dropped_groups=2)  # the version never moves backwards
     assert a.capacity() == 6
+    a.update(version=1, dropped_groups=1)  # a buffer restarted empty counts from 0: one more drop
+    assert a.capacity() == 7
+
+
+def test_after_a_restore_the_first_buffer_report_is_a_baseline():
+    a = Admission(batch_groups=4, max_staleness=1)
+    a.dropped = 10  # restored from the dispatcher's checkpoint, written after the buffer's
+    a.update(version=2, dropped_groups=7)  # the restored buffer's snapshot count
+    assert a.dropped == 10
+    a.update(version=2, dropped_groups=9)
+    assert a.dropped == 12
+
+
+def test_groups_go_out_again_only_to_generators_with_recent_weights():
+    a = Admission(batch_groups=4, max_staleness=2)
+    a.update(version=10, dropped_groups=0)
+    assert a.may_sample(8) and not a.may_sample(7) and not a.may_sample(0)
+    assert Admission(batch_groups=4, max_staleness=None).may_sample(0)
 
 
 def test_admission_counts_from_the_version_the_generator_serves():
