@@ -366,6 +366,9 @@ def run_dispatcher(ctx) -> None:
             pending.remove(p)
             nudged[p.generator] = p.policy_version
             server.reply(p.client, "prompts", {"prompts": [], "learner_version": admission.version}, p.request_id)
+    # The last replies may still sit in the socket's queue: give them time to leave before the
+    # socket closes (a reply lost here is a group dispatched and never sampled).
+    time.sleep(0.5)
     ctx.emit(
         "final",
         dispatched=admission.dispatched,

@@ -11,6 +11,7 @@ import logging
 import sys
 
 from asyncrl.runtime import ProcessContext, configure_process
+from asyncrl.transport import flush_on_exit
 
 ROLES = ("dispatcher", "generator", "reward", "buffer", "learner", "reference")
 
@@ -53,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(args.name).exception("crashed")
         ctx.emit("error", error=f"{type(e).__name__}: {e}")
         ctx.close()
+        flush_on_exit()
         return 1
     ctx.close()
+    flush_on_exit()
     return 0
 
 

@@ -258,3 +258,14 @@ class ReplyServer(_Socket):
 
 def tcp_address(port: int) -> str:
     return f"tcp://127.0.0.1:{port}"
+
+
+def flush_on_exit(timeout: float = 10.0) -> None:
+    """Let libzmq send what closed sockets still queue (a last reply, a final report) before the
+    process exits: exiting without terminating the context drops it. ``term`` waits for every
+    socket to close, so it runs on a side thread that is given up after ``timeout`` seconds."""
+    import threading
+
+    done = threading.Thread(target=zmq.Context.instance().term, daemon=True, name="zmq-flush")
+    done.start()
+    done.join(timeout)

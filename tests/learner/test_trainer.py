@@ -446,3 +446,32 @@ def test_load_state_names_a_missing_checkpoint(model_dir, tmp_path):
     trainer = PolicyTrainer(model_dir, config(0))
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         trainer.load_state(tmp_path / "nothing-here")
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_export_of_a_checkpointed_version_equals_the_trainers_weights(stage, tmp_path):
+    """A learner checkpoint (any ZeRO stage) exports (``asyncrl export --step``) as the trainer's
+    own fp32 weights. Here rather than in tests/test_export.py: trainers share this module's
+    process group."""
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.cli import main
+    from asyncrl.config import RunConfig, dump_config
+    from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+
+    run = tmp_path / "run"
+    (run / "config.yaml").parent.mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_config(RunConfig()))
+    warm = build_tiny_model(
+        TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128), run / "model" / "warm"
+    )
+    trainer = PolicyTrainer(warm, TrainerConfig(zero_stage=stage, lr=1e-3, micro_batch_size=8))
+    vocab = AutoModelForCausalLM.from_pretrained(warm).config.vocab_size
+    trainer.train_step(make_groups(vocab))
+    trainer.save_state(run / "checkpoints" / "v00000001" / "learner")
+    expected = trainer.full_state_dict()
+
+    assert main(["export", str(run), str(tmp_path / "out"), "--step", "1"]) == 0
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name], tensor), name
