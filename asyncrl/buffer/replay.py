@@ -277,7 +277,8 @@ class ReplayBuffer:
 
     def _drop_unstored(self, samples: int, reason: str, group_id: str) -> None:
         self.dropped[reason] += samples
-        self.dropped_groups += 1
+        if reason != "duplicate":  # a copy never held a slot of the dispatcher's budget
+            self.dropped_groups += 1
         self.removed[reason] += samples
         if self.observer is not None:
             self.observer.on_remove(reason, samples)
