@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from asyncrl.generators.engine import (
-    LOGPROBS_MODE,
     Completion,
     EngineConfig,
     SamplingConfig,
     check_prompts,
     derive_seed,
+    engine_args,
     read_weight_names,
     to_completions,
 )
@@ -116,21 +116,7 @@ class AsyncVLLMEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="asyncrl-vllm-loop", daemon=True)
         self._thread.start()
         self._swap_lock = threading.Lock()  # one swap at a time, whichever thread asks
-        args = AsyncEngineArgs(
-            model=str(model_dir),
-            dtype=cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            enforce_eager=cfg.enforce_eager,
-            max_num_seqs=cfg.max_num_seqs,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            block_size=cfg.block_size,
-            seed=cfg.seed,
-            logprobs_mode=LOGPROBS_MODE,
-            worker_extension_cls=EXTENSION,
-        )
+        args = AsyncEngineArgs(**engine_args(model_dir, cfg), worker_extension_cls=EXTENSION)
 
         async def build():
             return AsyncLLM.from_engine_args(args)

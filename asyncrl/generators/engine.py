@@ -140,6 +140,24 @@ class Completion:
     engine labels versions (``AsyncVLLMEngine``: more than one when the answer spans an update)."""
 
 
+def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
+    """vLLM's engine arguments from an ``EngineConfig``, for the offline and the async engine alike."""
+    return dict(
+        model=str(model_dir),
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        enforce_eager=cfg.enforce_eager,
+        max_num_seqs=cfg.max_num_seqs,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        block_size=cfg.block_size,
+        seed=cfg.seed,
+        logprobs_mode=LOGPROBS_MODE,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+    )
+
+
 class VLLMEngine:
     """One vLLM engine in this process; see the module docstring for the guarantees."""
 
@@ -150,20 +168,7 @@ class VLLMEngine:
         self.version = version
         """Learner step of the weights currently loaded."""
         self._weight_names = read_weight_names(model_dir)
-        self._llm = LLM(
-            model=str(model_dir),
-            dtype=cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager,
-            max_num_seqs=cfg.max_num_seqs,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            block_size=cfg.block_size,
-            seed=cfg.seed,
-            logprobs_mode=LOGPROBS_MODE,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-        )
+        self._llm = LLM(**engine_args(model_dir, cfg))
         self.tokenizer = self._llm.get_tokenizer()
         """The engine's tokenizer (the one that produced ``Completion.prompt_ids``)."""
 
