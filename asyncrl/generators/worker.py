@@ -174,6 +174,7 @@ def run_generator(ctx, model_dir: str) -> None:
             applier.drain(ctx)  # report what was swapped in flight; raise what failed
         else:
             apply_newest_weights(engine, weights, ctx, probe_atol)
+
     generated = tokens = batches = 0
     dropped: Counter[str] = Counter()
     dropped_ids: list[str] = []  # told to the dispatcher with the next request, so it settles them
