@@ -40,10 +40,7 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None,
         - sum(g["held"] for g in gens)
         - sum(r["received"] for r in rewards),
         "rewards->buffer": sum(r["forwarded"] for r in rewards) - buffer["inserted"],
-        "buffer->learner": buffer["sampled"]
-        - learner["trained"]
-        - learner.get("held", 0)
-        - dropped_by(learner),
+        "buffer->learner": buffer["sampled"] - learner["trained"] - learner.get("held", 0) - dropped_by(learner),
         "buffer->learner (with reuse)": buffer["sampled"]
         + buffer.get("resampled", 0)
         - learner.get("trained_with_reuse", learner["trained"])

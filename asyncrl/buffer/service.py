@@ -141,7 +141,7 @@ class BufferService:
                 changed = True
         changed |= self._serve_held(time.monotonic())
         if self._inserted_ids and getattr(self, "ledger", None) is not None:
-            self.ledger.write("inserted", self._inserted_ids[self._ledgered:])
+            self.ledger.write("inserted", self._inserted_ids[self._ledgered :])
             self._ledgered = len(self._inserted_ids)
         self._publish(changed)
 
