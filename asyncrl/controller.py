@@ -161,7 +161,7 @@ class Controller:
         self.last_event: dict[str, dict] = {}
         self.last_event_at: dict[str, float] = {}
         self.generator_versions: dict[str, int] = {}
-        self.step_events: deque[dict] = deque(maxlen=10_000)  # the latest steps: memory stays flat for days
+        self.step_events: deque[dict] = deque(maxlen=2_000)  # the latest steps: memory stays flat for days
         self.steps_seen = 0
         self.progress = RunProgress(cfg, self.run_dir)  # console and step loggers
         self.learner_done: dict | None = None

@@ -84,11 +84,13 @@ class Admission:
         version: it should load the newer weights and ask again rather than wait."""
         return version < self.version and self.capacity(version) == 0 and self.capacity() > 0
 
-    def update(self, version: int, dropped_groups: int) -> None:
+    def update(self, version: int, dropped_groups: int | None = None) -> None:
         """The buffer's status: the learner's version and the groups it has dropped so far. That
         count starts again from 0 when a dead buffer is restarted empty, and from its snapshot's
         count after a restore: only its increases are added here."""
         self.version = max(self.version, version)
+        if dropped_groups is None:
+            return
         last, self._buffer_dropped = self._buffer_dropped, dropped_groups
         if last is None:  # first report: the larger of our own (restored) count and the buffer's
             self.dropped = max(self.dropped, dropped_groups)
@@ -186,14 +188,20 @@ class Outstanding:
         else:
             e.state, e.generator, e.at = DISPATCHED, generator, now
 
-    def settle(self, body: dict) -> None:
-        """Apply a status report: ``inserted``, ``dropped`` ids, ``trained`` [version, ids] pairs."""
+    def settle(self, body: dict) -> int:
+        """Apply a status report: ``inserted``, ``dropped`` ids, ``trained`` [version, ids] pairs.
+        Returns how many outstanding groups it retires untrained: each frees its admission slot
+        once, however many copies of it are dropped (a copy of a trained group frees nothing)."""
+        retired = 0
         for gid in body.get("inserted", ()):
             e = self.entries.get(gid)
             if e is not None and e.state == DISPATCHED:
                 e.state = BUFFERED
         for gid in body.get("dropped", ()):
-            self.entries.pop(gid, None)
+            e = self.entries.get(gid)
+            if e is not None and e.state != TRAINED:
+                del self.entries[gid]
+                retired += 1
         for version, gids in body.get("trained", ()):
             for gid in gids:
                 e = self.entries.get(gid)
@@ -201,6 +209,7 @@ class Outstanding:
                     del self.entries[gid]
                 elif e is not None:
                     e.state, e.version = TRAINED, int(version)
+        return retired
 
     def forget_trained(self, version: int) -> None:
         """A checkpoint at ``version`` is committed: its trained groups can never come back."""
@@ -299,8 +308,10 @@ def run_dispatcher(ctx) -> None:
         for command in ctx.commands():
             _on_command(ctx, command, cursor, admission, outstanding)
         for _kind, body in status.recv_latest():
-            admission.update(int(body["learner_version"]), int(body["dropped_groups"]))
-            outstanding.settle(body)
+            # Slots are freed by the groups this dispatcher sees retired, by id: the buffer's own
+            # count restarts with it and counts every copy of a group dispatched again.
+            admission.update(int(body["learner_version"]))
+            admission.dropped += outstanding.settle(body)
         # Every request already queued is read before any is served: a generator that asked
         # again while the dispatcher was busy (or before go) is answered once, not once per ask,
         # else the extra answers queue up in its socket and it lags a few batches behind.
@@ -311,7 +322,7 @@ def run_dispatcher(ctx) -> None:
         for client, kind, body in queued:
             if kind == "want_prompts":
                 # Groups the generator dropped (invalid) are settled: their reason is in its ledger.
-                outstanding.settle({"dropped": body.get("dropped", ())})
+                admission.dropped += outstanding.settle({"dropped": body.get("dropped", ())})
                 margin = 0.05  # answer only requests whose generator is surely still waiting
                 request = _Pending(
                     client,

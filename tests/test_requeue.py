@@ -96,3 +96,11 @@ def test_a_dropped_duplicate_copy_does_not_settle_its_group():
     metrics.on_drop_groups(["g00000001"], "duplicate")
     metrics.on_drop_groups(["g00000002"], "stale")
     assert metrics.dropped_ids == ["g00000002"]
+
+
+def test_a_group_frees_its_admission_slot_once_however_many_copies_are_dropped():
+    o = outstanding_with()
+    assert o.settle({"dropped": ["g00000000"]}) == 1
+    assert o.settle({"dropped": ["g00000000"]}) == 0  # a second copy of it
+    o.settle({"trained": [[1, ["g00000001"]]]})
+    assert o.settle({"dropped": ["g00000001"]}) == 0  # a copy of a trained group

@@ -88,7 +88,7 @@ def run_learner(ctx, model_dir: str) -> None:
     trained_ids = GroupIdSet()  # every group trained in this run's history: exactly-once across failures
     priority_updates: dict | None = None
     just_trained: dict | None = None  # the last step's groups, reported to the dispatcher via the buffer
-    latencies = Reservoir(100_000)  # seconds from the start of sampling to the end of training, per sample
+    latencies = Reservoir(10_000)  # seconds from the start of sampling to the end of training, per sample
     if ctx.resume_dir is not None:
         trained_ids = load_learner_part(trainer, counters, ctx.resume_dir / "learner")
         log.info("learner: resumed at version %d from %s", trainer.version, ctx.resume_dir)
