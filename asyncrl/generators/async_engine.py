@@ -36,11 +36,11 @@ from asyncrl.generators.engine import (
     Completion,
     EngineConfig,
     SamplingConfig,
-    check_prompts,
     derive_seed,
     engine_args,
     read_weight_names,
     to_completions,
+    tokens_prompts,
 )
 
 EXTENSION = "asyncrl.generators.async_engine.WeightLoaderExtension"
@@ -185,18 +185,7 @@ class AsyncVLLMEngine:
 
     def tokenize_prompts(self, prompts: list[str]) -> list[dict]:
         """Prompts -> ``TokensPrompt``s; a prompt that leaves no room to sample is a ValueError naming it."""
-        from vllm import TokensPrompt
-
-        check_prompts(prompts)
-        requests = []
-        for index, prompt in enumerate(prompts):
-            token_ids = list(self.tokenizer.encode(prompt))
-            if len(token_ids) >= self.cfg.max_model_len:
-                raise ValueError(
-                    f"prompts[{index}] has {len(token_ids)} tokens; it must have fewer than max_model_len ({self.cfg.max_model_len})"
-                )
-            requests.append(TokensPrompt(prompt_token_ids=token_ids))
-        return requests
+        return tokens_prompts(self.tokenizer, prompts, self.cfg.max_model_len)
 
     def score(self, prompt: str, continuation_ids: list[int]) -> np.ndarray:
         """Temperature-1 logprobs of ``continuation_ids`` after ``prompt`` (the probe; see ``VLLMEngine.score``)."""

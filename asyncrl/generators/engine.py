@@ -140,6 +140,23 @@ class Completion:
     engine labels versions (``AsyncVLLMEngine``: more than one when the answer spans an update)."""
 
 
+def tokens_prompts(tokenizer, prompts: list[str], max_model_len: int) -> list:
+    """Prompts -> vLLM ``TokensPrompt``s, refusing (ValueError naming it) a prompt that leaves no
+    room to sample: vLLM must be able to sample at least one token after the prompt."""
+    from vllm import TokensPrompt
+
+    check_prompts(prompts)
+    requests = []
+    for index, prompt in enumerate(prompts):
+        token_ids = list(tokenizer.encode(prompt))
+        if len(token_ids) >= max_model_len:
+            raise ValueError(
+                f"prompts[{index}] has {len(token_ids)} tokens; it must have fewer than max_model_len ({max_model_len})"
+            )
+        requests.append(TokensPrompt(prompt_token_ids=token_ids))
+    return requests
+
+
 def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
     """vLLM's engine arguments from an ``EngineConfig``, for the offline and the async engine alike."""
     return dict(
@@ -216,19 +233,7 @@ class VLLMEngine:
         Tokenizing here lets a too-long prompt fail with a ValueError that names it, before
         anything runs, instead of a vLLM error that aborts the whole batch.
         """
-        from vllm import TokensPrompt
-
-        check_prompts(prompts)
-        requests = []
-        for index, prompt in enumerate(prompts):
-            token_ids = list(self.tokenizer.encode(prompt))
-            # vLLM must be able to sample at least one token after the prompt.
-            if len(token_ids) >= self.cfg.max_model_len:
-                raise ValueError(
-                    f"prompts[{index}] has {len(token_ids)} tokens; it must have fewer than max_model_len ({self.cfg.max_model_len})"
-                )
-            requests.append(TokensPrompt(prompt_token_ids=token_ids))
-        return requests
+        return tokens_prompts(self.tokenizer, prompts, self.cfg.max_model_len)
 
     def score(self, prompt: str, continuation_ids: list[int]) -> np.ndarray:
         """(len(continuation_ids),) float32 temperature-1 logprobs the engine gives ``continuation_ids``
