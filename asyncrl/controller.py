@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import time
-from collections import deque
 from pathlib import Path
 
 import yaml
@@ -161,7 +160,6 @@ class Controller:
         self.last_event: dict[str, dict] = {}
         self.last_event_at: dict[str, float] = {}
         self.generator_versions: dict[str, int] = {}
-        self.step_events: deque[dict] = deque(maxlen=2_000)  # the latest steps: memory stays flat for days
         self.steps_seen = 0
         self.progress = RunProgress(cfg, self.run_dir)  # console and step loggers
         self.learner_done: dict | None = None
@@ -484,7 +482,6 @@ class Controller:
             )
         elif kind == "step":
             ev["t"] = time.monotonic() - self.go_at  # seconds since go: the x axis of throughput plots
-            self.step_events.append(ev)
             self.steps_seen += 1
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
                 f.write(json.dumps(ev) + "\n")

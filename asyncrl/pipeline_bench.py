@@ -140,7 +140,8 @@ def run_measured(cfg: RunConfig) -> dict:
                 raise
             log.warning("%s: a port was taken before it was bound (%s); running it again", cfg.run.name, e)
     window = monitor.stop()
-    steps = list(controller.step_events)
+    # The controller keeps no step history in memory (a run may last weeks); its steps.jsonl has them all.
+    steps = [json.loads(line) for line in (controller.run_dir / "steps.jsonl").read_text().splitlines()]
     wall = steps[-1]["t"] - steps[warm - 1]["t"]
     trained = sum(s["samples"] for s in steps[warm:])
     tokens = summary["trained_tokens"] * trained / max(summary["trained"], 1)  # response tokens in the window

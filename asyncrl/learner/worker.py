@@ -292,24 +292,29 @@ def _count_first_time(groups, seen: dict[int, set[str]], version: int, max_stale
 
 class Reservoir:
     """A uniform sample of at most ``size`` values of a stream (Vitter's algorithm R): percentiles
-    over a run of any length in bounded memory."""
+    over a run of any length in memory allocated once, so a long run's footprint never moves."""
 
     def __init__(self, size: int, seed: int = 0):
-        self.size, self.seen, self.values = size, 0, []
+        self.size, self.seen = size, 0
+        self._kept = np.empty(size, dtype=np.float64)
         self._rng = np.random.default_rng(seed)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._kept[: min(self.seen, self.size)]
 
     def extend(self, values) -> None:
         for v in values:
+            if self.seen < self.size:
+                self._kept[self.seen] = v
+            elif (j := int(self._rng.integers(self.seen + 1))) < self.size:
+                self._kept[j] = v
             self.seen += 1
-            if len(self.values) < self.size:
-                self.values.append(v)
-            elif (j := int(self._rng.integers(self.seen))) < self.size:
-                self.values[j] = v
 
 
-def latency_summary(latencies: list[float]) -> dict:
+def latency_summary(latencies) -> dict:
     """Mean and percentiles of the per-sample end-to-end latency (sampling start -> trained)."""
-    if not latencies:
+    if len(latencies) == 0:
         return {}
     arr = np.asarray(latencies)
     return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95))}
