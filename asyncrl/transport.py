@@ -35,6 +35,7 @@ from asyncrl.metrics import REJECTED_FRAMES
 log = logging.getLogger(__name__)
 
 DEFAULT_HWM = 1000
+ZERO_COPY_BYTES = 1 << 20  # frames at least this big are handed to ZeroMQ without a copy
 
 
 class _Socket:
@@ -102,6 +103,12 @@ class _Socket:
     def _recv_valid(self, timeout: float) -> tuple[str, dict] | None:
         """The next frame that decodes, skipping (and counting) the ones that do not, or None
         once ``timeout`` seconds pass."""
+        try:  # a frame already queued needs no poll (a system call per message at full rate)
+            msg = self._decode(self.sock.recv(zmq.NOBLOCK))
+            if msg is not None:
+                return msg
+        except zmq.Again:
+            pass
         deadline = time.monotonic() + timeout
         while self._poll_in(deadline - time.monotonic()):
             msg = self._decode(self.sock.recv())
@@ -132,7 +139,9 @@ class StreamSender(_Socket):
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self.sock.send(frame, zmq.NOBLOCK, copy=False)
+                # Zero-copy pays for its bookkeeping (a message to the collector thread per
+                # frame) only on big frames; a 64 KiB group is cheaper copied.
+                self.sock.send(frame, zmq.NOBLOCK, copy=len(frame) < ZERO_COPY_BYTES)
                 return
             except zmq.Again:
                 left = deadline - time.monotonic()

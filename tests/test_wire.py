@@ -180,3 +180,20 @@ def test_nan_and_inf_anywhere_in_a_sample_are_rejected(where, bad, index, token)
     with pytest.raises(wire.WireError) as err:
         wire.decode(wire.encode_group(g))
     assert err.value.reason == ("nonfinite_logprobs" if where == "logprobs" else "nonfinite_reward")
+
+
+@pytest.mark.parametrize("kind", ["event", "group", "batch"])
+def test_deeply_nested_messages_are_rejected_not_raised(kind):
+    nested: list = []
+    for _ in range(1000):  # msgpack allows 1024 levels; Python's recursion limit is lower
+        nested = [nested]
+    frame = msgpack.packb({"schema": wire.SCHEMA_VERSION, "kind": kind, "x": nested, "groups": [], "group": {}})
+    with pytest.raises(wire.WireError):
+        wire.decode(frame)
+
+
+def test_arrays_are_restored_in_any_message_not_only_groups():
+    frame = wire.encode("ref_logprobs", {"logprobs": np.ones((2, 3), np.float32), "meta": [{"a": np.arange(2)}]})
+    kind, body = wire.decode(frame)
+    assert body["logprobs"].shape == (2, 3) and body["logprobs"].dtype == np.float32
+    assert body["meta"][0]["a"].tolist() == [0, 1]
