@@ -6,9 +6,17 @@ subscriber never sees half a version. It then announces ``{policy_version, dir, 
 [{file, nbytes, crc, tensors: [[name, dtype, shape, offset, nbytes]...]}], ack}`` on a PUB
 socket, and repeats the newest announcement every second (a PUB drops what was sent before a
 subscriber joined). Each subscriber maps the files (``mmap``, shared and read-only: torch
-views, no copy), checks every bucket's checksum and hands out views: the data
-is written once whatever the number of subscribers, which is why the time stays flat as they
-grow.
+views, no copy) and hands out views once every bucket's checksum is checked: the data is written
+once whatever the number of subscribers, which is why the time stays flat as they grow.
+
+The bytes are one copy on the host, so each bucket is checked once per host, not once per
+subscriber (N subscribers reading every byte would make the time grow with N): the first
+subscriber to take the lock on ``FILE.check`` (``flock``, exclusive) reads the bucket and writes
+its verdict there (``VERSION CRC ok``, or ``bad`` and the reason); the others skip to the next
+bucket and read the verdict when they need it. The kernel drops the lock of a subscriber that
+dies, so the next one to take it finds no verdict and checks the bucket itself; one that takes
+longer than ``CHECK_WAIT_S`` is not waited for (the waiter checks too). A ``bad`` verdict fails
+every subscriber, as its own check would.
 
 To overlap the subscribers' checks with the writing, each bucket is also announced as soon as it
 is written and summed (``{policy_version, part, dir, bucket}``, pointing into the version's
@@ -70,6 +78,74 @@ log = logging.getLogger(__name__)
 
 SHM_ROOT = "/dev/shm"
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+CHECK_WAIT_S = 10.0  # how long a subscriber waits for a peer's verdict on a bucket before checking it itself
+
+
+class SharedCheck:
+    """One bucket's checksum, checked once on this host by whichever subscriber locks it first.
+
+    ``attempt`` never blocks: it checks the bucket when no peer is at it (or reads a verdict
+    already there) and returns True, else False. ``finish`` waits for the peer's verdict (at most
+    ``CHECK_WAIT_S``), or checks the bucket itself. Both raise ``WeightSyncError`` on a bad
+    verdict. Where the verdict file cannot be written (another user's directory), every
+    subscriber checks for itself."""
+
+    def __init__(self, path: Path, mm: mmap.mmap, entry: dict, version: int, what: str):
+        self.path, self.mm, self.version, self.what = path.with_name(path.name + ".check"), mm, version, what
+        self.crc, self.algo = int(entry["crc"]), entry.get("hash", "crc32")
+        self.done = False
+
+    def attempt(self) -> bool:
+        if not self.done:
+            self._under_lock(fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return self.done
+
+    def finish(self) -> None:
+        deadline = time.monotonic() + CHECK_WAIT_S
+        while not self.attempt():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "%s: no verdict from the subscriber checking it after %.0f s; checking it here",
+                    self.what,
+                    CHECK_WAIT_S,
+                )
+                self._check()
+                return
+            time.sleep(0.002)
+
+    def _under_lock(self, how: int) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:  # not ours to write: no sharing
+            self._check()
+            return
+        try:
+            try:
+                fcntl.flock(fd, how)
+            except BlockingIOError:
+                return  # a peer is checking it
+            verdict = os.pread(fd, 4096, 0).decode(errors="replace").split(" ", 3)
+            if verdict[:2] == [str(self.version), str(self.crc)] and len(verdict) >= 3:
+                if verdict[2] != "ok":
+                    reason = verdict[3] if len(verdict) > 3 else "failed its check"
+                    raise WeightSyncError(f"{self.what}: {reason} (checked by another subscriber on this host)")
+                self.done = True
+                return
+            try:
+                self._check()
+                result = "ok"
+            except WeightSyncError as e:
+                result = f"bad {str(e).removeprefix(self.what + ': ')}"
+                raise
+            finally:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{self.version} {self.crc} {result}".encode(), 0)
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _check(self) -> None:
+        verify(self.mm, self.crc, self.what, self.algo)
+        self.done = True
 
 
 def remove_stale(root: Path) -> None:
@@ -157,6 +233,8 @@ class ShmWeightPublisher:
             tmp.mkdir()
         maps = self._maps.pop(self._recycled, {}) if self._recycled is not None else {}
         self._recycled = None
+        for verdict in tmp.glob("*.check"):  # a recycled version's: they name another version anyway
+            verdict.unlink()
         entries, sums, total, announced = [], [], 0, 0
         for index, named in enumerate(buckets):
             specs, size = layout(named)
@@ -191,7 +269,7 @@ class ShmWeightPublisher:
         for mm in maps.values():  # files of a recycled version beyond this one's buckets
             mm.close()
         for extra in tmp.glob("b*"):
-            if extra.name not in new_maps:
+            if extra.suffix != ".check" and extra.name not in new_maps:
                 extra.unlink()
         if final.exists():
             self._close_maps(final)
@@ -316,7 +394,8 @@ class ShmWeightSubscriber:
         self.sub = Subscriber(address, name=name)  # the checker thread's alone (ZeroMQ sockets are not thread-safe)
         self._ack: StreamSender | None = None
         self._ack_lock = threading.Lock()
-        self._parts: dict[int, dict[str, tuple[mmap.mmap, dict]]] = {}  # version -> file -> (map, entry) checked early
+        # version -> file -> (map, entry, its check), for buckets announced early
+        self._parts: dict[int, dict[str, tuple[mmap.mmap, dict, SharedCheck]]] = {}
         self._cond = threading.Condition()
         self._ready: WeightUpdate | None = None  # the newest version verified and not handed out yet
         self._error: BaseException | None = None
@@ -384,12 +463,16 @@ class ShmWeightSubscriber:
         version, entry = int(body["policy_version"]), body["bucket"]
         for old in [v for v in self._parts if v < version]:
             del self._parts[old]
+        path = Path(body["dir"]) / entry["file"]
         try:
-            mm = self._map(Path(body["dir"]) / entry["file"], int(entry["nbytes"]), version)
+            mm = self._map(path, int(entry["nbytes"]), version)
         except WeightSyncError:
             return
-        verify(mm, int(entry["crc"]), f"{self.name}: version {version} bucket {entry['file']}", entry["hash"])
-        self._parts.setdefault(version, {})[entry["file"]] = (mm, entry)
+        check = SharedCheck(path, mm, entry, version, f"{self.name}: version {version} bucket {entry['file']}")
+        parts = self._parts.setdefault(version, {})
+        parts[entry["file"]] = (mm, entry, check)
+        for _, _, pending in parts.values():  # this one, and those a peer was checking last time
+            pending.attempt()
 
     def _map(self, path: Path, nbytes: int, version: int) -> mmap.mmap:
         try:
@@ -407,18 +490,23 @@ class ShmWeightSubscriber:
         start = time.perf_counter()
         version = int(body["policy_version"])
         folder = Path(body["dir"])
-        tensors, total = [], 0
+        tensors, total, checks = [], 0, []
         early = self._parts.pop(version, {})
         for b in body["buckets"]:
-            mm, seen = early.get(b["file"], (None, None))
+            mm, seen, check = early.get(b["file"], (None, None, None))
             if seen is None or seen["crc"] != b["crc"] or seen["nbytes"] != b["nbytes"]:
                 mm = self._map(folder / b["file"], int(b["nbytes"]), version)
-                what = f"{self.name}: version {version} bucket {b['file']}"
-                verify(mm, int(b["crc"]), what, b.get("hash", "crc32"))
+                check = SharedCheck(
+                    folder / b["file"], mm, b, version, f"{self.name}: version {version} bucket {b['file']}"
+                )
+                check.attempt()  # those a peer is checking are left for the end
+            checks.append(check)
             with warnings.catch_warnings():  # read-only views: the engine only copies from them
                 warnings.simplefilter("ignore", UserWarning)
                 tensors.extend(unpack(mm, specs_from_wire(b["tensors"])))
             total += int(b["nbytes"])
+        for check in checks:
+            check.finish()
         meta = {k: v for k, v in body.items() if k not in ("dir", "buckets", "ack", "transport", "policy_version")}
         update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
         update.shm = [
