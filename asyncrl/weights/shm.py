@@ -77,7 +77,6 @@ from asyncrl.weights.update import WeightSyncError, WeightUpdate
 log = logging.getLogger(__name__)
 
 SHM_ROOT = "/dev/shm"
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 CHECK_WAIT_S = 10.0  # how long a subscriber waits for a peer's verdict on a bucket before checking it itself
 
 
@@ -94,6 +93,11 @@ class SharedCheck:
         self.path, self.mm, self.version, self.what = path.with_name(path.name + ".check"), mm, version, what
         self.crc, self.algo = int(entry["crc"]), entry.get("hash", "crc32")
         self.done = False
+
+    def moved_to(self, folder: Path) -> SharedCheck:
+        """The same check, its verdict file now in ``folder`` (the version was renamed into place)."""
+        self.path = folder / self.path.name
+        return self
 
     def attempt(self) -> bool:
         if not self.done:
@@ -116,6 +120,8 @@ class SharedCheck:
     def _under_lock(self, how: int) -> None:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:
+            return  # the version's directory was renamed into place: ``fetch`` moves us along
         except OSError:  # not ours to write: no sharing
             self._check()
             return
@@ -477,9 +483,10 @@ class ShmWeightSubscriber:
     def _map(self, path: Path, nbytes: int, version: int) -> mmap.mmap:
         try:
             with open(path, "rb") as f:
-                # Shared and read-only: nothing is copied; populated up front (one call instead
-                # of a page fault per 4 KiB while the checksum reads it).
-                return mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+                # Shared and read-only: nothing is copied. Not populated: a subscriber whose
+                # peer checks the bucket touches its pages only when its engine copies them in
+                # (populating 1 GB takes ~50 ms per subscriber, in the broadcast's critical path).
+                return mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         except FileNotFoundError:
             raise WeightSyncError(
                 f"{self.name}: version {version} is gone from shared memory ({path}): a newer one replaced it"
@@ -500,7 +507,7 @@ class ShmWeightSubscriber:
                     folder / b["file"], mm, b, version, f"{self.name}: version {version} bucket {b['file']}"
                 )
                 check.attempt()  # those a peer is checking are left for the end
-            checks.append(check)
+            checks.append(check.moved_to(folder))
             with warnings.catch_warnings():  # read-only views: the engine only copies from them
                 warnings.simplefilter("ignore", UserWarning)
                 tensors.extend(unpack(mm, specs_from_wire(b["tensors"])))
