@@ -168,6 +168,23 @@ def main(argv: list[str] | None = None) -> dict:
         kept = [(t, y) for t, y in points if t >= args.warmup]
         if len(kept) >= 3:
             per_process[name] = fit([t for t, _ in kept], [y for _, y in kept])
+            # The shape behind the slope: a line that keeps rising, or steps that level off.
+            quarters = [kept[i * len(kept) // 4 : (i + 1) * len(kept) // 4] for i in range(4)]
+            per_process[name]["rss_quarter_means_mib"] = [
+                round(sum(y for _, y in q) / len(q), 2) for q in quarters if q
+            ]
+    with open(root / "rss.jsonl", "w") as f:  # every sample, for plots
+        for name, points in sorted(series.items()):
+            f.write(
+                json.dumps(
+                    {
+                        "process": name,
+                        "t_s": [round(t, 1) for t, _ in points],
+                        "rss_mib": [round(y, 2) for _, y in points],
+                    }
+                )
+                + "\n"
+            )
     base = per_process.get("baseline-idle", {})
     result = {
         "minutes": args.minutes,
