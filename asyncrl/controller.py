@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -145,6 +147,20 @@ def write_scrape_config(run_dir: Path) -> Path:
     return path
 
 
+def stop_on_sigterm():
+    """Make SIGTERM (a service manager's stop, ``kill PID``) stop the run as Ctrl-C does: the
+    processes are stopped and the run's state dumped, instead of the controller vanishing and
+    leaving its children behind. Returns what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signals reach the main thread only; its owner decides
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 class Controller:
     """Runs one training job on this machine: starts, checkpoints, supervises and stops it.
 
@@ -198,6 +214,7 @@ class Controller:
         self.progress.watch(self.fleet, eval_before)
         rl_start = time.monotonic()
         cpu_start = time.process_time()
+        restore_sigterm = stop_on_sigterm()
         try:
             self._start_all(self._restore_point() if self.resume else None)
             self._train()
@@ -207,6 +224,7 @@ class Controller:
             self._dump_state()
             raise
         finally:
+            restore_sigterm()
             self.fleet.terminate()
             self.events.close()
             self.control.close()

@@ -60,3 +60,29 @@ def test_resume_continues_from_the_checkpoint_and_trains_each_group_once(tmp_pat
     assert summary["ledger"]["restores"] == 1
     versions = [json.loads(line)["version"] for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert versions == list(range(1, 21))  # the resumed run went on from version 10
+
+
+def test_sigterm_stops_the_run_and_every_process_it_started(tmp_path):
+    import subprocess
+    import sys
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "configs/bench_pipeline.yaml", f"run.root={tmp_path}"]
+    cmd += ["learner.total_steps=100000", "run.name=term", *SIMULATED]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    steps = tmp_path / "term" / "steps.jsonl"
+    deadline = time.monotonic() + 180
+    while not (steps.exists() and steps.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach its second step"
+        time.sleep(0.2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 5  # buffer, dispatcher, reward worker, learner, generators
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    for p in alive:  # what this test started must not outlive it, even when it fails
+        p.kill()
+    assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
