@@ -186,9 +186,9 @@ def group_from_dict(d: dict) -> Group:
             s = dict(_expect_map(s))
             for name in _SAMPLE_ARRAYS:
                 if name in s:
-                    s[name] = _as_array(s[name], name)
+                    s[name] = _as_array(s[name])
             samples.append(Sample(**s))
-        g = Group(**{**d, "prompt_ids": _as_array(d["prompt_ids"], "prompt_ids"), "samples": samples})
+        g = Group(**{**d, "prompt_ids": _as_array(d["prompt_ids"]), "samples": samples})
     except WireError:
         raise
     except (TypeError, KeyError) as e:
@@ -319,7 +319,7 @@ def _array_from_map(obj: dict) -> np.ndarray:
         raise WireError("bad_array", str(e)) from None
 
 
-def _as_array(value, name: str):
+def _as_array(value):
     """A field the schema says is an array: restore it from its map; anything else is left for
     validation to reject (None is a valid absent ``token_rewards``)."""
     if type(value) is dict and value.get(_ND) is True:
