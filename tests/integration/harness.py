@@ -42,7 +42,7 @@ class Harness:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, p in self.procs.items():
-                assert p.poll() in (None, 0), f"{name} died: {(self.run_dir / f'{name}.log').read_text()[-2000:]}"
+                assert p.poll() in (None, 0), f"{name} died (exit {p.poll()}): {_ends(self.run_dir / f'{name}.log')}"
             msg = self.events.recv(timeout=0.2)
             if msg is None:
                 continue
@@ -75,3 +75,10 @@ class Harness:
                 p.kill()
         self.events.close()
         self.control.close()
+
+
+def _ends(log_path) -> str:
+    """A dead process's log, its first error and its last words: the cause is usually at the
+    start, the shutdown noise at the end."""
+    text = log_path.read_text()
+    return text if len(text) <= 4000 else f"{text[:2000]}\n[...]\n{text[-2000:]}"
