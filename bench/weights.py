@@ -121,40 +121,52 @@ class PeakRss:
 
 
 def subscriber(shm_addr: str, zmq_addr: str, raw_addr: str, results, ready) -> None:
-    """One subscriber process: receives from every publisher, reports when a version is whole."""
+    """One subscriber process: receives from every publisher, reports when a version is whole.
+
+    One thread per transport, each blocked in its own wait (no polling loop: with four
+    subscriber processes on two cores, waking every millisecond would tax the cases measured)."""
     shm = ShmWeightSubscriber(shm_addr, name="bench.shm")
     stream = ZmqWeightSubscriber(zmq_addr, name="bench.zmq", timeout_s=120)
     raw = zmq.Context.instance().socket(zmq.SUB)
     raw.setsockopt(zmq.RCVHWM, 0)
     raw.setsockopt(zmq.SUBSCRIBE, b"")
     raw.connect(raw_addr)
-    poller = zmq.Poller()
-    for s in (stream.sock, raw):
-        poller.register(s, zmq.POLLIN)
-    ready.set()
-    served = {"shm": 0, "zmq": 0}
-    while True:
-        socks = dict(poller.poll(1))  # shm is checked by its own thread: asked every turn
-        u = shm.newest(served["shm"])
-        if u is not None:
-            served["shm"] = u.version
-            # Delivered when announced whole (the tensors are there to map from then on);
-            # verified when every bucket's checksum has been checked.
-            results.put(("shm_delivery", u.version, u.announced_at, u.nbytes))
-            results.put(("shm", u.version, u.announced_at + u.receive_s, u.nbytes))
-            u.done()
-        if stream.sock in socks:
-            u = stream.newest(served["zmq"])
+    stop = threading.Event()
+
+    def take_shm():
+        served = 0
+        while not stop.is_set():
+            u = shm.newest(served, timeout=0.2)
             if u is not None:
-                served["zmq"] = u.version
+                served = u.version
+                # Delivered when announced whole (the tensors are there to map from then on);
+                # verified when every bucket's checksum has been checked.
+                results.put(("shm_delivery", u.version, u.announced_at, u.nbytes))
+                results.put(("shm", u.version, u.announced_at + u.receive_s, u.nbytes))
+                u.done()
+
+    def take_stream():
+        served = 0
+        while not stop.is_set():
+            u = stream.newest(served, timeout=0.2)
+            if u is not None:
+                served = u.version
                 results.put(("zmq", u.version, time.monotonic(), u.nbytes))
                 u.done()
-        if raw in socks:
-            parts = raw.recv_multipart(copy=False)
-            if len(parts) == 1 and parts[0].bytes == b"stop":
-                return
-            if len(parts) == 1 and parts[0].bytes.startswith(b"end"):
-                results.put(("raw", int(parts[0].bytes[3:]), time.monotonic(), 0))
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (take_shm, take_stream)]
+    for t in threads:
+        t.start()
+    ready.set()
+    while True:
+        parts = raw.recv_multipart(copy=False)
+        if len(parts) == 1 and parts[0].bytes == b"stop":
+            break
+        if len(parts) == 1 and parts[0].bytes.startswith(b"end"):
+            results.put(("raw", int(parts[0].bytes[3:]), time.monotonic(), 0))
+    stop.set()
+    for t in threads:
+        t.join(5)
 
 
 def memcpy_seconds(sd: dict) -> tuple[float, float, float]:

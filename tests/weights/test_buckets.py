@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from asyncrl.weights.buckets import (
+    PARALLEL_MIN_BYTES,
     checksum,
     iter_buckets,
     layout,
@@ -33,6 +34,15 @@ def test_pack_unpack_round_trip_is_bit_identical():
     assert crc == checksum(buf.numpy())
     for (name, t), (name2, v) in zip(named, unpack(buf, specs)):
         assert name == name2 and v.dtype == t.dtype and torch.equal(v, t)
+
+
+@pytest.mark.parametrize("nbytes", [0, 7, PARALLEL_MIN_BYTES * 2 - 8, PARALLEL_MIN_BYTES * 5 + 3])
+def test_threaded_sum64_equals_the_single_thread_one(nbytes):
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    one = checksum(data.numpy())
+    assert [checksum(data.numpy(), threads=k) for k in (2, 3, 8)] == [one] * 3
+    data[nbytes * 2 // 3 :] = 0  # a later slice's change is seen too
+    assert nbytes < 16 or checksum(data.numpy(), threads=3) != one
 
 
 def test_checksum_catches_one_flipped_byte():
