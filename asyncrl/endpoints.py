@@ -1,7 +1,9 @@
 """The addresses of a run's sockets, chosen by the controller and written to ``endpoints.json``.
 
 Every child process reads this file; nothing else carries addresses. Ports are picked free on
-127.0.0.1 at start (a tiny race with other programs is possible and fails loudly at bind). On a
+127.0.0.1 at start, below the kernel's ephemeral range (``free_ports``: the connections opened
+until the children bind cannot take them; a program choosing the same port on purpose still
+can, and fails loudly at bind). On a
 Ray cluster with ``launcher.bind_host: node`` the controller's own sockets are on its machine's
 address, and ``asyncrl.ray_fleet`` rewrites the addresses each role binds (``BOUND_BY``) to its
 node's address and ports free there, before any process that connects to them starts.
@@ -10,6 +12,7 @@ node's address and ports free there, before any process that connects to them st
 from __future__ import annotations
 
 import json
+import random
 import socket
 from pathlib import Path
 
@@ -74,9 +77,30 @@ def tcp_address(port: int, host: str = "127.0.0.1") -> str:
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    socks = []
+    """``n`` distinct ports free on ``host`` now, picked outside the kernel's ephemeral range.
+
+    The processes that bind them start seconds later. Meanwhile every outgoing connection on the
+    machine takes its source port from the ephemeral range, as does every ``bind`` to port 0, so
+    a port picked there can be taken before its owner binds it (a test suite or a busy host
+    opens thousands of connections). Below that range only a program choosing the same number
+    on purpose collides. Where the range leaves no room below it, the kernel picks (port 0).
+    """
+    low, _high = ephemeral_range()
+    pool = range(PORT_FLOOR, low) if low - PORT_FLOOR >= 4 * n else range(0)
+    rng = random.Random()
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        for port in rng.sample(pool, min(len(pool), 64 * n)):
+            if len(socks) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind((host, port))
+            except OSError:  # in use, or just released (TIME_WAIT): the next one
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:
             s = socket.socket()
             s.bind((host, 0))
             socks.append(s)
@@ -84,3 +108,17 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+PORT_FLOOR = 10_000
+"""Lowest port ``free_ports`` picks (below it lie the well-known and most registered services)."""
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections and port-0 binds (Linux's default
+    where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999

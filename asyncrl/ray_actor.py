@@ -9,12 +9,13 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import ray
+
+from asyncrl.endpoints import free_ports
 
 
 class ActorLost(int):
@@ -60,14 +61,7 @@ class ComponentActor:
         """Where this actor runs, and ``num_ports`` ports free on its node's bind address now."""
         ip = ray.util.get_node_ip_address()
         host = ip if bind_host == "node" else bind_host
-        socks = [socket.socket() for _ in range(num_ports)]
-        try:
-            for s in socks:
-                s.bind((host, 0))
-            ports = [s.getsockname()[1] for s in socks]
-        finally:
-            for s in socks:
-                s.close()
+        ports = free_ports(num_ports, host)
         context = ray.get_runtime_context()
         labels = {k: v for k, v in context.get_node_labels().items() if not k.startswith("ray.io/")}
         return {"node_id": context.get_node_id(), "ip": ip, "host": host, "ports": ports, "labels": labels}

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asyncrl.endpoints import free_ports
 from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS, remax_advantages
 from asyncrl.learner.batch import TrainBatch, collate, token_logprobs
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
@@ -52,9 +52,7 @@ _WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def init_single_process_distributed(backend: str | None = None) -> None:
