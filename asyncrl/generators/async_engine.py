@@ -52,21 +52,27 @@ class WeightLoaderExtension:
     Each method ends in ``reload_weights(weights_iterator=...)``, which copies into the model's
     own tensors, so the buffers may go once it returns."""
 
-    def asyncrl_load_shm(self, buckets: list[dict]) -> int:
-        """``buckets``: ``[{path, nbytes, tensors}]`` of a shared-memory version (already verified)."""
-        from asyncrl.weights.buckets import specs_from_wire, unpack
+    def asyncrl_load_shm(self, buckets: list[dict], version: int = 0) -> int:
+        """``buckets``: ``[{path, nbytes, tensors}]`` of a shared-memory version (already verified).
 
-        named, maps = [], []
+        The mappings are kept for the next versions (``MappingCache``): the learner writes them
+        into the same files, read again here without a page fault."""
+        from asyncrl.weights.buckets import specs_from_wire, unpack
+        from asyncrl.weights.mappings import MappingCache
+
+        maps = getattr(self, "_asyncrl_maps", None)
+        if maps is None:
+            maps = self._asyncrl_maps = MappingCache()
+        named = []
         try:
             for b in buckets:
-                with open(b["path"], "rb") as f:
-                    mm = mmap.mmap(f.fileno(), int(b["nbytes"]), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-                maps.append(mm)
+                mm = maps.map(b["path"], int(b["nbytes"]), version)
                 named.extend(unpack(_writable_view(mm), specs_from_wire(b["tensors"])))
             self.reload_weights(weights_iterator=iter(named))
         finally:
             del named
-        return len(maps)
+            maps.settle(version)
+        return len(buckets)
 
     def asyncrl_load_bytes(self, buckets: list[list]) -> int:
         """``buckets``: ``[[data, tensors]]``, each bucket's packed bytes and its tensor specs."""
@@ -218,7 +224,7 @@ class AsyncVLLMEngine:
         Safe to call from any thread; swaps are serialised."""
         start = time.perf_counter()
         if shm is not None:
-            method, kwargs = "asyncrl_load_shm", {"buckets": shm}
+            method, kwargs = "asyncrl_load_shm", {"buckets": shm, "version": version}
         elif isinstance(weights, (str, Path)):
             missing = self._weight_names - read_weight_names(weights)
             if missing:

@@ -72,6 +72,7 @@ from asyncrl.weights.buckets import (
     verify,
     zero_padding,
 )
+from asyncrl.weights.mappings import MappingCache
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -402,6 +403,7 @@ class ShmWeightSubscriber:
         self._ack_lock = threading.Lock()
         # version -> file -> (map, entry, its check), for buckets announced early
         self._parts: dict[int, dict[str, tuple[mmap.mmap, dict, SharedCheck]]] = {}
+        self._maps = MappingCache()  # the checker thread's alone, as is every mapping
         self._cond = threading.Condition()
         self._ready: WeightUpdate | None = None  # the newest version verified and not handed out yet
         self._error: BaseException | None = None
@@ -481,12 +483,10 @@ class ShmWeightSubscriber:
             pending.attempt()
 
     def _map(self, path: Path, nbytes: int, version: int) -> mmap.mmap:
+        """Shared and read-only: nothing is copied. The mapping of a recycled file is kept from
+        one version to the next (``MappingCache``: no page faults when reading it again)."""
         try:
-            with open(path, "rb") as f:
-                # Shared and read-only: nothing is copied. Not populated: a subscriber whose
-                # peer checks the bucket touches its pages only when its engine copies them in
-                # (populating 1 GB takes ~50 ms per subscriber, in the broadcast's critical path).
-                return mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            return self._maps.map(path, nbytes, version)
         except FileNotFoundError:
             raise WeightSyncError(
                 f"{self.name}: version {version} is gone from shared memory ({path}): a newer one replaced it"
@@ -514,6 +514,7 @@ class ShmWeightSubscriber:
             total += int(b["nbytes"])
         for check in checks:
             check.finish()
+        self._maps.settle(version)
         meta = {k: v for k, v in body.items() if k not in ("dir", "buckets", "ack", "transport", "policy_version")}
         update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
         update.shm = [
@@ -544,6 +545,7 @@ class ShmWeightSubscriber:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
+        self._maps.clear()
         self.sub.close()
         with self._ack_lock:
             if self._ack is not None:
