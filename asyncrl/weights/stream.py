@@ -105,7 +105,7 @@ class ZmqWeightPublisher:
                 buf, views = None, [_flat(t) for _, t in named]
             else:  # on a GPU, or freed at the next bucket (ZeRO-3): packed once into host memory
                 buf = self._buffer(max(size, 1))  # not the one in flight: two buffers at most
-                pack_into(named, specs, buf[: max(size, 1)], self.hash)
+                pack_into(named, specs, buf[: max(size, 1)], None)  # summed below, as the views are
                 views = [buf[sp.offset : sp.offset + sp.nbytes] for sp in specs]
             crc = tensors_checksum(views, self.hash)
             if in_flight is not None:  # bucket i-1 must have left before bucket i goes: two at most

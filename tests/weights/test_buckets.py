@@ -4,6 +4,7 @@ import torch
 from asyncrl.weights.buckets import (
     PARALLEL_MIN_BYTES,
     checksum,
+    device_checksum,
     iter_buckets,
     layout,
     pack_into,
@@ -43,6 +44,15 @@ def test_threaded_sum64_equals_the_single_thread_one(nbytes):
     assert [checksum(data.numpy(), threads=k) for k in (2, 3, 8)] == [one] * 3
     data[nbytes * 2 // 3 :] = 0  # a later slice's change is seen too
     assert nbytes < 16 or checksum(data.numpy(), threads=3) != one
+
+
+@pytest.mark.gpu
+def test_the_device_sum64_equals_the_host_one():
+    assert torch.cuda.is_available(), "this test needs CUDA (selected by -m gpu)"
+    data = torch.randint(
+        0, 256, (PARALLEL_MIN_BYTES * 3,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2)
+    )
+    assert device_checksum(data.cuda()) == checksum(data.numpy()) == checksum(data.numpy(), threads=2)
 
 
 def test_checksum_catches_one_flipped_byte():

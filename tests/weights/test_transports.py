@@ -217,3 +217,25 @@ def test_shm_removes_what_a_killed_publisher_left_behind(tmp_path):
     assert live.dir.exists() and pub.dir.exists()  # a live publisher's directory stays
     live.close()
     pub.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_state_dict_on_the_gpu_arrives_bit_identical(transport):
+    """The learner's weights on its GPU: each bucket is packed device to host in one copy; one GPU
+    is enough."""
+    assert torch.cuda.is_available(), "this test needs CUDA (selected by -m gpu)"
+    Pub, Sub = TRANSPORTS[transport]
+    pub = Pub("tcp://127.0.0.1:0")
+    sub = Sub(pub.address, name="g0")
+    time.sleep(0.3)
+    sd = {k: v.cuda() for k, v in _state().items()}
+    stats = pub.publish(state_dict_buckets(sd, 64 << 10), 1)
+    update = _receive(sub)
+    got = dict(update.tensors)
+    assert stats["buckets"] >= 3 and list(got) == list(sd)
+    for name, t in sd.items():
+        assert got[name].device.type == "cpu" and torch.equal(got[name], t.cpu()), name
+    update.done()
+    pub.close()
+    sub.close()
