@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast test-gpu bench clean
 setup:
 	@bash scripts/setup.sh
 
@@ -15,6 +15,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+# The tests that need CUDA (never selected otherwise); the NCCL one needs two GPUs.
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache
