@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup demo test test-fast test-gpu bench clean
+.PHONY: setup demo test test-fast test-gpu clean
 setup:
 	@bash scripts/setup.sh
 
