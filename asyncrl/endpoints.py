@@ -3,10 +3,10 @@
 Every child process reads this file; nothing else carries addresses. Ports are picked free on
 127.0.0.1 at start, below the kernel's ephemeral range (``free_ports``: the connections opened
 until the children bind cannot take them; a program choosing the same port on purpose still
-can, and fails loudly at bind). On a
-Ray cluster with ``launcher.bind_host: node`` the controller's own sockets are on its machine's
-address, and ``asyncrl.ray_fleet`` rewrites the addresses each role binds (``BOUND_BY``) to its
-node's address and ports free there, before any process that connects to them starts.
+can, and fails loudly at bind). On a Ray cluster with ``launcher.bind_host: node`` the
+controller's own sockets are on its machine's address, and ``asyncrl.ray_fleet`` rewrites the
+addresses each role binds (``BOUND_BY``) to its node's address and ports free there, before any
+process that connects to them starts.
 """
 
 from __future__ import annotations
