@@ -7,7 +7,9 @@ subscriber never sees half a version. It then announces ``{policy_version, dir, 
 socket, and repeats the newest announcement every second (a PUB drops what was sent before a
 subscriber joined). Each subscriber maps the files (``mmap``, shared and read-only: torch
 views, no copy) and hands out views once every bucket's checksum is checked: the data is written
-once whatever the number of subscribers, which is why the time stays flat as they grow.
+once whatever the number of subscribers, which is why the time stays flat as they grow. It keeps
+its mapping of each file while recent versions use it (``asyncrl.weights.mappings``): a recycled
+file (below) is read again without page faults.
 
 The bytes are one copy on the host, so each bucket is checked once per host, not once per
 subscriber (N subscribers reading every byte would make the time grow with N): the first
