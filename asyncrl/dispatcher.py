@@ -175,6 +175,8 @@ class Outstanding:
     again: deque = field(default_factory=deque)
     """Rows to dispatch again, before any new prompt."""
     requeued: int = 0
+    passed_over: int = 0
+    """Rows queued again but not sent: their group was settled meanwhile (``take_again``)."""
     keep_trained: bool = True
     """Keep trained groups until a checkpoint holds them (False when the run takes no checkpoints:
     nothing could bring them back, and memory stays flat)."""
@@ -240,6 +242,21 @@ class Outstanding:
             self.again.append(e.row)
         self.requeued += len(picked)
         return len(picked)
+
+    def take_again(self, k: int) -> list[dict]:
+        """Up to ``k`` rows to dispatch again. Rows settled since they were queued are passed
+        over: the original turned up in the buffer after all (a reward worker or the buffer died
+        while it was on its way), was trained, or was dropped. A copy of those would only be
+        sampled to be thrown away."""
+        rows: list[dict] = []
+        while self.again and len(rows) < k:
+            row = self.again.popleft()
+            e = self.entries.get(row["group_id"])
+            if e is not None and e.state == DISPATCHED:
+                rows.append(row)
+            else:
+                self.passed_over += 1
+        return rows
 
     def to_checkpoint(self, version: int) -> list[dict]:
         """Rows a resume from a checkpoint of ``version`` must dispatch again (less what it holds)."""
@@ -346,8 +363,7 @@ def run_dispatcher(ctx) -> None:
             # Groups to hand out again come first (they were admitted once already), but only to a
             # generator whose weights are recent enough: a restarted one starts from the initial
             # weights, and what it sampled before loading the newest would only be dropped as stale.
-            again = min(p.max_prompts, len(outstanding.again)) if admission.may_sample(p.policy_version) else 0
-            rows = [outstanding.again.popleft() for _ in range(again)]
+            rows = outstanding.take_again(p.max_prompts) if admission.may_sample(p.policy_version) else []
             room = min(p.max_prompts - len(rows), admission.capacity(p.policy_version))
             for prompt in cursor.take(room) if room > 0 else []:
                 rows.append(
@@ -386,6 +402,7 @@ def run_dispatcher(ctx) -> None:
         epoch=cursor.epoch,
         index=cursor.index,
         requeued=outstanding.requeued,
+        passed_over=outstanding.passed_over,
     )
     server.close()
     status.close()

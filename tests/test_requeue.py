@@ -42,6 +42,17 @@ def test_a_dead_buffer_sends_out_everything_not_trained_or_dropped():
     assert o.requeue("buffered") == 2 and queued(o) == ["g00000000", "g00000003"]
 
 
+def test_a_queued_group_settled_meanwhile_is_not_sent_again():
+    o = outstanding_with()
+    assert o.requeue("buffered") == 4  # the buffer died: everything not trained goes out again
+    o.settle({"inserted": ["g00000000"]})  # its original was on its way and reached the new buffer
+    o.settle({"trained": [[1, ["g00000001"]]]})
+    o.settle({"dropped": ["g00000002"]})
+    assert [r["group_id"] for r in o.take_again(8)] == ["g00000003"]
+    assert o.passed_over == 3 and not o.again
+    assert o.requeue("buffered") == 2  # what reached the buffer can be lost with it again
+
+
 def test_an_expired_lease_sends_a_group_out_again():
     o = outstanding_with(now=0.0)
     assert o.requeue("expired", now=5.0) == 0
