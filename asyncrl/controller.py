@@ -39,6 +39,11 @@ from asyncrl.transport import Publisher, StreamReceiver
 
 log = logging.getLogger("asyncrl")
 
+JOINABLE = ("generator", "reward")
+"""Roles a process can join a running run in by address (``asyncrl generator|reward-worker --connect``)."""
+JOINED_STOP_S = 30.0
+"""Seconds the stop waits for a joined process's final report once the run's own are in."""
+
 
 class RunError(RuntimeError):
     """The run could not finish: a process died, stalled, or never started."""
@@ -173,6 +178,7 @@ class Controller:
         self.resume = resume
         self.run_dir = resume_run_dir(cfg) if resume else prepare_run_dir(cfg)
         self.finals: dict[str, dict] = {}
+        self.joined: dict[str, str] = {}  # processes that joined by address (not started here): name -> role
         self.last_event: dict[str, dict] = {}
         self.last_event_at: dict[str, float] = {}
         self.generator_versions: dict[str, int] = {}
@@ -316,9 +322,26 @@ class Controller:
             self._stop(roles)
 
     def _stop(self, roles: list[str], timeout: float = 120) -> None:
+        """Stop ``roles`` and wait for each process's final report. A process that joined the run
+        by address (``asyncrl reward-worker --connect``) is waited for too, up to
+        ``JOINED_STOP_S``: stopping the next stage first would leave what it still forwards
+        nowhere to go, and its counts out of the summary. It is not ours to watch exit."""
         names = [n for r in roles for n in self.fleet.names(r)]
-        deadline = time.monotonic() + timeout
-        while not (all(n in self.finals for n in names) and self.fleet.exited(names)):
+        start = time.monotonic()
+        deadline = start + timeout
+        while True:
+            joined = [n for n, role in self.joined.items() if role in roles and n not in self.finals]
+            if all(n in self.finals for n in names) and self.fleet.exited(names):
+                if not joined:
+                    return
+                if time.monotonic() - start > JOINED_STOP_S:
+                    log.warning(
+                        "%s joined the run and sent no final report within %.0f s of the stop: "
+                        "its counts are not in the summary",
+                        ", ".join(sorted(joined)),
+                        JOINED_STOP_S,
+                    )
+                    return
             self.control.send("control", {"command": "stop", "roles": roles})
             self._next_event(deadline, f"{', '.join(roles)} to stop", wait=0.2)
 
@@ -472,6 +495,8 @@ class Controller:
         ev = msg[1]
         self.last_event[ev["source"]] = ev
         self.last_event_at[ev["source"]] = time.monotonic()
+        if ev["source"] not in self.fleet.procs and ev.get("role") in JOINABLE:
+            self.joined.setdefault(ev["source"], ev["role"])
         self._handle(ev)
         return ev
 

@@ -25,8 +25,11 @@ raw_zmq_s / zmq_s`` (goal >= 0.7). Learner memory: the peak growth of the publis
 anonymous RSS during ``publish`` (sampled every 2 ms), in buckets, and for zmq the peak bytes of
 packing buffers the publisher holds (``learner_buffer_buckets_zmq``: 0 when it sends views of
 the tensors themselves); goal <= 2. ``publisher_cpu_s_*``: CPU seconds of the publishing process
-(all threads) for memcpy and each publication, a view that other jobs on the cores hardly move. For shm the version itself lives in /dev/shm, reported
-apart as ``shm_bytes``. ``load_average`` says how busy the machine was.
+(all threads) for memcpy and each publication, a view that other jobs on the cores hardly move;
+``subscriber_cpu_s_zmq`` / ``_raw_zmq``: the same for one subscriber process, per version, and
+``zmq_vs_raw_cpu``: all processes' CPU seconds for raw over those for zmq, the most
+``zmq_vs_raw`` can reach where both are CPU-bound. For shm the version itself lives in
+/dev/shm, reported apart as ``shm_bytes``. ``load_average`` says how busy the machine was.
 One JSON object on stdout.
 """
 
@@ -132,6 +135,7 @@ def subscriber(shm_addr: str, zmq_addr: str, raw_addr: str, results, ready) -> N
     raw.setsockopt(zmq.SUBSCRIBE, b"")
     raw.connect(raw_addr)
     stop = threading.Event()
+    pid = os.getpid()
 
     def take_shm():
         served = 0
@@ -141,8 +145,8 @@ def subscriber(shm_addr: str, zmq_addr: str, raw_addr: str, results, ready) -> N
                 served = u.version
                 # Delivered when announced whole (the tensors are there to map from then on);
                 # verified when every bucket's checksum has been checked.
-                results.put(("shm_delivery", u.version, u.announced_at, u.nbytes))
-                results.put(("shm", u.version, u.announced_at + u.receive_s, u.nbytes))
+                results.put(("shm_delivery", u.version, u.announced_at, u.nbytes, pid, time.process_time()))
+                results.put(("shm", u.version, u.announced_at + u.receive_s, u.nbytes, pid, time.process_time()))
                 u.done()
 
     def take_stream():
@@ -151,7 +155,7 @@ def subscriber(shm_addr: str, zmq_addr: str, raw_addr: str, results, ready) -> N
             u = stream.newest(served, timeout=0.2)
             if u is not None:
                 served = u.version
-                results.put(("zmq", u.version, time.monotonic(), u.nbytes))
+                results.put(("zmq", u.version, time.monotonic(), u.nbytes, pid, time.process_time()))
                 u.done()
 
     threads = [threading.Thread(target=f, daemon=True) for f in (take_shm, take_stream)]
@@ -163,7 +167,7 @@ def subscriber(shm_addr: str, zmq_addr: str, raw_addr: str, results, ready) -> N
         if len(parts) == 1 and parts[0].bytes == b"stop":
             break
         if len(parts) == 1 and parts[0].bytes.startswith(b"end"):
-            results.put(("raw", int(parts[0].bytes[3:]), time.monotonic(), 0))
+            results.put(("raw", int(parts[0].bytes[3:]), time.monotonic(), 0, pid, time.process_time()))
     stop.set()
     for t in threads:
         t.join(5)
@@ -201,16 +205,29 @@ def raw_zmq_send(sock, sd: dict, version: int, frame: int = MiB) -> None:
     sock.send(b"end%d" % version)
 
 
-def wait_reports(results, kinds: tuple[str, ...], version: int, n: int, timeout: float = 300) -> dict[str, float]:
-    """Per kind, the time at which the last of the n subscribers reported ``version``."""
+def wait_reports(
+    results, kinds: tuple[str, ...], version: int, n: int, cpu_at: dict, timeout: float = 300
+) -> dict[str, float]:
+    """Per kind, the time at which the last of the n subscribers reported ``version``; each
+    subscriber's process CPU seconds at its report go into ``cpu_at[(pid, kind)]``."""
     last, got = dict.fromkeys(kinds, 0.0), dict.fromkeys(kinds, 0)
     deadline = time.monotonic() + timeout
     while min(got.values()) < n:
-        k, v, t, _ = results.get(timeout=max(0.1, deadline - time.monotonic()))
+        k, v, t, _, pid, cpu = results.get(timeout=max(0.1, deadline - time.monotonic()))
         if k in got and v == version:
             got[k] += 1
             last[k] = max(last[k], t)
+            cpu_at[(pid, k)] = cpu
     return last
+
+
+def subscriber_cpu(cpu_at: dict) -> tuple[float, float]:
+    """Mean CPU seconds a subscriber process spent on the zmq version and on the raw one of a
+    round: between its reports (the transports take turns, so the others are idle meanwhile)."""
+    pids = {pid for pid, _ in cpu_at}
+    zmq_s = [cpu_at[(p, "zmq")] - cpu_at[(p, "shm")] for p in pids]
+    raw_s = [cpu_at[(p, "raw")] - cpu_at[(p, "zmq")] for p in pids]
+    return sum(zmq_s) / len(pids), sum(raw_s) / len(pids)
 
 
 def main() -> None:
@@ -266,7 +283,9 @@ def main() -> None:
             # The publisher's CPU seconds (all its threads): unlike wall time, they hardly move
             # when other jobs share the cores.
             cpu = dict.fromkeys(("memcpy", "shm", "zmq", "raw_zmq"), float("inf"))
+            sub_cpu = {"zmq": float("inf"), "raw_zmq": float("inf")}
             for _ in range(args.repeats):
+                cpu_at: dict = {}
                 # The baselines again in every round, best kept: on a shared machine a busy moment
                 # must not land on one side of a ratio only.
                 again, again_cold, again_cpu = memcpy_seconds(sd)
@@ -279,7 +298,7 @@ def main() -> None:
                         stats = pub.publish(state_dict_buckets(sd, bucket), version)
                     cpu[kind] = min(cpu[kind], time.process_time() - cpu_start)
                     kinds = ("shm_delivery", "shm") if kind == "shm" else ("zmq",)
-                    for k, t in wait_reports(results, kinds, version, n).items():
+                    for k, t in wait_reports(results, kinds, version, n, cpu_at).items():
                         best[k] = min(best[k], t - start)
                     extra[kind] = max(extra[kind], rss.extra)
                     tracked[kind] = max(tracked[kind], stats.get("extra_bytes", 0))
@@ -287,10 +306,19 @@ def main() -> None:
                 version += 1
                 start, cpu_start = time.monotonic(), time.process_time()
                 raw_zmq_send(raw, sd, version)
-                best["raw_zmq"] = min(best["raw_zmq"], wait_reports(results, ("raw",), version, n)["raw"] - start)
+                best["raw_zmq"] = min(
+                    best["raw_zmq"], wait_reports(results, ("raw",), version, n, cpu_at)["raw"] - start
+                )
                 cpu["raw_zmq"] = min(cpu["raw_zmq"], time.process_time() - cpu_start)
+                round_zmq, round_raw = subscriber_cpu(cpu_at)
+                sub_cpu["zmq"], sub_cpu["raw_zmq"] = min(sub_cpu["zmq"], round_zmq), min(sub_cpu["raw_zmq"], round_raw)
             case.update({"memcpy_s": memcpy_s, "memcpy_cold_s": memcpy_cold_s})
             case.update({f"publisher_cpu_s_{k}": v for k, v in cpu.items()})
+            case.update({f"subscriber_cpu_s_{k}": v for k, v in sub_cpu.items()})
+            # Where both paths are CPU-bound (two cores, several subscribers), time follows CPU:
+            # the ratio of all processes' CPU seconds is the most zmq_vs_raw can reach there.
+            all_raw = cpu["raw_zmq"] + n * sub_cpu["raw_zmq"]
+            case["zmq_vs_raw_cpu"] = all_raw / (cpu["zmq"] + n * sub_cpu["zmq"])
             case.update({f"{k}_s": v for k, v in best.items()})
             case.update(
                 {
