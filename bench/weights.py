@@ -137,28 +137,27 @@ def subscriber(shm_addr: str, zmq_addr: str, raw_addr: str, results, ready) -> N
     stop = threading.Event()
     pid = os.getpid()
 
-    def take_shm():
+    def report_shm(u):
+        # Delivered when announced whole (the tensors are there to map from then on); verified
+        # when every bucket's checksum has been checked.
+        results.put(("shm_delivery", u.version, u.announced_at, u.nbytes, pid, time.process_time()))
+        results.put(("shm", u.version, u.announced_at + u.receive_s, u.nbytes, pid, time.process_time()))
+
+    def report_zmq(u):
+        results.put(("zmq", u.version, time.monotonic(), u.nbytes, pid, time.process_time()))
+
+    def take(sub, report):
         served = 0
         while not stop.is_set():
-            u = shm.newest(served, timeout=0.2)
+            u = sub.newest(served, timeout=0.2)
             if u is not None:
                 served = u.version
-                # Delivered when announced whole (the tensors are there to map from then on);
-                # verified when every bucket's checksum has been checked.
-                results.put(("shm_delivery", u.version, u.announced_at, u.nbytes, pid, time.process_time()))
-                results.put(("shm", u.version, u.announced_at + u.receive_s, u.nbytes, pid, time.process_time()))
+                report(u)
                 u.done()
 
-    def take_stream():
-        served = 0
-        while not stop.is_set():
-            u = stream.newest(served, timeout=0.2)
-            if u is not None:
-                served = u.version
-                results.put(("zmq", u.version, time.monotonic(), u.nbytes, pid, time.process_time()))
-                u.done()
-
-    threads = [threading.Thread(target=f, daemon=True) for f in (take_shm, take_stream)]
+    threads = [
+        threading.Thread(target=take, args=args, daemon=True) for args in ((shm, report_shm), (stream, report_zmq))
+    ]
     for t in threads:
         t.start()
     ready.set()
