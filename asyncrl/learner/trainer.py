@@ -51,10 +51,6 @@ _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5
 _WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def _free_port() -> int:
-    return free_ports(1)[0]
-
-
 def init_single_process_distributed(backend: str | None = None) -> None:
     """Initialise DeepSpeed's process group for a process that is not launched by a launcher.
 
@@ -71,7 +67,7 @@ def init_single_process_distributed(backend: str | None = None) -> None:
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_ports(1)[0])
     if os.environ["WORLD_SIZE"] == "1":
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     if backend is None:
