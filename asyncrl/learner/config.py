@@ -19,13 +19,21 @@ class TrainerConfig(Config):
     zero_stage: int = 0
     """DeepSpeed ZeRO stage: 0 (plain data parallel), 1 (optimizer states partitioned), 2 (+ gradients), 3 (+ parameters)."""
     lr: float = 1e-4
-    """AdamW learning rate (constant; no schedule)."""
+    """AdamW peak learning rate (after warm-up, before decay; see ``lr_schedule``)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after warm-up: constant, or decayed linearly / by a half cosine to ``lr × min_lr_ratio`` at ``lr_decay_steps`` (``asyncrl.learner.lr_schedule``)."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Optimizer updates of linear warm-up from lr / lr_warmup_steps to lr; 0: none."""
+    lr_decay_steps: int | None = Field(None, ge=1)
+    """Optimizer updates (warm-up included) at whose end the decay reaches its floor; None: the whole run, learner.total_steps × ppo_epochs × mini_batches."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """The decay's floor as a fraction of ``lr`` (verl's ``min_lr_ratio``)."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW (beta1, beta2)."""
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this value before the step; 0 disables clipping."""
+    """Clip the global gradient norm to this value before each update; 0 disables clipping (the step stats report the norm before clipping and how often it was clipped)."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Training precision: fp32, or bf16 weights/activations with fp32 master weights in the optimizer."""
     temperature: float = 1.0
@@ -69,6 +77,15 @@ class TrainerConfig(Config):
         if v < 1:
             raise ValueError(f"micro_batch_size ({v}) must be >= 1")
         return v
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> TrainerConfig:
+        decay, warmup = self.lr_decay_steps, self.lr_warmup_steps
+        if self.lr_schedule != "constant" and decay is not None and decay <= warmup:
+            raise ValueError(
+                f"lr_decay_steps ({decay}) must be > lr_warmup_steps ({warmup}): the decay follows the warm-up"
+            )
+        return self
 
 
 AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "gae"]

@@ -43,6 +43,7 @@ from asyncrl.learner.batch import TrainBatch, collate, token_logprobs
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
 from asyncrl.learner.kl import KL_ESTIMATORS, make_kl_controller
 from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
+from asyncrl.learner.lr_schedule import lr_factor
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.wire import Group
 
@@ -119,6 +120,12 @@ class PolicyTrainer:
         self.model_dir = Path(model_dir)
         self.version = 0
         """Optimizer steps taken; the policy version of the current weights."""
+        self.updates = 0
+        """Optimizer updates taken: the index of the learning-rate schedule."""
+        if cfg.lr_schedule != "constant" and cfg.lr_decay_steps is None:
+            raise ValueError(
+                f"lr_schedule ({cfg.lr_schedule}) needs lr_decay_steps (the learner sets it from learner.total_steps), got None"
+            )
         self.kl_controller = make_kl_controller(self.algo.kl)
 
         if not torch.distributed.is_initialized():
@@ -143,6 +150,7 @@ class PolicyTrainer:
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
         self.engine = deepspeed_engine(model, optimizer, cfg)
+        self._set_lr()  # the first update's rate (warm-up starts below lr)
         self.device = self.engine.device
         self.critic = None
         """The value model's trainer, for ``adv_estimator: gae``; None otherwise."""
@@ -219,7 +227,9 @@ class PolicyTrainer:
         (importance weights from a prioritized buffer; None: all 1); returns its stats.
 
         Stats: ``version`` (after the step), ``loss`` (the batch's total loss), ``policy_loss``,
-        ``grad_norm`` (before clipping), ``clipfrac`` (kept tokens whose clipped branch was taken),
+        ``lr`` (the learning rate of the step's update), ``grad_norm`` (the global gradient norm
+        before clipping), ``grad_clipped`` (1 if it was clipped, else 0) and ``grad_clip_coef``
+        (the factor clipping scaled the gradient by, min(1, grad_clip / grad_norm)), ``clipfrac`` (kept tokens whose clipped branch was taken),
         ``is_weight_mean``/``is_weight_max`` (pi_prox / mu per token, before truncation),
         ``is_weight_ess`` (effective sample size of the applied weights over response tokens,
         (sum w)^2 / (N sum w^2), in (0, 1]), ``masked_frac`` (response tokens dropped by the
@@ -332,27 +342,17 @@ class PolicyTrainer:
                 add("mismatch_kl_sum", (k3 * fresh).sum())
                 if bool((mask > 0).any()):
                     maxes["is_weight_max"] = max(maxes["is_weight_max"], float(raw[mask > 0].max()))
-        own_grad_norm = None
-        if self.cfg.zero_stage == 0 and self.cfg.dtype == "fp32":
-            # DeepSpeed clips fp32 ZeRO-0 gradients without recording the norm; measure it here.
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-            if grads:
-                own_grad_norm = torch.linalg.vector_norm(
-                    torch.stack([torch.linalg.vector_norm(g) for g in grads])
-                ).item()
-        self.engine.step()
+        lr, grad_norm = self._optimizer_update()
         self.version += 1
 
-        grad_norm = own_grad_norm if own_grad_norm is not None else self.engine.get_global_grad_norm()
-        if isinstance(grad_norm, torch.Tensor):
-            grad_norm = grad_norm.item()
         staleness = staleness_rows.tolist()
         kept = max(acc["kept"], 1.0)
         stats = {
             "version": self.version,
             "loss": acc["loss"],
             "policy_loss": acc["policy_loss"],
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "lr": lr,
+            **_clip_stats([grad_norm], cfg.grad_clip),
             "clipfrac": acc["clipped"] / kept,
             "is_weight_mean": acc["raw_sum"] / total_tokens,
             "is_weight_max": maxes["is_weight_max"],
@@ -375,6 +375,36 @@ class PolicyTrainer:
             self.kl_controller.update(acc["ref_kl"], n_samples=num_rows)
         stats["seconds"] = time.perf_counter() - start
         return stats
+
+    def _set_lr(self) -> float:
+        """Set the optimizer's learning rate to the schedule's at update ``self.updates``."""
+        cfg = self.cfg
+        lr = cfg.lr * lr_factor(
+            self.updates, cfg.lr_schedule, cfg.lr_warmup_steps, cfg.lr_decay_steps or 1, cfg.min_lr_ratio
+        )
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _optimizer_update(self) -> tuple[float, float]:
+        """One optimizer update on the accumulated gradients (clipped by DeepSpeed); returns its
+        learning rate and the gradient norm before clipping, and sets the next update's rate."""
+        lr = self._set_lr()
+        own_grad_norm = None
+        if self.cfg.zero_stage == 0 and self.cfg.dtype == "fp32":
+            # DeepSpeed clips fp32 ZeRO-0 gradients without recording the norm; measure it here.
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            if grads:
+                own_grad_norm = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g) for g in grads])
+                ).item()
+        self.engine.step()
+        self.updates += 1
+        self._set_lr()
+        grad_norm = own_grad_norm if own_grad_norm is not None else self.engine.get_global_grad_norm()
+        if isinstance(grad_norm, torch.Tensor):
+            grad_norm = grad_norm.item()
+        return lr, float(grad_norm) if grad_norm is not None else float("nan")
 
     # -----------------------------------------------------------------------------------------
     # weights out
@@ -482,10 +512,11 @@ class PolicyTrainer:
 
     def save_state(self, out_dir: str | Path) -> None:
         """Everything a resume needs to continue bit for bit: DeepSpeed's checkpoint of the policy
-        (weights, optimizer, ZeRO partitions) and the critic's, the version, the KL controller's
-        beta and the RNG states. Collective: every rank calls it."""
+        (weights, optimizer moments, ZeRO partitions) and the critic's, the version, the optimizer
+        updates taken (the learning-rate schedule's position), the KL controller's beta and the
+        RNG states. Collective: every rank calls it."""
         out = Path(out_dir)
-        state = {"version": self.version, "kl_coef": self.kl_controller.value}
+        state = {"version": self.version, "updates": self.updates, "kl_coef": self.kl_controller.value}
         self.engine.save_checkpoint(str(out), tag="policy", client_state=state)
         if self.critic is not None:
             self.critic.engine.save_checkpoint(str(out), tag="critic")
@@ -501,6 +532,8 @@ class PolicyTrainer:
         if state is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint 'policy' in {src}")
         self.version = int(state["version"])
+        self.updates = int(state.get("updates", self.version))  # older checkpoints: one update per step
+        self._set_lr()
         self.kl_controller.value = float(state["kl_coef"])
         if self.critic is not None:
             self.critic.engine.load_checkpoint(str(src), tag="critic")
@@ -559,6 +592,23 @@ class PolicyTrainer:
         """The collated batch ``train_step`` would train on, without a KL reward penalty (for
         inspection and tests)."""
         return collate(groups, self.weighted_advantages(groups, weights), self.pad_id)
+
+
+def _clip_stats(grad_norms: list[float], grad_clip: float) -> dict:
+    """Gradient clipping over a step's updates: ``grad_norm`` (mean norm before clipping),
+    ``grad_norm_max``, ``grad_clipped`` (share of updates clipped) and ``grad_clip_coef`` (mean
+    factor the gradient was scaled by, min(1, grad_clip / norm); 1 when nothing was clipped)."""
+    norms = np.asarray(grad_norms, dtype=np.float64)
+    if grad_clip > 0:
+        coef = np.minimum(1.0, grad_clip / np.maximum(norms, 1e-12))
+    else:
+        coef = np.ones_like(norms)
+    return {
+        "grad_norm": float(norms.mean()),
+        "grad_norm_max": float(norms.max()),
+        "grad_clipped": float((coef < 1.0).mean()),
+        "grad_clip_coef": float(coef.mean()),
+    }
 
 
 def _rng_state() -> dict:

@@ -57,6 +57,10 @@ STEP_EVENT_STATS = (
     "ref_kl",
     "kl_coef",
     "grad_norm",
+    "grad_norm_max",
+    "grad_clipped",
+    "grad_clip_coef",
+    "lr",
     "value_loss",
 )
 """Trainer stats that ride along in each "step" event (the controller prints some, keeps all)."""
@@ -64,7 +68,12 @@ STEP_EVENT_STATS = (
 
 def run_learner(ctx, model_dir: str) -> None:
     cfg = ctx.cfg
-    trainer_cfg = cfg.learner.trainer.model_copy(update={"temperature": cfg.sampling.temperature})
+    trainer_cfg = cfg.learner.trainer.model_copy(
+        update={
+            "temperature": cfg.sampling.temperature,
+            "lr_decay_steps": cfg.learner.trainer.lr_decay_steps or cfg.learner.total_steps,
+        }
+    )
     if cfg.simulation.learner is not None:
         from asyncrl.learner.mock_trainer import MockTrainer
 

@@ -156,6 +156,44 @@ def test_two_steps_at_each_zero_stage(stage, model_dir, hf_state, groups, refere
     assert trainer.engine.global_steps == 2
 
 
+def test_lr_schedule_sets_each_updates_rate_and_reports_it(model_dir, groups):
+    """ZeRO-2 (the optimizer wrapped in DeepSpeed's partitions) with linear warm-up and decay:
+    the step stats carry each update's rate, and the weights are those of plain torch stepping at
+    those rates; the gradient clipping stats say what was clipped."""
+    from transformers import AutoModelForCausalLM
+
+    schedule = dict(lr_schedule="linear", lr_warmup_steps=2, lr_decay_steps=4, min_lr_ratio=0.5)
+    expected_lrs = [LR * 0.5, LR, LR, LR * 0.75]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
+    rewards = np.array([[s.reward for s in g.samples] for g in groups])
+    batch = collate(groups, grpo_advantages(rewards), pad_id=0)
+    norms = []
+    for lr in expected_lrs:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        lp = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids)
+        loss, _ = decoupled_ppo_loss(lp, lp.detach(), batch.behaviour_logprobs, batch.advantages, batch.response_mask)
+        optimizer.zero_grad()
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item())
+        optimizer.step()
+
+    trainer = PolicyTrainer(model_dir, config(2, **schedule))
+    stats = [trainer.train_step(groups) for _ in expected_lrs]
+    assert [s["lr"] for s in stats] == pytest.approx(expected_lrs, rel=1e-12)
+    assert trainer.updates == 4
+    assert [s["grad_norm"] for s in stats] == pytest.approx(norms, rel=1e-4)
+    for s, norm in zip(stats, norms):
+        assert s["grad_clipped"] == float(norm > GRAD_CLIP)
+        assert s["grad_clip_coef"] == pytest.approx(min(1.0, GRAD_CLIP / norm), rel=1e-4)
+    after = trainer.full_state_dict()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(after[name], tensor, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"lr_schedule \(cosine\) needs lr_decay_steps"):
+        PolicyTrainer(model_dir, config(0, lr_schedule="cosine"))
+
+
 def test_behaviour_weights_are_one_when_behaviour_is_the_model(model_dir, hf_state, groups):
     temperature = 0.7
     model, _ = hf_state
@@ -420,24 +458,27 @@ def test_remax_uses_each_groups_greedy_reward_as_baseline(model_dir, groups):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_checkpoint_round_trip_continues_bit_for_bit(stage, model_dir, groups, tmp_path):
-    """save_state after one step, load into a fresh trainer: same weights, same optimizer moments,
-    same version and KL coefficient, and the next step lands on exactly the weights of a run that
-    never stopped."""
+    """save_state after one step, load into a fresh trainer: same weights, same optimizer moments
+    (Adam's m and v: without them the next update would differ), same version, learning-rate
+    schedule position and KL coefficient, and the next steps land on exactly the weights of a run
+    that never stopped, at the same learning rates."""
     from asyncrl.learner.config import AlgorithmConfig
 
     algo = AlgorithmConfig(kl={"coef": 0.05, "controller": "adaptive", "target": 0.01, "horizon": 100})
-    original = PolicyTrainer(model_dir, config(stage), algo)
+    cfg = config(stage, lr_schedule="cosine", lr_warmup_steps=1, lr_decay_steps=3, min_lr_ratio=0.1)
+    original = PolicyTrainer(model_dir, cfg, algo)
     original.train_step(groups)
     original.save_state(tmp_path / "ckpt")
     saved_coef = original.kl_controller.value
-    original.train_step(groups)
+    uninterrupted_lrs = [original.train_step(groups)["lr"] for _ in range(2)]
     uninterrupted = original.full_state_dict()
 
-    resumed = PolicyTrainer(model_dir, config(stage), algo)
+    resumed = PolicyTrainer(model_dir, cfg, algo)
     resumed.load_state(tmp_path / "ckpt")
-    assert resumed.version == 1 and resumed.kl_controller.value == saved_coef
-    resumed.train_step(groups)
-    assert resumed.version == 2
+    assert resumed.version == 1 and resumed.updates == 1 and resumed.kl_controller.value == saved_coef
+    resumed_lrs = [resumed.train_step(groups)["lr"] for _ in range(2)]
+    assert resumed.version == 3
+    assert resumed_lrs == uninterrupted_lrs == [LR, pytest.approx(LR * (0.1 + 0.9 * 0.5))]
     for name, tensor in resumed.full_state_dict().items():
         assert torch.equal(tensor, uninterrupted[name]), name
 
