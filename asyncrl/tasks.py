@@ -6,13 +6,14 @@ Two tasks:
   prompt is six characters; a seeded permutation picks a held-out test split that never
   overlaps train. It needs no download and a tiny character-level model learns it in seconds,
   which is what tests and demos need.
-* ``gsm8k``: grade-school word problems read from local jsonl files
-  (``{"question", "answer"}``, the final answer after ``####``).
+* ``gsm8k``: grade-school word problems (``{"question", "answer"}``, the final answer after
+  ``####``), by default the copy shipped in ``data/gsm8k`` (7,473 train / 1,319 test rows, MIT),
+  read by the same reader as any other file (its checksums checked).
 
 The task's name picks the scoring rule (addition: the exact string; gsm8k: the number). Either
-task can take its prompts from files instead (``task.data``: JSONL, Parquet or a Hugging Face
-dataset saved on disk, with configurable keys, a prompt template and an optional chat template;
-see ``asyncrl.data``).
+task can take its prompts from elsewhere (``task.data``: JSONL, Parquet, a Hugging Face dataset
+saved on disk or named on the Hub, with configurable keys, a prompt template and an optional
+chat template; see ``asyncrl.data``).
 
 ``score_answer`` is a pure function so the reward worker can call it on any process.
 """
@@ -29,12 +30,25 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from asyncrl.configbase import Config
-from asyncrl.data import DataConfig, PromptFormatter, answer_of, read_rows, resolve_path
+from asyncrl.data import (
+    HF_PREFIX,
+    DataConfig,
+    PromptFormatter,
+    answer_of,
+    parse_hf_source,
+    read_hf_rows,
+    read_rows,
+    resolve_path,
+    row_fields,
+    source_stem,
+)
 
 TASKS = ("addition", "gsm8k")
 GSM8K_TEMPLATE = "Question: {question}\nAnswer:"
 ADDITION_SIZE = 100 * 100  # every (a, b) with 0 <= a, b <= 99
 REPO_ROOT = Path(__file__).resolve().parent.parent
+GSM8K_FILES = {"train": "data/gsm8k/train.jsonl.gz", "test": "data/gsm8k/test.jsonl.gz"}
+"""GSM8K as shipped in the repository (MIT; data/gsm8k/README.md), relative to its root."""
 
 # A number as people write it: optional sign, digits with thousands commas, optional decimals.
 NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -54,17 +68,15 @@ class TaskConfig(Config):
     """Which task to train and evaluate on, and how its splits are made."""
 
     name: Literal["addition", "gsm8k"] = "addition"
-    """Task: 'addition' (two-digit sums, generated) or 'gsm8k' (word problems from gsm8k_dir)."""
+    """Task: 'addition' (two-digit sums, generated) or 'gsm8k' (word problems; by default the copy shipped in data/gsm8k)."""
     test_size: int = 500
-    """Held-out prompts: addition's seeded test split size; for gsm8k the first test_size rows of test.jsonl."""
+    """Held-out prompts: addition's seeded test split size; for files, the first test_size rows of the test source."""
     seed: int = 0
     """Seed of the permutation that picks addition's test split."""
-    gsm8k_dir: str = "../shared/data/gsm8k"
-    """Folder with GSM8K train.jsonl and test.jsonl; relative to the working directory, else to the repo root."""
     max_prompt_chars: int | None = None
     """Drop prompts whose text is longer than this many characters (None keeps every prompt)."""
     data: DataConfig = DataConfig()
-    """Prompts from files (JSONL, Parquet, a saved Hugging Face dataset), their keys and templates."""
+    """Prompts from files or the Hub (JSONL, Parquet, saved or hf:// datasets), their keys and templates."""
 
     @field_validator("test_size")
     @classmethod
@@ -88,53 +100,66 @@ class TaskConfig(Config):
         return self
 
 
-def load_prompts(cfg: TaskConfig, split: Literal["train", "test"]) -> list[Prompt]:
-    """The prompts of one split, in a fixed order (shuffling is the caller's job)."""
+def load_prompts(cfg: TaskConfig, split: Literal["train", "test"], tokenizer=None) -> list[Prompt]:
+    """The prompts of one split, in a fixed order (shuffling is the caller's job).
+
+    ``tokenizer``: the policy model's, for ``task.data.chat_template: model``.
+    """
     if split not in ("train", "test"):
         raise ValueError(f"split ({split!r}) must be 'train' or 'test'")
     data = cfg.data
     source = data.train if split == "train" else (data.test or data.train)
     if source is not None:
-        prompts = file_prompts(cfg, source, split)
-        if split == "test":
-            prompts = prompts[: cfg.test_size]
-    elif cfg.name == "addition":
+        # Test rows from the train source only from its own test split: never train and test on the same rows.
+        prompts = file_prompts(cfg, source, split, tokenizer, test_of_train=split == "test" and data.test is None)
+    elif cfg.name == "gsm8k":
+        # The task's own data is a file like any other, read the same way, under the task's uids.
+        prompts = file_prompts(cfg, str(REPO_ROOT / GSM8K_FILES[split]), split, tokenizer, uid_prefix="gsm8k")
+    else:
         prompts = addition_prompts(cfg.test_size, cfg.seed, split)
         if data.prompt_template is not None or data.chat_template is not None:
-            formatter = PromptFormatter(data)
+            formatter = PromptFormatter(data, tokenizer=tokenizer)
             prompts = [replace(p, text=formatter(p.text)) for p in prompts]
-    else:
-        prompts = gsm8k_prompts(resolve_gsm8k_dir(cfg.gsm8k_dir), split, PromptFormatter(data, GSM8K_TEMPLATE))
-        if split == "test":
-            prompts = prompts[: cfg.test_size]
+    if split == "test" and (source is not None or cfg.name == "gsm8k"):
+        prompts = prompts[: cfg.test_size]
     if cfg.max_prompt_chars is not None:
         prompts = [prompt for prompt in prompts if len(prompt.text) <= cfg.max_prompt_chars]
     return prompts
 
 
-def file_prompts(cfg: TaskConfig, source: str, split: Literal["train", "test"]) -> list[Prompt]:
-    """The rows of a data file (or of one split of a saved dataset) as prompts of ``cfg.name``."""
+def file_prompts(
+    cfg: TaskConfig,
+    source: str,
+    split: Literal["train", "test"],
+    tokenizer=None,
+    uid_prefix: str | None = None,
+    test_of_train: bool = False,
+) -> list[Prompt]:
+    """The rows of a data file, of one split of a saved dataset, or of a Hub dataset (``hf://``),
+    as prompts of ``cfg.name``; prompt uids are ``{uid_prefix or the source's name}/{split}/{row}``.
+    ``test_of_train``: ``source`` is the train source, whose own test split must then exist."""
     data = cfg.data
-    path = resolve_path(source, REPO_ROOT)
-    if split == "test" and data.test is None and not path.is_dir():
-        raise ValueError(
-            f"task.data.test is None and task.data.train ({source!r}) is a file with no test split: set both"
-        )
-    # The held-out split of the train source only if it has one: never train and test on the same rows.
-    rows = read_rows(path, data.format, split, need_split=split == "test" and data.test is None)
-    formatter = PromptFormatter(data, GSM8K_TEMPLATE if cfg.name == "gsm8k" else "{question}")
+    if source.startswith(HF_PREFIX):
+        rows, where, name = read_hf_rows(source, split), source, parse_hf_source(source).name
+    else:
+        path = resolve_path(source, REPO_ROOT)
+        if test_of_train and not path.is_dir():
+            raise ValueError(
+                f"task.data.test is None and task.data.train ({source!r}) is a file with no test split: set both"
+            )
+        rows, where, name = read_rows(path, data.format, split, need_split=test_of_train), str(path), source_stem(path)
+    default_template = GSM8K_TEMPLATE if cfg.name == "gsm8k" else "{question}"
+    formatter = PromptFormatter(data, default_template, tokenizer)
     prompts = []
     for index, row in enumerate(rows):
-        missing = [k for k in (data.question_key, data.answer_key) if k not in row]
-        if missing:
-            raise KeyError(
-                f"{path} row {index}: no column {missing} (it has {sorted(row)}); set task.data.question_key/answer_key"
-            )
+        question, answer = row_fields(row, where, index, data.question_key, data.answer_key)
+        if cfg.name == "gsm8k" and "####" in answer and extract_gsm8k_answer(answer) is None:
+            raise ValueError(f"{where} row {index}: answer {answer[-40:]!r} has no number after '####'")
         prompts.append(
             Prompt(
-                prompt_uid=f"{path.stem}/{split}/{index}",
-                text=formatter(str(row[data.question_key])),
-                answer=answer_of(row[data.answer_key]),
+                prompt_uid=f"{uid_prefix or name}/{split}/{index}",
+                text=formatter(question),
+                answer=answer_of(answer),
                 task=cfg.name,
             )
         )
@@ -156,41 +181,6 @@ def addition_prompt(a: int, b: int) -> Prompt:
         raise ValueError(f"operands ({a}, {b}) must both be in 0..99")
     expression = f"{a:02d}+{b:02d}"
     return Prompt(prompt_uid=f"addition/{expression}", text=f"{expression}=", answer=str(a + b), task="addition")
-
-
-def resolve_gsm8k_dir(gsm8k_dir: str) -> Path:
-    """``gsm8k_dir`` as given if it exists, else relative to the repo root (so tests run from anywhere)."""
-    path = Path(gsm8k_dir)
-    if path.is_dir():
-        return path
-    from_root = REPO_ROOT / gsm8k_dir
-    if from_root.is_dir():
-        return from_root
-    raise FileNotFoundError(
-        f"gsm8k_dir ({gsm8k_dir!r}) is not a folder, neither from {Path.cwd()} nor from {REPO_ROOT}"
-    )
-
-
-def gsm8k_prompts(
-    folder: Path, split: Literal["train", "test"], formatter: PromptFormatter | None = None
-) -> list[Prompt]:
-    """Every row of ``{folder}/{split}.jsonl`` as a prompt."""
-    prompts = []
-    path = folder / f"{split}.jsonl"
-    for index, row in enumerate(read_rows(path, "jsonl")):
-        answer = extract_gsm8k_answer(row["answer"])
-        if answer is None:
-            raise ValueError(f"{path} row {index}: answer {row['answer'][-40:]!r} has no number after '####'")
-        question = row["question"]
-        prompts.append(
-            Prompt(
-                prompt_uid=f"gsm8k/{split}/{index}",
-                text=formatter(question) if formatter is not None else GSM8K_TEMPLATE.format(question=question),
-                answer=answer,
-                task="gsm8k",
-            )
-        )
-    return prompts
 
 
 def extract_gsm8k_answer(text: str) -> str | None:

@@ -1,12 +1,19 @@
-"""Prompts from JSONL, Parquet and saved Hugging Face datasets, keys, templates, chat templates."""
+"""Prompt sources (JSONL plain or gzipped, Parquet, saved and hf:// datasets, the shipped GSM8K),
+checksums, bad rows, keys, templates, chat templates."""
 
+import gzip
+import hashlib
 import json
+import re
+import socket
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.data import DataConfig, answer_of, read_rows
-from asyncrl.tasks import TaskConfig, load_prompts
+from asyncrl.configbase import load_yaml
+from asyncrl.data import DataConfig, HFSource, answer_of, parse_hf_source, read_rows
+from asyncrl.tasks import GSM8K_FILES, REPO_ROOT, TaskConfig, load_prompts
 
 ROWS = [
     {"q": "What is 2+3?", "a": "5", "extra": 1},
@@ -113,9 +120,138 @@ def test_chat_template_wraps_prompts_when_the_model_has_one(tmp_path):
     assert plain[0].text == "What is 2+3?"  # no chat template in that tokenizer: the text as is
 
 
-def test_gsm8k_from_shared_data_keeps_its_prompt_format():
+def test_shipped_gsm8k_keeps_its_prompt_format():
     prompts = load_prompts(TaskConfig(name="gsm8k", test_size=3), "test")
+    assert len(prompts) == 3 and prompts[0].prompt_uid == "gsm8k/test/0"
     assert prompts[0].text.startswith("Question: ") and prompts[0].text.endswith("\nAnswer:")
+
+
+def test_shipped_gsm8k_has_its_rows_licence_and_checksums():
+    folder = REPO_ROOT / "data" / "gsm8k"
+    assert "MIT License" in (folder / "LICENSE").read_text()
+    listed = {line.split()[1] for line in (folder / "SHA256SUMS").read_text().splitlines()}
+    assert listed == {"train.jsonl.gz", "test.jsonl.gz"}
+    for split, rows in (("train", 7473), ("test", 1319)):
+        path = REPO_ROOT / GSM8K_FILES[split]
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert f"{digest}  {path.name}" in (folder / "SHA256SUMS").read_text()
+        read = read_rows(path)
+        assert len(read) == rows and all(set(r) == {"question", "answer"} for r in read)
+        assert len(load_prompts(TaskConfig(name="gsm8k", test_size=rows), split)) == rows
+
+
+def test_gzipped_jsonl_reads_like_plain_jsonl(tmp_path):
+    plain = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_rows(packed) == read_rows(plain) == ROWS
+    cfg = TaskConfig(data=DataConfig(train=str(packed), test=str(plain), question_key="q", answer_key="a"))
+    assert [p.prompt_uid for p in load_prompts(cfg, "train")] == ["rows/train/0", "rows/train/1", "rows/train/2"]
+
+
+def test_a_checksum_mismatch_names_the_file(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    good = hashlib.sha256(path.read_bytes()).hexdigest()
+    (tmp_path / "SHA256SUMS").write_text(f"{good}  train.jsonl\n{'0' * 64}  other.jsonl\n")
+    assert read_rows(path) == ROWS  # listed and intact
+    write_jsonl(path, ROWS[:2])  # changed after its checksum was written
+    with pytest.raises(ValueError, match=rf"{path}: sha256 \w+ does not match {good}"):
+        read_rows(path)
+    unlisted = write_jsonl(tmp_path / "more.jsonl", ROWS)  # a file the sums do not name is not checked
+    assert read_rows(unlisted) == ROWS
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('["What is 2+3?", "5"]', r"row 1: a row must be a mapping of columns, got list"),
+        ('{"a": "5"}', r"row 1: no column \['q'\]"),
+        ('{"q": 7, "a": "5"}', r"row 1: question 'q' \(7\) must be a non-empty string"),
+        ('{"q": "  ", "a": "5"}', r"row 1: question 'q' .* must be a non-empty string"),
+        ('{"q": "Why?", "a": null}', r"row 1: answer 'a' \(None\) must be a non-empty string or a number"),
+        ('{"q": "Why?", "a": [5]}', r"row 1: answer 'a' \(\[5\]\) must be"),
+        ('{"q": "Why?", "a": true}', r"row 1: answer 'a' \(True\) must be"),
+        ('{"q": "Why?", "a": "#### none"}', r"row 1: answer '#### none' has no number after '####'"),
+        ('{"q": "Why?", "a": ', r"line 2 \(row 1\): not JSON"),
+    ],
+)
+def test_a_bad_row_names_the_file_and_the_row(tmp_path, line, message):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + line + "\n")
+    cfg = TaskConfig(name="gsm8k", data=DataConfig(train=str(path), test=str(path), question_key="q", answer_key="a"))
+    with pytest.raises((ValueError, KeyError), match=re.escape(str(path)) + ".*" + message):
+        load_prompts(cfg, "train")
+
+
+def test_hf_sources_parse_name_and_config():
+    assert parse_hf_source("hf://openai/gsm8k:main") == HFSource("openai/gsm8k", "main")
+    assert parse_hf_source("hf://gsm8k") == HFSource("gsm8k", None)
+    for bad in ("hf://", "hf://openai/gsm8k:", "hf://a/b/c", "hf://openai/", "hf://my data"):
+        with pytest.raises(ValidationError, match="must look like|empty config"):
+            DataConfig(train=bad)
+    with pytest.raises(ValueError, match="must start with 'hf://'"):
+        parse_hf_source("openai/gsm8k")
+
+
+def test_hf_source_offline_fails_at_once_saying_how_to_get_the_data(monkeypatch):
+    cfg = TaskConfig(name="gsm8k", data=DataConfig(train="hf://openai/gsm8k:main"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(
+        ConnectionError, match=r"'hf://openai/gsm8k:main' needs the Hugging Face Hub.*HF_DATASETS_OFFLINE=1"
+    ) as e:
+        load_prompts(cfg, "test")  # the test split of the same dataset, by default
+    assert 'load_dataset("openai/gsm8k", "main").save_to_disk("data/gsm8k")' in str(e.value)
+    assert "set task.data.train to it" in str(e.value)
+
+
+def test_hf_source_without_network_fails_at_once(monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on: the connect is refused, nothing leaves the host
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    cfg = TaskConfig(data=DataConfig(train="hf://openai/gsm8k:main", test="hf://openai/gsm8k:main"))
+    with pytest.raises(ConnectionError, match=rf"no connection to http://127.0.0.1:{port}"):
+        load_prompts(cfg, "train")
+
+
+PATH_LEAVING_THE_REPO = re.compile(r"(^|[^.\w])\.\./|/work/|/shared/data")
+
+
+def test_no_config_or_code_reads_outside_the_repository():
+    scanned = [
+        *(REPO_ROOT / "configs").rglob("*.yaml"),
+        *(REPO_ROOT / "asyncrl").rglob("*.py"),
+        *(REPO_ROOT / "tests").rglob("*.py"),
+        *(REPO_ROOT / "bench").rglob("*.py"),
+        *(REPO_ROOT / "scripts").rglob("*"),
+        REPO_ROOT / "Makefile",
+    ]
+    this = Path(__file__).resolve()
+    leaving = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for path in scanned
+        if path.is_file() and path.resolve() != this
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1)
+        if PATH_LEAVING_THE_REPO.search(line)
+    ]
+    assert leaving == []
+
+    def strings(node):
+        if isinstance(node, dict):
+            yield from (s for value in node.values() for s in strings(value))
+        elif isinstance(node, list):
+            yield from (s for value in node for s in strings(value))
+        elif isinstance(node, str):
+            yield node
+
+    for recipe in (REPO_ROOT / "configs").glob("*.yaml"):
+        for value in strings(load_yaml(recipe)):
+            if "/" in value and "://" not in value:
+                assert (REPO_ROOT / value).resolve().is_relative_to(REPO_ROOT), f"{recipe.name}: {value}"
+    for path in GSM8K_FILES.values():  # the task's own data is inside the checkout
+        assert (REPO_ROOT / path).resolve().is_relative_to(REPO_ROOT) and (REPO_ROOT / path).is_file()
 
 
 def test_answer_of():

@@ -63,9 +63,9 @@ def test_config_rejects_unknown_keys_and_tasks():
         TaskConfig(name="mnist")
 
 
-def test_missing_gsm8k_dir_names_the_path():
-    with pytest.raises(FileNotFoundError, match="no/such/dir"):
-        load_prompts(TaskConfig(name="gsm8k", gsm8k_dir="no/such/dir"), "train")
+def test_missing_data_file_names_the_path():
+    with pytest.raises(FileNotFoundError, match="no/such/train.jsonl"):
+        load_prompts(TaskConfig(name="gsm8k", data={"train": "no/such/train.jsonl", "test": "t.jsonl"}), "train")
 
 
 def test_extract_gsm8k_answer():
