@@ -64,9 +64,10 @@ KINDS = (
     "want_run",
     # reply to want_run: `config` (the run's resolved config) and `endpoints` (its socket addresses)
     "run",
-    # learner -> reference process: `input_ids` (B, L) int32, `attention_mask` (B, L) int8, `temperature`
+    # learner -> reference process: `input_ids` (B, L) int32, `attention_mask` (B, L) int8,
+    # `score_mask` (B, L-1) int8 (the positions to score), `temperature`, `top_k`, `top_p`
     "want_ref_logprobs",
-    # reply: `logprobs` (B, L-1) float32, the reference's logprob of every next token
+    # reply: `logprobs` (B, L-1) float32, the reference's logprob of each scored next token, 0 elsewhere
     "ref_logprobs",
 )
 _ND = "__nd__"

@@ -37,7 +37,15 @@ class TrainerConfig(Config):
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Training precision: fp32, or bf16 weights/activations with fp32 master weights in the optimizer."""
     temperature: float = 1.0
-    """Sampling temperature of the generators: logits are divided by it so pi_theta is the sampled distribution."""
+    """Sampling temperature of the generators: logits are divided by it so pi_theta is the sampled distribution (the learner process sets it from ``sampling.temperature``)."""
+    top_k: int = 0
+    """The generators' top-k, applied when scoring tokens so pi_theta is the sampled distribution; 0: off (set from ``sampling.top_k``)."""
+    top_p: float = 1.0
+    """The generators' top-p nucleus, applied likewise (``asyncrl.learner.logprobs``); 1: off (set from ``sampling.top_p``)."""
+    logits_chunk_tokens: int = 1024
+    """Scored tokens per LM-head call: the learner never holds more than this many positions' logits (forward or backward)."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward instead of keeping them (less memory, ~1/3 more compute)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; a bigger batch is accumulated over micro batches into one optimizer step."""
     seed: int = 0
@@ -71,11 +79,25 @@ class TrainerConfig(Config):
             raise ValueError(f"betas ({v}) must each be in [0, 1)")
         return v
 
-    @field_validator("micro_batch_size")
+    @field_validator("micro_batch_size", "logits_chunk_tokens")
     @classmethod
-    def _check_micro_batch_size(cls, v: int) -> int:
+    def _check_at_least_one(cls, v: int, info) -> int:
         if v < 1:
-            raise ValueError(f"micro_batch_size ({v}) must be >= 1")
+            raise ValueError(f"{info.field_name} ({v}) must be >= 1")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _check_top_k(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"top_k ({v}) must be >= 0 (0 = off)")
+        return v
+
+    @field_validator("top_p")
+    @classmethod
+    def _check_top_p(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"top_p ({v}) must be in (0, 1]")
         return v
 
     @model_validator(mode="after")

@@ -65,6 +65,8 @@ class CriticTrainer:
             init_single_process_distributed()
         self.cfg = cfg
         model = ValueModel(model_dir)
+        if trainer_cfg.gradient_checkpointing:
+            model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(trainer_cfg.betas))
         self.engine = deepspeed_engine(model, optimizer, trainer_cfg)

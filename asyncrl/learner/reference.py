@@ -1,7 +1,10 @@
 """The frozen reference policy of the KL term, colocated in the learner or in its own process.
 
-Both give the same thing — ``logprobs(input_ids, attention_mask, temperature) -> (B, L-1)``, the
-reference's log-probability of every next token — so the trainer does not care where it runs:
+Both give the same thing — ``logprobs(input_ids, attention_mask, score_mask, dist) -> (B, L-1)``,
+the reference's log-probability of the next token at each position ``score_mask`` marks, under
+the sampling distribution ``dist`` (temperature, top-k, top-p: the same one the policy's
+logprobs are taken under, so the KL compares like with like), 0 elsewhere — so the trainer does
+not care where it runs:
 
 - ``ColocatedReference``: a frozen copy of the starting weights inside the learner rank (no
   optimizer state), the cheapest choice when memory allows;
@@ -21,7 +24,7 @@ import logging
 import numpy as np
 import torch
 
-from asyncrl.learner.batch import token_logprobs
+from asyncrl.learner.logprobs import TokenDistribution, token_scores
 from asyncrl.transport import ReplyServer, RequestClient
 
 log = logging.getLogger(__name__)
@@ -39,13 +42,18 @@ def load_frozen_model(model_dir: str, device, dtype: torch.dtype):
 class ColocatedReference:
     """A frozen copy of the starting weights in this process."""
 
-    def __init__(self, model_dir: str, device, dtype: torch.dtype = torch.float32):
+    def __init__(self, model_dir: str, device, dtype: torch.dtype = torch.float32, chunk_tokens: int = 1024):
         self.model = load_frozen_model(model_dir, device, dtype)
+        self.chunk_tokens = chunk_tokens
 
     @torch.no_grad()
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        return token_logprobs(out.logits, input_ids, temperature)  # (B, L-1)
+    def logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor, dist: TokenDistribution
+    ) -> torch.Tensor:
+        scores = token_scores(
+            self.model, input_ids, attention_mask, score_mask, dist, chunk_tokens=self.chunk_tokens, entropy=False
+        )
+        return scores.logprobs  # (B, L-1)
 
 
 class RemoteReference:
@@ -55,11 +63,16 @@ class RemoteReference:
         self.client = RequestClient(address, name="learner.reference")
         self.timeout_s = timeout_s
 
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    def logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor, dist: TokenDistribution
+    ) -> torch.Tensor:
         body = {
             "input_ids": input_ids.cpu().numpy().astype(np.int32),
             "attention_mask": attention_mask.cpu().numpy().astype(np.int8),
-            "temperature": float(temperature),
+            "score_mask": (score_mask.cpu() > 0).numpy().astype(np.int8),
+            "temperature": float(dist.temperature),
+            "top_k": int(dist.top_k),
+            "top_p": float(dist.top_p),
         }
         reply = self.client.request("want_ref_logprobs", body, timeout=self.timeout_s)
         if reply is None or reply[0] != "ref_logprobs":
@@ -84,7 +97,9 @@ def run_reference(ctx, model_dir: str) -> None:
         client, _kind, body = req
         input_ids = torch.from_numpy(np.asarray(body["input_ids"], dtype=np.int64))
         mask = torch.from_numpy(np.asarray(body["attention_mask"], dtype=np.int64))
-        logprobs = reference.logprobs(input_ids, mask, float(body["temperature"]))
+        score_mask = torch.from_numpy(np.asarray(body["score_mask"], dtype=np.int64))
+        dist = TokenDistribution(float(body["temperature"]), int(body["top_k"]), float(body["top_p"]))
+        logprobs = reference.logprobs(input_ids, mask, score_mask, dist)
         server.reply(client, "ref_logprobs", {"logprobs": logprobs.cpu().numpy()}, body.get("request_id"))
         served += len(input_ids)
     ctx.emit("final", served=served)

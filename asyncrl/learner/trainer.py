@@ -39,9 +39,10 @@ import torch
 
 from asyncrl.endpoints import free_ports
 from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS, remax_advantages
-from asyncrl.learner.batch import TrainBatch, collate, token_logprobs
+from asyncrl.learner.batch import TrainBatch, collate
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
 from asyncrl.learner.kl import KL_ESTIMATORS, make_kl_controller
+from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_scores
 from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.learner.lr_schedule import lr_factor
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
@@ -145,7 +146,12 @@ class PolicyTrainer:
         # ZeRO-3, partitions it. Fine for models that fit in host memory once per rank.
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         model.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            # Non-reentrant: works under ZeRO-3 and with inputs that need no gradient.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
+        self.distribution = TokenDistribution(cfg.temperature, cfg.top_k, cfg.top_p)
+        """The generators' sampling distribution, which every token is scored under."""
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
@@ -167,7 +173,7 @@ class PolicyTrainer:
                 self.reference = RemoteReference(reference_address)
             else:
                 dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-                self.reference = ColocatedReference(str(self.model_dir), self.device, dtype)
+                self.reference = ColocatedReference(str(self.model_dir), self.device, dtype, cfg.logits_chunk_tokens)
 
     # -----------------------------------------------------------------------------------------
     # training
@@ -236,6 +242,8 @@ class PolicyTrainer:
         correction), ``behaviour_kl`` (k3 estimate of KL(mu || pi_prox) over all tokens),
         ``mismatch_kl`` (the same over tokens of staleness 0 only: sampler/learner mismatch at one
         version; NaN when there are none), ``entropy`` (token-mean entropy of pi_theta),
+        ``outside_truncation_frac`` (response tokens outside pi_theta's top-k/top-p set, scored as
+        ``asyncrl.learner.logprobs`` says; 0 without top-k/top-p),
         ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence:
         ``version before the step - group.policy_version``), ``staleness_mean``/``staleness_max``,
         ``reward_mean``, ``sequences``, ``tokens`` (response tokens trained on), ``seconds``.
@@ -259,7 +267,7 @@ class PolicyTrainer:
                 for index, (lo, hi) in enumerate(bounds):
                     micro = batch.slice(lo, hi).to(self.device)
                     ref_logprobs[index] = self.reference.logprobs(  # (b, l-1)
-                        micro.input_ids, micro.attention_mask, cfg.temperature
+                        micro.input_ids, micro.attention_mask, micro.response_mask, self.distribution
                     )
             if algo.kl.use_in == "reward" and algo.adv_estimator != "gae":  # gae: per token, below
                 kl_fn = KL_ESTIMATORS[algo.kl.estimator]
@@ -292,8 +300,8 @@ class PolicyTrainer:
             # Only the last micro batch is an accumulation boundary: ZeRO-1/2 hand the summed
             # gradients to the optimizer partitions there, not after every micro batch.
             self.engine.set_gradient_accumulation_boundary(index == len(bounds) - 1)
-            out = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False)
-            logprobs = token_logprobs(out.logits, micro.input_ids, cfg.temperature)  # (b, l-1)
+            scores = self.score(micro, entropy=True)
+            logprobs = scores.logprobs  # (b, l-1)
             # One optimizer step per batch: the proximal policy is the current one (ratio == 1).
             if algo.proximal == "log_linear":
                 proximal = log_linear_proximal_logprobs(
@@ -313,7 +321,7 @@ class PolicyTrainer:
                 norm_tokens=norm_tokens,
             )
             loss = policy_loss
-            entropy = _token_entropy(out.logits, cfg.temperature, grad=algo.entropy_coef > 0)  # (b, l-1)
+            entropy = scores.entropy if algo.entropy_coef > 0 else scores.entropy.detach()  # (b, l-1)
             entropy_sum = (entropy * mask).sum()
             if algo.entropy_coef > 0:
                 loss = loss - algo.entropy_coef * entropy_sum / total_tokens
@@ -329,6 +337,7 @@ class PolicyTrainer:
                 add("loss", loss.detach())
                 add("policy_loss", policy_loss.detach())
                 add("entropy", entropy_sum.detach() / total_tokens)
+                add("outside", (scores.outside * mask).sum())
                 keep, w, raw = parts["keep"], parts["weight"], parts["weight_raw"]
                 add("kept", keep.sum())
                 add("clipped", (parts["clipped"] * keep).sum())
@@ -361,6 +370,7 @@ class PolicyTrainer:
             "behaviour_kl": acc["behaviour_kl_sum"] / total_tokens,
             "mismatch_kl": acc["mismatch_kl_sum"] / acc["fresh_tokens"] if acc["fresh_tokens"] else float("nan"),
             "entropy": acc["entropy"],
+            "outside_truncation_frac": acc["outside"] / total_tokens,
             "staleness": staleness,
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
@@ -548,7 +558,7 @@ class PolicyTrainer:
         no-grad forward pass of the policy. Then optional whitening over the batch's response
         tokens, and each group's importance weight.
         """
-        algo, cfg = self.algo, self.cfg
+        algo = self.algo
         micros = [batch.slice(lo, hi) for lo, hi in bounds]
         token_rewards_list, log_rhos = [], []
         from asyncrl.learner.critic import token_rewards
@@ -562,12 +572,8 @@ class PolicyTrainer:
                 )
             token_rewards_list.append(r)
             if algo.critic.targets == "vtrace":
-                on_device = micro.to(self.device)
                 with torch.no_grad():
-                    out = self.engine(
-                        input_ids=on_device.input_ids, attention_mask=on_device.attention_mask, use_cache=False
-                    )
-                    lp = token_logprobs(out.logits, on_device.input_ids, cfg.temperature).cpu()
+                    lp = self.score(micro.to(self.device), entropy=False).logprobs.cpu()
                 log_rhos.append((lp - micro.behaviour_logprobs) * micro.response_mask)
             else:
                 log_rhos.append(None)
@@ -587,6 +593,19 @@ class PolicyTrainer:
                 raise ValueError(f"weights ({w.tolist()}) must be finite, >= 0 and one per group")
             batch.advantages.mul_(w[batch.group_index][:, None])
         return stats
+
+    def score(self, micro: TrainBatch, entropy: bool) -> TokenScores:
+        """pi_theta's log-probabilities (and entropy) of one micro batch's response tokens, (b, l-1)
+        each, under the sampling distribution, in memory bounded per token (``token_scores``)."""
+        return token_scores(
+            self.engine,
+            micro.input_ids,
+            micro.attention_mask,
+            micro.response_mask,
+            self.distribution,
+            chunk_tokens=self.cfg.logits_chunk_tokens,
+            entropy=entropy,
+        )
 
     def train_batch(self, groups: list[Group], weights=None) -> TrainBatch:
         """The collated batch ``train_step`` would train on, without a KL reward penalty (for
@@ -623,14 +642,3 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
-def _token_entropy(logits: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) at each predicting position: (B, L, V) -> (B, L-1).
-
-    H_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v        z = logits / temperature
-    """
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        z = logits[:, :-1].float() / temperature  # (B, L-1, V)
-        lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (B, L-1, 1)
-        return lse.squeeze(-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)  # (B, L-1)

@@ -68,9 +68,12 @@ STEP_EVENT_STATS = (
 
 def run_learner(ctx, model_dir: str) -> None:
     cfg = ctx.cfg
+    sampling = cfg.sampling  # the learner scores tokens under the distribution they were sampled from
     trainer_cfg = cfg.learner.trainer.model_copy(
         update={
-            "temperature": cfg.sampling.temperature,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
             "lr_decay_steps": cfg.learner.trainer.lr_decay_steps or cfg.learner.total_steps,
         }
     )

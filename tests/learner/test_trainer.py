@@ -194,6 +194,43 @@ def test_lr_schedule_sets_each_updates_rate_and_reports_it(model_dir, groups):
         PolicyTrainer(model_dir, config(0, lr_schedule="cosine"))
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_small_logit_chunks_and_gradient_checkpointing_land_on_the_same_weights(
+    stage, model_dir, groups, reference_weights
+):
+    """Logits 3 tokens at a time (recomputed in the backward, the LM head a ZeRO-3 partitioned
+    parameter at stage 3) and every block's activations recomputed: the same two steps as plain
+    torch on full logits."""
+    trainer = PolicyTrainer(model_dir, config(stage, logits_chunk_tokens=3, gradient_checkpointing=True))
+    assert trainer.engine.module.is_gradient_checkpointing
+    norms = [trainer.train_step(groups)["grad_norm"] for _ in range(2)]
+    weights, grad_norms = reference_weights
+    assert norms == pytest.approx(grad_norms, rel=1e-4)
+    for name, tensor in trainer.full_state_dict().items():
+        torch.testing.assert_close(tensor, weights[name], atol=1e-4, rtol=0)
+
+
+def test_bf16_step_on_cpu_scores_close_to_fp32_and_trains(model_dir, hf_state, groups):
+    model, _ = hf_state
+    trainer = PolicyTrainer(model_dir, config(2, dtype="bf16", logits_chunk_tokens=8))
+    assert next(trainer.engine.module.parameters()).dtype == torch.bfloat16
+    batch = trainer.train_batch(groups)
+    with torch.no_grad():
+        lp16 = trainer.score(batch.to(trainer.device), entropy=False).logprobs.cpu()
+        lp32 = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+        )
+    mask = batch.response_mask > 0
+    assert lp16.dtype == torch.float32
+    torch.testing.assert_close(lp16[mask], lp32[mask], rtol=0, atol=0.05)  # bf16 rounding of the weights
+    before = trainer.full_state_dict()
+    stats = trainer.train_step(groups)
+    assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+    assert stats["entropy"] > 0 and 0.5 < stats["is_weight_mean"] < 2.0
+    after = trainer.full_state_dict()
+    assert any(not torch.equal(after[k], before[k]) for k in before), "weights did not change"
+
+
 def test_behaviour_weights_are_one_when_behaviour_is_the_model(model_dir, hf_state, groups):
     temperature = 0.7
     model, _ = hf_state
