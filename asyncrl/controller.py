@@ -30,12 +30,16 @@ from asyncrl.accounting import summarize
 from asyncrl.checkpoint import commit, discard_staging, latest_checkpoint, staging_dir
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
+from asyncrl.fleet import ProcessFleet
 from asyncrl.generators.group import generator_process_names
 from asyncrl.launcher import controller_host, make_fleet
 from asyncrl.ledger import LedgerWriter, reconcile_ledger
+from asyncrl.metrics import WEIGHT_SERVED_SECONDS
+from asyncrl.procmem import MemoryWatch, peak_rss_bytes
 from asyncrl.progress import RunProgress
 from asyncrl.supervision import Backoff
 from asyncrl.transport import Publisher, StreamReceiver
+from asyncrl.weights.timeline import PublicationTimeline, describe
 
 log = logging.getLogger("asyncrl")
 
@@ -196,6 +200,9 @@ class Controller:
         self.checkpoints: list[int] = []
         self.unacked: dict[str, dict] = {}  # command id -> command, resent until its effect is seen
         self.ledger = LedgerWriter(self.run_dir, "controller")
+        self.timeline = PublicationTimeline()  # publication-to-served seconds per version and generator
+        self.memory = MemoryWatch(every_s=1.0)  # the run's total RSS and the machine's available memory
+        self.step_seconds: list[float] = []  # each learner step's step_s
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -249,6 +256,7 @@ class Controller:
         summary["deaths"] = self.deaths
         summary["restores"] = self.restores
         summary["ledger"] = reconcile_ledger(self.run_dir, cfg.sampling.n)
+        summary.update(self._resource_figures())
         # Per-process counters cannot count what a killed process held; the ledger can, by id.
         summary["counters_reconcile"] = summary["reconciles"]
         ledger_ok = summary["ledger"]["lost"] == 0 and summary["ledger"]["trained_twice"] == 0
@@ -489,6 +497,8 @@ class Controller:
             raise RunError(f"timed out waiting for {waiting_for}")
         self._supervise()
         self._resend()
+        if isinstance(self.fleet, ProcessFleet):  # local children: their /proc is ours to read
+            self.memory.sample({name: self.fleet.pid(name) for name in self.fleet.procs})
         msg = self.events.recv(timeout=wait)
         if msg is None:
             return None
@@ -499,6 +509,19 @@ class Controller:
             self.joined.setdefault(ev["source"], ev["role"])
         self._handle(ev)
         return ev
+
+    def _resource_figures(self) -> dict:
+        """Memory and time figures of ``summary.json``: each process's peak RSS (its final report;
+        the controller's own read here), the run's sampled total, learner step times, and the
+        publication-to-served time of every version (``asyncrl.weights.timeline``)."""
+        peaks = {name: f.get("peak_rss_bytes") for name, f in sorted(self.finals.items())}
+        peaks["controller"] = peak_rss_bytes()  # itself alone: its descendants are the processes above
+        return {
+            "peak_rss_bytes": peaks,
+            **self.memory.summary(),
+            "learner_step_s": describe(self.step_seconds),
+            "publication_to_served": self.timeline.summary(),
+        }
 
     def _handle(self, ev: dict) -> None:
         kind = ev["type"]
@@ -515,8 +538,11 @@ class Controller:
             if not (self.training and self.cfg.supervision.restart):
                 raise RunError(f"{ev['source']} failed: {ev['error']}")
             log.error("%s failed: %s", ev["source"], ev["error"])  # its exit is the supervisor's to act on
+        elif kind == "broadcast":
+            self._observe_served(self.timeline.on_broadcast(ev))
         elif kind == "version":
             self.generator_versions[ev["source"]] = ev["version"]
+            self._observe_served(self.timeline.on_served(ev))
             log.info(
                 "%s now serves policy version %d (applied in %.0f ms)",
                 ev["source"],
@@ -526,11 +552,21 @@ class Controller:
         elif kind == "step":
             ev["t"] = time.monotonic() - self.go_at  # seconds since go: the x axis of throughput plots
             self.steps_seen += 1
+            if ev.get("step_s") is not None:
+                self.step_seconds.append(float(ev["step_s"]))
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
                 f.write(json.dumps(ev) + "\n")
         if kind == "ready" and ev["role"] == "generator":
             self.generator_versions[ev["source"]] = ev.get("version", 0)
         self.progress.update(ev)
+
+    @staticmethod
+    def _observe_served(records: list[dict]) -> None:
+        for record in records:
+            WEIGHT_SERVED_SECONDS.labels("total").observe(record["total_s"])
+            for stage, seconds in record.items():
+                if stage != "total_s":
+                    WEIGHT_SERVED_SECONDS.labels(stage.removesuffix("_s")).observe(seconds)
 
     def _log_waits(self, stalled_s: float) -> None:
         log.warning("no learner step for %.0f s; each process's last word:", stalled_s)

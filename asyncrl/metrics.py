@@ -214,6 +214,15 @@ WEIGHT_APPLY_SECONDS = WEIGHT_SYNC_SECONDS.labels(stage="apply")
 WEIGHT_BYTES = Counter(
     "asyncrl_weight_bytes", "Bytes of weights published (learner) or received (generator).", registry=REGISTRY
 )
+WEIGHT_SERVED_SECONDS = Histogram(
+    "asyncrl_weight_served_seconds",
+    "Seconds from the learner starting to publish a version to a generator serving it (stage total), "
+    "and the stages of that time (asyncrl.weights.timeline): learner_probe, gather, transport_out, "
+    "transport_in, wait, reload, probe. Observed by the controller, one per version and generator.",
+    ["stage"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
 WEIGHT_FAILURES = Counter(
     "asyncrl_weight_failures",
     "Weight updates that failed, by stage (receive: checksum, order, timeout; apply: load, probe; send: stalled subscriber).",

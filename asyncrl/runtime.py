@@ -18,6 +18,7 @@ from asyncrl.config import RunConfig, load_run_config
 from asyncrl.endpoints import Endpoints
 from asyncrl.ledger import LedgerWriter
 from asyncrl.metrics import serve_metrics, write_metrics_snapshot
+from asyncrl.procmem import tree_peak_rss_bytes
 from asyncrl.transport import StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,10 @@ class ProcessContext:
         """The checkpoint this process starts from (set by the controller on a resume), or None."""
 
     def emit(self, type: str, **fields) -> None:
-        """Send an event to the controller (blocks at most 10 s if it is not reading)."""
+        """Send an event to the controller (blocks at most 10 s if it is not reading). A ``final``
+        report carries the process's peak RSS (its live descendants included) as ``peak_rss_bytes``."""
+        if type == "final":
+            fields.setdefault("peak_rss_bytes", tree_peak_rss_bytes())
         try:
             self.events.send("event", {"source": self.name, "role": self.role, "type": type, **fields}, timeout=10)
         except TimeoutError:

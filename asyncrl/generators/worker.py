@@ -121,8 +121,10 @@ def apply_newest_weights(engine, weights, ctx, probe_atol: float | None = None) 
             load_s = engine.load_weights(weights_in, update.version)
         probe = update.meta.get("probe")
         probe_diff = None
+        probe_start = time.perf_counter()
         if probe_atol is not None and probe is not None and hasattr(engine, "score"):
             probe_diff = check_probe(engine, probe, probe_atol, update.version)
+        probe_s = time.perf_counter() - probe_start
     except Exception as e:
         WEIGHT_FAILURES.labels("apply").inc()
         update.done(error=f"{type(e).__name__}: {e}")
@@ -138,6 +140,9 @@ def apply_newest_weights(engine, weights, ctx, probe_atol: float | None = None) 
         apply_s=apply_s,
         load_s=load_s,
         receive_s=update.receive_s,
+        probe_s=probe_s,
+        ready_at=update.ready_at,
+        served_at=time.time(),  # wall clock, joined with the learner's published_at (asyncrl.weights.timeline)
         bytes=update.nbytes,
         probe_diff=probe_diff,
     )

@@ -42,6 +42,7 @@ from asyncrl.metrics import (
 from asyncrl.tasks import batch_accuracy
 from asyncrl.transport import RequestClient
 from asyncrl.weights import BroadcastSchedule, make_publisher
+from asyncrl.weights.timeline import TimedBuckets
 
 log = logging.getLogger(__name__)
 
@@ -274,15 +275,22 @@ def load_learner_part(trainer, counters: Counters, src: Path) -> GroupIdSet:
 
 def publish_weights(trainer, publisher, wcfg, ctx) -> dict:
     """Publish the trainer's weights bucket by bucket, with its probe; record and report it."""
+    published_at = time.time()  # wall clock: the controller compares it with each generator's served_at
     probe = trainer.probe() if wcfg.probe else None
-    stats = publisher.publish(
-        trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))),
-        trainer.version,
-        meta={"probe": probe} if probe is not None else None,
-    )
+    probe_s = time.time() - published_at
+    buckets = TimedBuckets(trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))))
+    stats = publisher.publish(buckets, trainer.version, meta={"probe": probe} if probe is not None else None)
     WEIGHT_BROADCAST_SECONDS.observe(stats["seconds"])
     WEIGHT_BYTES.inc(stats["bytes"])
-    ctx.emit("broadcast", version=trainer.version, transport=publisher.transport, **stats)
+    ctx.emit(
+        "broadcast",
+        version=trainer.version,
+        transport=publisher.transport,
+        published_at=published_at,
+        gather_s=buckets.seconds,
+        probe_s=probe_s,
+        **stats,
+    )
     return stats
 
 

@@ -8,6 +8,7 @@ the learner that this subscriber no longer needs the version (an ack, or the err
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -41,6 +42,9 @@ class WeightUpdate:
     shm: list[dict] | None = None
     """For the shm transport: each bucket's ``{path, nbytes, tensors}``, so that an engine in another
     process (vLLM's AsyncLLM core) can map the same pages itself instead of receiving a copy."""
+    ready_at: float = field(default_factory=time.time)
+    """Wall clock when the subscriber had this version received and verified (set when the update
+    is made): from it to the generator's serving it, the version waited for the batch being sampled."""
     _on_done: Callable[[str | None], None] | None = None
 
     def done(self, error: str | None = None) -> None:

@@ -36,6 +36,22 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     assert sum(summary["staleness_hist"].values()) == summary["trained"] == 8 * 16 * 8
     assert summary["latency_s"]["p95"] >= summary["latency_s"]["p50"] > 0
     assert len(summary["generator_versions"]) == 4 and set(summary["generator_versions"].values()) == {8}
+    # Resource figures: every process's peak RSS, the learner's step times, and for the final
+    # version the seconds from its publication to each generator serving it, with their stages.
+    assert set(summary["peak_rss_bytes"]) == {"controller", "buffer", "dispatcher", "learner", "reward-0"} | {
+        f"generator-{i}" for i in range(4)
+    }
+    assert all(v > 10 << 20 for v in summary["peak_rss_bytes"].values()), summary["peak_rss_bytes"]
+    assert summary["peak_rss_total_bytes"] >= summary["peak_rss_bytes"]["learner"]
+    assert summary["min_mem_available_bytes"] > 0
+    assert (
+        summary["learner_step_s"]["n"] == 8 and summary["learner_step_s"]["max"] >= summary["learner_step_s"]["p50"] > 0
+    )
+    served = summary["publication_to_served"]
+    assert set(served["versions"]["8"]) == {f"generator-{i}" for i in range(4)}
+    for record in served["versions"]["8"].values():
+        assert record["total_s"] >= record["reload_s"] > 0  # the simulated engine's load takes its 10 ms
+        assert record["total_s"] >= record["gather_s"] + record["transport_out_s"]
 
     # Every process's exposition passes the real promtool, and the scrape config lists them all.
     run_dir = tmp_path / "bench"
