@@ -126,7 +126,11 @@ class RunConfig(Config):
 
     @model_validator(mode="after")
     def _check_algorithm(self) -> RunConfig:
-        self.algorithm.check_run(group_size=self.sampling.n, greedy_baseline=self.generator.greedy_baseline)
+        self.algorithm.check_run(
+            group_size=self.sampling.n,
+            greedy_baseline=self.generator.greedy_baseline,
+            max_tokens=self.sampling.max_tokens,
+        )
         return self
 
     @model_validator(mode="after")

@@ -14,7 +14,8 @@
 Ledger. Every sample that arrives ends in exactly one counter, each sample counted once however
 often it is trained: ``sampled`` (handed out at least once; later hand-outs count in
 ``resampled``), ``dropped[reason]`` (left without ever being handed out: ``stale``, ``evicted``,
-the reward failure, ``duplicate``, ``too_large``), or ``held`` (stored, never handed out yet):
+the reward failure, ``duplicate``, ``too_large``, ``truncated`` when ``drop_truncated`` refuses
+groups holding an answer cut off at the length limit), or ``held`` (stored, never handed out yet):
 
     inserted = sampled + Σ dropped + held
 
@@ -89,6 +90,7 @@ class ReplayBuffer:
         max_staleness: int | None = None,
         observer=None,
         clock=time.time,
+        drop_truncated: bool = False,
     ):
         self.storage = storage
         self.sampler = sampler
@@ -100,6 +102,8 @@ class ReplayBuffer:
         # on_insert(priorities), on_sample(age_versions, age_s, samples), on_remove(reason, samples)
         self.observer = observer
         self.clock = clock
+        self.drop_truncated = drop_truncated
+        """Drop on arrival a group with a sample whose finish_reason is ``length`` (``algorithm.truncation.mode: drop``)."""
         self.learner_version = 0
         self.inserted = Counter()  # "groups", "samples": every arrival, stored or not
         self.sampled = Counter()  # first hand-outs
@@ -110,7 +114,9 @@ class ReplayBuffer:
         self.priority_updates_ignored = 0
 
     @classmethod
-    def from_config(cls, cfg: BufferConfig, storage: SlotStorage | None = None, observer=None) -> ReplayBuffer:
+    def from_config(
+        cls, cfg: BufferConfig, storage: SlotStorage | None = None, observer=None, drop_truncated: bool = False
+    ) -> ReplayBuffer:
         if storage is None:
             storage = GroupStorage(cfg.capacity_samples, cfg.capacity_bytes)
         sampler = make_sampler(
@@ -137,6 +143,7 @@ class ReplayBuffer:
             cfg.max_times_sampled,
             cfg.max_staleness,
             observer,
+            drop_truncated=drop_truncated,
         )
 
     def __len__(self) -> int:
@@ -156,6 +163,8 @@ class ReplayBuffer:
             reason = "duplicate"  # at-least-once delivery upstream: the first copy stands
         elif n > self.storage.capacity_samples or nbytes > self.storage.capacity_bytes:
             reason = "too_large"
+        elif self.drop_truncated and any(s.finish_reason == "length" for s in group.samples):
+            reason = "truncated"
         elif self.staleness.is_stale(group.policy_version, self.learner_version):
             reason = "stale"
         else:

@@ -269,7 +269,11 @@ class BufferService:
 
 
 def run_buffer(ctx) -> None:
-    buf = ReplayBuffer.from_config(ctx.cfg.buffer, observer=BufferMetrics(ctx.ledger))
+    buf = ReplayBuffer.from_config(
+        ctx.cfg.buffer,
+        observer=BufferMetrics(ctx.ledger),
+        drop_truncated=ctx.cfg.algorithm.truncation.mode == "drop",
+    )
     if ctx.resume_dir is not None:
         buf.restore(ctx.resume_dir / "buffer")
         log.info("buffer: restored %d groups from %s", len(buf), ctx.resume_dir)

@@ -166,6 +166,33 @@ class CriticConfig(Config):
     """Normalise the advantages to mean 0, std 1 over the batch's response tokens."""
 
 
+class TruncationConfig(Config):
+    """What training does with answers cut off at the length limit (``finish_reason == "length"``);
+    formulas and reasons in ``asyncrl.learner.truncation``.
+
+    The default, ``keep``, is what verl, OpenRLHF and trl do unless told otherwise (DAPO's overlong
+    filtering and soft punishment are opt-in in verl too): a recipe that moves to asyncrl trains
+    on the same samples with the same rewards. Every step reports ``truncated_frac``.
+    """
+
+    mode: Literal["keep", "mask", "penalise", "drop"] = "keep"
+    """keep (train on them as they are), mask (in the group's baseline, out of the loss: DAPO's overlong filtering), penalise (DAPO's soft overlong punishment added to every answer's reward by its length), drop (the buffer drops a group holding one, reason ``truncated``)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """penalise: L_max, the length at which the penalty reaches -penalty; None: ``sampling.max_tokens``."""
+    cache_tokens: int | None = Field(None, ge=1)
+    """penalise: L_cache, the interval below L_max over which the penalty grows linearly from 0; None: a fifth of L_max (DAPO: 4,096 of 20,480)."""
+    penalty: float = Field(1.0, gt=0)
+    """penalise: the penalty's size at L_max (verl's ``overlong_buffer.penalty_factor``)."""
+
+    def interval(self, max_tokens: int) -> tuple[int, int]:
+        """(L_max, L_cache), the defaults filled from ``sampling.max_tokens``."""
+        l_max = self.max_tokens or max_tokens
+        l_cache = self.cache_tokens or max(1, l_max // 5)
+        if l_cache > l_max:
+            raise ValueError(f"algorithm.truncation.cache_tokens ({l_cache}) must be <= its max_tokens ({l_max})")
+        return l_max, l_cache
+
+
 class AlgorithmConfig(Config):
     """What the learner optimises: advantages, policy loss, off-policy correction, KL and entropy.
 
@@ -208,6 +235,8 @@ class AlgorithmConfig(Config):
     """The value model; required by (and only used by) ``adv_estimator: gae``."""
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus: loss -= entropy_coef * token-mean entropy of pi_theta."""
+    truncation: TruncationConfig = TruncationConfig()
+    """Answers cut off at ``sampling.max_tokens``: keep (default), mask, penalise or drop."""
 
     @field_validator("dual_clip")
     @classmethod
@@ -251,9 +280,17 @@ class AlgorithmConfig(Config):
             )
         return self
 
-    def check_run(self, group_size: int, greedy_baseline: bool = False) -> None:
-        """Checks that need other sections: ``sampling.n`` (the group size) and whether the
-        generators decode a greedy answer per prompt (``generator.greedy_baseline``)."""
+    def check_run(self, group_size: int, greedy_baseline: bool = False, max_tokens: int | None = None) -> None:
+        """Checks that need other sections: ``sampling.n`` (the group size), whether the
+        generators decode a greedy answer per prompt (``generator.greedy_baseline``) and the
+        sampling length limit (``sampling.max_tokens``)."""
+        if max_tokens is not None and self.truncation.mode == "penalise":
+            l_max, _ = self.truncation.interval(max_tokens)
+            if l_max > max_tokens:
+                raise ValueError(
+                    f"algorithm.truncation.max_tokens ({l_max}) must be <= sampling.max_tokens ({max_tokens}): "
+                    "no answer can be longer than the sampling limit"
+                )
         if self.adv_estimator == "remax" and not greedy_baseline:
             raise ValueError(
                 "algorithm.adv_estimator 'remax' needs the reward of each prompt's greedy answer: "

@@ -46,6 +46,7 @@ from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_score
 from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.learner.lr_schedule import lr_factor
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
+from asyncrl.learner.truncation import is_truncated, overlong_penalty
 from asyncrl.wire import Group
 
 # Files of a Hugging Face model dir that ``save_pretrained`` writes itself instead of copying.
@@ -128,6 +129,11 @@ class PolicyTrainer:
                 f"lr_schedule ({cfg.lr_schedule}) needs lr_decay_steps (the learner sets it from learner.total_steps), got None"
             )
         self.kl_controller = make_kl_controller(self.algo.kl)
+        if self.algo.truncation.mode == "penalise" and self.algo.truncation.max_tokens is None:
+            raise ValueError(
+                "algorithm.truncation.mode (penalise) needs algorithm.truncation.max_tokens "
+                "(the learner sets it from sampling.max_tokens), got None"
+            )
 
         if not torch.distributed.is_initialized():
             init_single_process_distributed()
@@ -178,17 +184,31 @@ class PolicyTrainer:
     # -----------------------------------------------------------------------------------------
     # training
 
+    def shaped_rewards(self, groups: list[Group]) -> list[np.ndarray]:
+        """Each group's rewards, one (n_g,) row per group, with the overlong penalty added under
+        ``algorithm.truncation.mode: penalise`` (``asyncrl.learner.truncation``)."""
+        for group in groups:
+            if not group.scored:
+                raise ValueError(f"group {group.group_id}: every sample needs a reward before training")
+        rewards = [np.asarray([s.reward for s in g.samples], dtype=np.float32) for g in groups]
+        truncation = self.algo.truncation
+        if truncation.mode == "penalise":
+            l_max, l_cache = truncation.interval(truncation.max_tokens)
+            rewards = [
+                r + overlong_penalty([len(s.response_ids) for s in g.samples], l_max, l_cache, truncation.penalty)
+                for r, g in zip(rewards, groups)
+            ]
+        return rewards
+
     def advantages(self, groups: list[Group], rewards: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Advantages of each group's samples by ``algorithm.adv_estimator``, one (n_g,) array per group.
 
-        ``rewards``: per-group reward rows to use instead of the samples' (a KL-penalised reward).
-        Groups of equal size are stacked (G, n); group-local estimators also take ragged groups.
+        ``rewards``: per-group reward rows to use instead of ``shaped_rewards`` (a KL-penalised
+        reward). Groups of equal size are stacked (G, n); group-local estimators also take ragged
+        groups.
         """
         if rewards is None:
-            for group in groups:
-                if not group.scored:
-                    raise ValueError(f"group {group.group_id}: every sample needs a reward before training")
-            rewards = [np.asarray([s.reward for s in g.samples], dtype=np.float32) for g in groups]
+            rewards = self.shaped_rewards(groups)
         if self.algo.adv_estimator == "remax":  # baseline: the reward of each prompt's greedy answer
             missing = [g.group_id for g in groups if "greedy_reward" not in g.meta]
             if missing:
@@ -246,15 +266,21 @@ class PolicyTrainer:
         ``asyncrl.learner.logprobs`` says; 0 without top-k/top-p),
         ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence:
         ``version before the step - group.policy_version``), ``staleness_mean``/``staleness_max``,
-        ``reward_mean``, ``sequences``, ``tokens`` (response tokens trained on), ``seconds``.
+        ``reward_mean`` (the task's reward, before any shaping), ``truncated_frac`` (samples
+        cut off at the length limit), ``overlong_penalty`` (its mean, under truncation mode
+        penalise), ``sequences``, ``tokens`` (response tokens trained on), ``seconds``.
         """
         start = time.perf_counter()
         cfg, algo = self.cfg, self.algo
         version_before = self.version
-        rewards = [np.asarray([s.reward for s in g.samples], dtype=np.float32) for g in groups]
+        rewards = shaped = self.shaped_rewards(groups)
         batch = collate(groups, [np.zeros(len(g.samples), dtype=np.float32) for g in groups], self.pad_id)
+        truncated = torch.from_numpy(np.concatenate([is_truncated(g) for g in groups]))  # (B,) in collate's order
+        if algo.truncation.mode == "mask":  # out of the loss; still in their group's baseline
+            batch.response_mask[truncated] = 0.0
         total_tokens = max(batch.num_tokens, 1)
         num_rows = len(batch)
+        num_seqs = num_rows - (int(truncated.sum()) if algo.truncation.mode == "mask" else 0)  # in the loss
         bounds = [(lo, min(lo + cfg.micro_batch_size, num_rows)) for lo in range(0, num_rows, cfg.micro_batch_size)]
         staleness_rows = version_before - batch.policy_version  # (B,)
         beta = self.kl_controller.value
@@ -317,7 +343,7 @@ class PolicyTrainer:
                 mask,
                 algo,
                 num_tokens=total_tokens,
-                num_seqs=num_rows,
+                num_seqs=num_seqs,
                 norm_tokens=norm_tokens,
             )
             loss = policy_loss
@@ -375,10 +401,14 @@ class PolicyTrainer:
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
             "reward_mean": float(np.mean([s.reward for g in groups for s in g.samples])),
-            "sequences": num_rows,
+            "truncated_frac": float(truncated.float().mean()),
+            "sequences": num_seqs,
             "tokens": batch.num_tokens,
             **critic_stats,
         }
+        if algo.truncation.mode == "penalise":
+            task = np.concatenate([[s.reward for s in g.samples] for g in groups])
+            stats["overlong_penalty"] = float(np.mean(np.concatenate(shaped) - task))
         if self.reference is not None:
             stats["ref_kl"] = acc["ref_kl"]
             stats["kl_coef"] = beta

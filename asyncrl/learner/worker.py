@@ -63,6 +63,8 @@ STEP_EVENT_STATS = (
     "grad_clip_coef",
     "lr",
     "value_loss",
+    "truncated_frac",
+    "overlong_penalty",
 )
 """Trainer stats that ride along in each "step" event (the controller prints some, keeps all)."""
 
@@ -88,6 +90,9 @@ def run_learner(ctx, model_dir: str) -> None:
         algo = cfg.algorithm
         if algo.loss_norm_tokens is None:
             algo = algo.model_copy(update={"loss_norm_tokens": cfg.sampling.max_tokens})
+        if algo.truncation.max_tokens is None:
+            truncation = algo.truncation.model_copy(update={"max_tokens": cfg.sampling.max_tokens})
+            algo = algo.model_copy(update={"truncation": truncation})
         trainer = PolicyTrainer(model_dir, trainer_cfg, algo, reference_address=ctx.endpoints.reference)
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     wcfg = cfg.weights

@@ -194,3 +194,32 @@ def test_config_combinations_are_checked():
     with pytest.raises(ValidationError, match="priority_flor"):
         BufferConfig(priority_flor=0.1)
     assert BufferConfig().sampler == "prioritized"
+
+
+def test_drop_truncated_refuses_groups_with_an_answer_cut_at_the_length_limit():
+    """``algorithm.truncation.mode: drop``: such a group is dropped on arrival under the reason
+    ``truncated``, reported to the ledger hook (and so the dispatcher), and every sample reconciles."""
+
+    class Observer:
+        def __init__(self):
+            self.dropped = []
+
+        def on_insert(self, priorities): ...
+        def on_sample(self, age_versions, age_s, samples): ...
+        def on_remove(self, reason, samples): ...
+
+        def on_drop_groups(self, group_ids, reason):
+            self.dropped.append((group_ids, reason))
+
+    observer = Observer()
+    buf = ReplayBuffer.from_config(BufferConfig(capacity_samples=64), observer=observer, drop_truncated=True)
+    cut = scored("cut")
+    cut.samples[2].finish_reason = "length"
+    assert buf.insert(cut) is None
+    assert buf.insert(scored("whole")) is not None
+    assert buf.dropped == {"truncated": 4} and buf.dropped_groups == 1
+    assert observer.dropped == [(["cut"], "truncated")]
+    assert buf.reconcile()["inserted"] == 8 and buf.reconcile()["held"] == 4
+    # without the flag (every other truncation mode) the same group is stored
+    keep = buffer()
+    assert keep.insert(cut) is not None and not keep.dropped

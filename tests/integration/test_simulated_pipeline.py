@@ -117,6 +117,26 @@ def find_promtool() -> str:
     return found
 
 
+def test_truncated_answers_dropped_at_the_buffer_are_counted_and_reconcile(tmp_path):
+    """``algorithm.truncation.mode: drop`` through the real processes: groups holding an answer cut
+    at ``sampling.max_tokens`` (the simulated lengths reach it often) are dropped by the buffer
+    under ``truncated``, the dispatcher refills their slots, and every sample and group reconciles."""
+    cfg = load_config(
+        "configs/bench_pipeline.yaml",
+        [
+            f"run.root={tmp_path}",
+            "learner.total_steps=4",
+            "sampling.max_tokens=256",
+            "algorithm.truncation.mode=drop",
+        ],
+    )
+    summary = Controller(cfg).run()
+    assert summary["learner_steps"] == 4 and summary["reconciles"], summary
+    assert summary["dropped"].get("truncated", 0) > 0, summary["dropped"]
+    assert summary["ledger"]["dropped"]["truncated"] == summary["dropped"]["truncated"]
+    assert summary["ledger"]["lost"] == 0
+
+
 def test_capacities_come_from_the_timing_models():
     cfg = load_config(
         "configs/bench_pipeline.yaml", ["simulation.generator.length_sigma=0", "simulation.generator.length_median=10"]

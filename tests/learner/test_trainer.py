@@ -553,3 +553,82 @@ def test_export_of_a_checkpointed_version_equals_the_trainers_weights(stage, tmp
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
     for name, tensor in expected.items():
         assert torch.equal(loaded[name], tensor), name
+
+
+# --- truncated answers (algorithm.truncation) -------------------------------------------------
+
+import copy  # noqa: E402
+
+from asyncrl.learner.truncation import overlong_penalty  # noqa: E402
+
+
+def with_truncated(groups, cut=((0, 1), (1, 0), (1, 3), (3, 2))):
+    """A copy of ``groups`` whose samples ``(group, index)`` in ``cut`` stopped at the length limit."""
+    out = copy.deepcopy(groups)
+    for g, i in cut:
+        out[g].samples[i].finish_reason = "length"
+    return out
+
+
+def test_truncation_keep_trains_on_truncated_answers_as_they_are(model_dir, groups):
+    cut = with_truncated(groups)
+    kept = PolicyTrainer(model_dir, config(0)).train_step(cut)
+    plain = PolicyTrainer(model_dir, config(0)).train_step(groups)
+    assert kept["truncated_frac"] == 4 / 16 and plain["truncated_frac"] == 0.0
+    assert kept["loss"] == plain["loss"] and kept["grad_norm"] == plain["grad_norm"]
+
+
+def test_truncation_mask_takes_truncated_answers_out_of_the_loss_but_not_the_baseline(model_dir, groups):
+    """mask: one step equals plain torch on the loss mask without the truncated rows, with the
+    advantages computed over every sample of each group."""
+    from transformers import AutoModelForCausalLM
+
+    cut = with_truncated(groups)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
+    rewards = np.array([[s.reward for s in g.samples] for g in groups])
+    batch = collate(groups, grpo_advantages(rewards), pad_id=0)
+    truncated = torch.tensor([s.finish_reason == "length" for g in cut for s in g.samples])
+    mask = batch.response_mask * (~truncated).float()[:, None]
+    lp = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids)
+    loss, _ = decoupled_ppo_loss(lp, lp.detach(), batch.behaviour_logprobs, batch.advantages, mask)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    optimizer.step()
+
+    trainer = PolicyTrainer(model_dir, config(0), AlgorithmConfig(truncation={"mode": "mask"}))
+    stats = trainer.train_step(cut)
+    assert stats["truncated_frac"] == 4 / 16 and stats["sequences"] == 12
+    assert stats["tokens"] == int(mask.sum())
+    assert stats["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    after = trainer.full_state_dict()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(after[name], tensor, atol=1e-5, rtol=0)
+
+
+def test_truncation_penalise_adds_dapos_overlong_penalty_to_the_reward(model_dir, groups):
+    """penalise (L_max 7, L_cache 3: answers of 5, 6, 7 tokens lose 1/3, 2/3, 1): one step equals
+    a step on the same groups whose rewards already hold the penalty."""
+    algo = AlgorithmConfig(truncation={"mode": "penalise", "max_tokens": 7, "cache_tokens": 3})
+    shifted = copy.deepcopy(groups)
+    penalties = []
+    for g in shifted:
+        p = overlong_penalty([len(s.response_ids) for s in g.samples], 7, 3)
+        penalties.extend(p)
+        for s, pen in zip(g.samples, p):
+            s.reward = float(np.float32(s.reward) + pen)
+    assert min(penalties) == pytest.approx(-1.0) and max(penalties) == 0.0  # the test batch spans the interval
+
+    penalised = PolicyTrainer(model_dir, config(0), algo)
+    reference = PolicyTrainer(model_dir, config(0))
+    for row, expected in zip(penalised.advantages(groups), reference.advantages(shifted)):
+        np.testing.assert_allclose(row, expected, rtol=1e-6)
+    stats = penalised.train_step(groups)
+    assert stats["overlong_penalty"] == pytest.approx(float(np.mean(penalties)), rel=1e-6)
+    assert stats["reward_mean"] == pytest.approx(np.mean([s.reward for g in groups for s in g.samples]))
+    reference.train_step(shifted)
+    a, b = penalised.full_state_dict(), reference.full_state_dict()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-7, rtol=0)
+    with pytest.raises(ValueError, match=r"truncation.mode \(penalise\) needs algorithm.truncation.max_tokens"):
+        PolicyTrainer(model_dir, config(0), AlgorithmConfig(truncation={"mode": "penalise"}))
