@@ -134,6 +134,16 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _resolve_probe_atol(self) -> RunConfig:
+        """``weights.probe_atol: null`` -> the tolerance of the engine's and the trainer's dtypes,
+        written into the resolved config so every process checks against the same number."""
+        if self.weights.probe_atol is None:
+            from asyncrl.weights.probe import probe_tolerance
+
+            self.weights.probe_atol = probe_tolerance(self.engine.dtype, self.learner.trainer.dtype)
+        return self
+
+    @model_validator(mode="after")
     def _check_placement(self) -> RunConfig:
         self.placement.check_counts(self.run.num_generators)
         gpus, tp = self.placement.generator.num_gpus, self.engine.tensor_parallel_size

@@ -42,9 +42,10 @@ class WeightSyncConfig(Config):
     probe: bool = True
     """After applying a version, the generator scores a fixed prompt and continuation and
     compares with the learner's logprobs sent along; a mismatch is an error."""
-    probe_atol: float = Field(1e-3, gt=0)
-    """Largest absolute logprob difference the probe accepts (fp32 learner and engine agree to
-    ~1e-5; bf16 needs ~0.05)."""
+    probe_atol: float | None = Field(None, gt=0)
+    """Largest absolute logprob difference the probe accepts; None derives it from the engine's and
+    the trainer's dtypes (``asyncrl.weights.probe.probe_tolerance``: 1e-3 when both are float32,
+    which agree to ~1e-5; 1e-2 with float16; 5e-2 with bfloat16 or an engine dtype of auto)."""
     timeout_s: float = Field(60.0, gt=0)
     """Seconds a generator waits for the next message of a version being streamed, and the
     learner for a bucket to leave for every subscriber; past it the wait is reported by name."""

@@ -14,6 +14,15 @@ import numpy as np
 
 from asyncrl.weights.update import WeightSyncError
 
+PROBE_TOLERANCES = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
+"""Probe tolerance by the coarser dtype of the two sides. A float32 engine and learner agree to
+~1e-5 (1e-3 leaves room for kernels that sum in another order). A 16-bit side rounds every
+weight and activation (relative error 2^-11 for float16, 2^-8 for bfloat16), which a forward
+pass of many layers turns into logprob differences of ~1e-3 (float16) and ~1e-2 (bfloat16):
+the tolerances keep a factor of about five above that, and far below what a weight that did
+not load gives (differences of order 1 and more)."""
+_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "auto": "bfloat16"}
+
 PROBE_PROMPT = "12+34="
 PROBE_CONTINUATION = "46"
 
@@ -47,3 +56,20 @@ def check_probe(engine, probe: dict, atol: float, version: int) -> float:
             f"learner's {np.round(want, 5).tolist()} by {diff:.3g} > atol {atol}: the served weights are not the published ones"
         )
     return diff
+
+
+def probe_tolerance(engine_dtype: str, trainer_dtype: str) -> float:
+    """The probe's ``atol`` for an engine in ``engine_dtype`` (``float32``, ``bfloat16``,
+    ``float16``, ``auto``: the model's own, taken as bfloat16, the usual checkpoint dtype) and a
+    learner in ``trainer_dtype`` (``fp32``, ``bf16``): the looser of the two sides'.
+
+    >>> probe_tolerance("float32", "fp32"), probe_tolerance("bfloat16", "bf16"), probe_tolerance("float32", "bf16")
+    (0.001, 0.05, 0.05)
+    """
+    sides = []
+    for dtype in (engine_dtype, trainer_dtype):
+        name = _ALIASES.get(dtype, dtype)
+        if name not in PROBE_TOLERANCES:
+            raise ValueError(f"dtype ({dtype!r}) must be one of {sorted(PROBE_TOLERANCES) + sorted(_ALIASES)}")
+        sides.append(PROBE_TOLERANCES[name])
+    return max(sides)
