@@ -48,6 +48,8 @@ class TrainerConfig(Config):
     """Recompute each transformer block's activations in the backward instead of keeping them (less memory, ~1/3 more compute)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; a bigger batch is accumulated over micro batches into one optimizer step."""
+    micro_batch_tokens: int | None = None
+    """Token slots per forward/backward, sequences packed several to a row (``asyncrl.learner.packing``); when set it wins over micro_batch_size. None: micro_batch_size sequences, each padded to the longest."""
     seed: int = 0
     """Seed of torch's RNG at start-up (dropout, if the model has any)."""
 
@@ -84,6 +86,13 @@ class TrainerConfig(Config):
     def _check_at_least_one(cls, v: int, info) -> int:
         if v < 1:
             raise ValueError(f"{info.field_name} ({v}) must be >= 1")
+        return v
+
+    @field_validator("micro_batch_tokens")
+    @classmethod
+    def _check_micro_batch_tokens(cls, v: int | None) -> int | None:
+        if v is not None and v < 2:
+            raise ValueError(f"micro_batch_tokens ({v}) must be >= 2 or None")
         return v
 
     @field_validator("top_k")

@@ -45,6 +45,7 @@ from asyncrl.learner.kl import KL_ESTIMATORS, make_kl_controller
 from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_scores
 from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.learner.lr_schedule import lr_factor
+from asyncrl.learner.packing import MicroBatchPlan, pack, plan_micro_batches
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.truncation import is_truncated, overlong_penalty
 from asyncrl.wire import Group
@@ -158,6 +159,9 @@ class PolicyTrainer:
         model.train()
         self.distribution = TokenDistribution(cfg.temperature, cfg.top_k, cfg.top_p)
         """The generators' sampling distribution, which every token is scored under."""
+        # Packed rows: one per micro batch where attention is variable-length (flash-attention),
+        # else as long as the longest sequence (``asyncrl.learner.packing``).
+        self._row_tokens = cfg.micro_batch_tokens if "flash" in (model.config._attn_implementation or "") else None
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
@@ -263,7 +267,8 @@ class PolicyTrainer:
         ``mismatch_kl`` (the same over tokens of staleness 0 only: sampler/learner mismatch at one
         version; NaN when there are none), ``entropy`` (token-mean entropy of pi_theta),
         ``outside_truncation_frac`` (response tokens outside pi_theta's top-k/top-p set, scored as
-        ``asyncrl.learner.logprobs`` says; 0 without top-k/top-p),
+        ``asyncrl.learner.logprobs`` says; 0 without top-k/top-p), ``padding_frac`` (padding /
+        token slots of the micro batches' forward passes, packed or not; ``asyncrl.learner.packing``),
         ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence:
         ``version before the step - group.policy_version``), ``staleness_mean``/``staleness_max``,
         ``reward_mean`` (the task's reward, before any shaping), ``truncated_frac`` (samples
@@ -281,7 +286,10 @@ class PolicyTrainer:
         total_tokens = max(batch.num_tokens, 1)
         num_rows = len(batch)
         num_seqs = num_rows - (int(truncated.sum()) if algo.truncation.mode == "mask" else 0)  # in the loss
-        bounds = [(lo, min(lo + cfg.micro_batch_size, num_rows)) for lo in range(0, num_rows, cfg.micro_batch_size)]
+        plans = plan_micro_batches(
+            batch.attention_mask.sum(dim=1).tolist(), cfg.micro_batch_size, cfg.micro_batch_tokens, self._row_tokens
+        )
+        bounds = [(plan.lo, plan.hi) for plan in plans]
         staleness_rows = version_before - batch.policy_version  # (B,)
         beta = self.kl_controller.value
 
@@ -326,7 +334,7 @@ class PolicyTrainer:
             # Only the last micro batch is an accumulation boundary: ZeRO-1/2 hand the summed
             # gradients to the optimizer partitions there, not after every micro batch.
             self.engine.set_gradient_accumulation_boundary(index == len(bounds) - 1)
-            scores = self.score(micro, entropy=True)
+            scores = self.score(micro, entropy=True, plan=plans[index])
             logprobs = scores.logprobs  # (b, l-1)
             # One optimizer step per batch: the proximal policy is the current one (ratio == 1).
             if algo.proximal == "log_linear":
@@ -397,6 +405,7 @@ class PolicyTrainer:
             "mismatch_kl": acc["mismatch_kl_sum"] / acc["fresh_tokens"] if acc["fresh_tokens"] else float("nan"),
             "entropy": acc["entropy"],
             "outside_truncation_frac": acc["outside"] / total_tokens,
+            "padding_frac": 1.0 - sum(p.tokens for p in plans) / max(sum(p.capacity for p in plans), 1),
             "staleness": staleness,
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
@@ -624,18 +633,34 @@ class PolicyTrainer:
             batch.advantages.mul_(w[batch.group_index][:, None])
         return stats
 
-    def score(self, micro: TrainBatch, entropy: bool) -> TokenScores:
+    def score(self, micro: TrainBatch, entropy: bool, plan: MicroBatchPlan | None = None) -> TokenScores:
         """pi_theta's log-probabilities (and entropy) of one micro batch's response tokens, (b, l-1)
-        each, under the sampling distribution, in memory bounded per token (``token_scores``)."""
-        return token_scores(
+        each, under the sampling distribution, in memory bounded per token (``token_scores``).
+
+        With a packed ``plan`` the forward pass runs on the sequences packed into rows, and the
+        results come back in the micro batch's padded layout (``asyncrl.learner.packing``)."""
+        if plan is None or plan.placement is None:
+            return token_scores(
+                self.engine,
+                micro.input_ids,
+                micro.attention_mask,
+                micro.response_mask,
+                self.distribution,
+                chunk_tokens=self.cfg.logits_chunk_tokens,
+                entropy=entropy,
+            )
+        packed = pack(micro.input_ids, micro.attention_mask, micro.response_mask, plan, self.pad_id)
+        scores = token_scores(
             self.engine,
-            micro.input_ids,
-            micro.attention_mask,
-            micro.response_mask,
+            packed.input_ids,
+            None,  # attention stays within each sequence: Hugging Face reads the boundaries from position_ids
+            packed.score_mask,
             self.distribution,
+            position_ids=packed.position_ids,
             chunk_tokens=self.cfg.logits_chunk_tokens,
             entropy=entropy,
         )
+        return TokenScores(*(packed.unpack(x, micro.response_mask) for x in scores))
 
     def train_batch(self, groups: list[Group], weights=None) -> TrainBatch:
         """The collated batch ``train_step`` would train on, without a KL reward penalty (for

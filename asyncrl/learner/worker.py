@@ -65,6 +65,8 @@ STEP_EVENT_STATS = (
     "value_loss",
     "truncated_frac",
     "overlong_penalty",
+    "padding_frac",
+    "outside_truncation_frac",
 )
 """Trainer stats that ride along in each "step" event (the controller prints some, keeps all)."""
 

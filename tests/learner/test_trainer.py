@@ -172,7 +172,9 @@ def test_lr_schedule_sets_each_updates_rate_and_reports_it(model_dir, groups):
     for lr in expected_lrs:
         for group in optimizer.param_groups:
             group["lr"] = lr
-        lp = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids)
+        lp = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+        )
         loss, _ = decoupled_ppo_loss(lp, lp.detach(), batch.behaviour_logprobs, batch.advantages, batch.response_mask)
         optimizer.zero_grad()
         loss.backward()
@@ -278,6 +280,12 @@ def test_config_rejects_bad_values():
         TrainerConfig(zero_stage=4)
     with pytest.raises(ValueError, match=r"micro_batch_size \(0\) must be >= 1"):
         TrainerConfig(micro_batch_size=0)
+    with pytest.raises(ValueError, match=r"micro_batch_tokens \(1\) must be >= 2 or None"):
+        TrainerConfig(micro_batch_tokens=1)
+    with pytest.raises(ValueError, match=r"top_p \(1.5\) must be in \(0, 1\]"):
+        TrainerConfig(top_p=1.5)
+    with pytest.raises(ValueError, match=r"logits_chunk_tokens \(0\) must be >= 1"):
+        TrainerConfig(logits_chunk_tokens=0)
     with pytest.raises(ValueError, match="extra"):
         TrainerConfig(loss="ppo")  # the loss is algorithm.policy_loss now
     with pytest.raises(ValueError, match="extra"):
@@ -401,6 +409,35 @@ def test_algorithms_in_micro_batches_match_plain_torch(name, model_dir, groups):
     for _ in range(2):
         stats = trainer.train_step(groups)
         assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
+    after = trainer.full_state_dict()
+    for key, tensor in expected.items():
+        torch.testing.assert_close(after[key], tensor, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_packed_micro_batches_land_on_the_same_weights(stage, model_dir, groups, reference_weights):
+    """Micro batches of 24 token slots, several sequences per row: the same two steps as plain
+    torch on the whole padded batch, with no more padding computed than padded micro batches."""
+    trainer = PolicyTrainer(model_dir, config(stage, micro_batch_tokens=24))
+    stats = [trainer.train_step(groups) for _ in range(2)]
+    weights, grad_norms = reference_weights
+    assert [s["grad_norm"] for s in stats] == pytest.approx(grad_norms, rel=1e-4)
+    for name, tensor in trainer.full_state_dict().items():
+        torch.testing.assert_close(tensor, weights[name], atol=1e-4, rtol=0)
+    padded = PolicyTrainer(model_dir, config(stage)).train_step(groups)
+    assert 0 <= stats[0]["padding_frac"] <= padded["padding_frac"] < 1
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_packed_sequence_level_losses_match_plain_torch(name, model_dir, groups):
+    """Sequence-level ratios (GSPO), sequence-level corrections and aggregations, KL and entropy
+    with packed micro batches: the per-token results are unpacked to one sequence per row before
+    the loss, so the loss is the padded one exactly."""
+    algo = AlgorithmConfig(**ALGORITHMS[name])
+    expected = plain_torch_steps(model_dir, groups, algo)
+    trainer = PolicyTrainer(model_dir, config(0, micro_batch_tokens=30), algo)
+    for _ in range(2):
+        trainer.train_step(groups)
     after = trainer.full_state_dict()
     for key, tensor in expected.items():
         torch.testing.assert_close(after[key], tensor, atol=1e-4, rtol=0)
