@@ -142,7 +142,7 @@ class Group:
     prompt_ids: np.ndarray
     """(P,) int32 prompt token ids, shared by every sample."""
     policy_version: int
-    """Learner optimizer-step count of the weights that sampled the group's *oldest* token (every
+    """Learner step count (one per batch) of the weights that sampled the group's *oldest* token (every
     token, unless a sample's ``version_segments`` say otherwise): staleness is measured from it."""
     generator: str
     """Name of the generator process that sampled it."""

@@ -25,7 +25,7 @@ class TrainerConfig(Config):
     lr_warmup_steps: int = Field(0, ge=0)
     """Optimizer updates of linear warm-up from lr / lr_warmup_steps to lr; 0: none."""
     lr_decay_steps: int | None = Field(None, ge=1)
-    """Optimizer updates (warm-up included) at whose end the decay reaches its floor; None: the whole run, learner.total_steps × ppo_epochs × mini_batches."""
+    """Optimizer updates (warm-up included) at whose end the decay reaches its floor; None: the whole run, learner.total_steps × learner.ppo_epochs × learner.mini_batches."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """The decay's floor as a fraction of ``lr`` (verl's ``min_lr_ratio``)."""
     weight_decay: float = 0.0
@@ -313,13 +313,35 @@ class AlgorithmConfig(Config):
 
 
 class LearnerConfig(Config):
+    """The learner loop. A learner step trains one batch and makes one policy version;
+    ``policy_version``, staleness and every count below are in learner steps, whatever the
+    optimizer updates per step (see ``asyncrl.learner.trainer``)."""
+
     total_steps: int = Field(100, ge=1)
-    """Optimizer steps to train (the final policy version)."""
+    """Learner steps to train (the final policy version)."""
     batch_groups: int = Field(16, ge=1)
-    """Groups (prompts) per optimizer step; samples per step = batch_groups × sampling.n."""
+    """Groups (prompts) per learner step; samples per step = batch_groups × sampling.n."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch; every pass takes its ratio and clip against the policy before the step's first update."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer updates per pass, each on a run of whole groups (a group is never split); at most batch_groups."""
     broadcast_every: int = Field(2, ge=1)
-    """Publish weights to the generators every this many optimizer steps."""
+    """Publish weights to the generators every this many learner steps."""
     batch_timeout_s: float = Field(5.0, gt=0)
     """Seconds one request for a batch waits before it is asked again (and the wait logged)."""
     trainer: TrainerConfig = TrainerConfig()
     """The DeepSpeed engine and the loss."""
+
+    @model_validator(mode="after")
+    def _check_mini_batches(self) -> LearnerConfig:
+        if self.mini_batches > self.batch_groups:
+            raise ValueError(
+                f"learner.mini_batches ({self.mini_batches}) must be <= learner.batch_groups ({self.batch_groups}): "
+                "a mini-batch holds whole groups"
+            )
+        return self
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per learner step."""
+        return self.ppo_epochs * self.mini_batches

@@ -1,7 +1,7 @@
 """Policy losses, off-policy corrections and loss aggregation: pure functions of (B, T) tensors.
 
 The learner trains on samples that generators drew with older weights: a group in the buffer can
-be k optimizer steps old by the time it is trained on. Three policies are in play per token:
+be k learner steps old by the time it is trained on. Three policies are in play per token:
 
 - the *behaviour* policy mu, which sampled the tokens (the generator's weights, k versions old;
   its log-probabilities travel with the sample);

@@ -1,11 +1,32 @@
-"""The policy trainer: a Hugging Face causal LM in a DeepSpeed engine, one optimizer step per batch.
+"""The policy trainer: a Hugging Face causal LM in a DeepSpeed engine, one learner step per batch.
 
 ``PolicyTrainer.train_step(groups)`` is one iteration of the algorithm the run's ``algorithm``
 section names (default: decoupled GRPO): advantages from the groups' rewards
-(``ADV_ESTIMATORS``), one forward/backward over the batch (in micro batches, their gradients
+(``ADV_ESTIMATORS``), then ``ppo_epochs`` passes over the batch cut into ``mini_batches``
+mini-batches of whole groups, each one forward/backward (in micro batches, their gradients
 accumulated) of the corrected policy loss (``compute_policy_loss``) plus the KL and entropy
-terms, one optimizer step, ``version += 1``. ``full_state_dict()`` and ``save_pretrained()``
-hand the new weights to the generators.
+terms and one optimizer update; then ``version += 1``. ``full_state_dict()`` and
+``save_pretrained()`` hand the new weights to the generators.
+
+What the version counts. ``policy_version`` is the learner's step count: one per batch, however
+many optimizer updates the step takes (with the defaults, one: then it is the optimizer-step
+count). Only a step's final weights are ever published, so the versions a sample can carry are
+exactly the learner's steps; staleness (``version at the update - policy_version``), the
+buffer's ``max_staleness``, the dispatcher's admission (B groups per version),
+``learner.broadcast_every``, ``learner.total_steps`` and ``checkpoint.every_steps`` all count
+batches, and keep their meaning whatever ``ppo_epochs`` and ``mini_batches`` are (AReaL and
+PRIME-RL count the same way). The learning-rate schedule counts optimizer updates (``updates``).
+
+Several updates per batch (PPO's epochs and mini-batches, Schulman et al. 2017). pi_prox — the
+decoupled objective's proximal policy, plain PPO's old policy — is the policy before the step's
+first update, computed once by a no-grad forward pass (``proximal_logprobs``); every update's
+ratio and clip are taken against it (or against mu, for ``correction: behaviour_ppo``), and the
+advantages, the reference's logprobs and the importance weights pi_prox / mu are computed once.
+With one update per step there is no extra forward: pi_prox is that update's own logprobs,
+detached, and the step is exactly the single-update form. Mini-batches are runs of whole groups
+in batch order, the same each epoch, as verl cuts them (OpenRLHF reshuffles each epoch); a
+group is never split, so group statistics stay within one update. The critic (``gae``) takes
+one update per step.
 
 The KL reference is a frozen copy of the starting weights, run without gradient and without a
 DeepSpeed engine, in each rank (``kl.reference: colocated``) or in its own process
@@ -14,16 +35,17 @@ DeepSpeed engine, in each rank (``kl.reference: colocated``) or in its own proce
 logprobs mu and the reference (the policy that sampled the answer, as OpenRLHF does at
 experience time), so it needs no extra policy forward pass.
 
-One optimizer step per call, whatever the batch size: the DeepSpeed config has
+One optimizer update per mini-batch, whatever its size: the DeepSpeed config has
 ``gradient_accumulation_steps = 1`` and ``train_micro_batch_size_per_gpu = micro_batch_size``, and
 ``train_step`` owns the accumulation boundary itself: before each micro batch's backward it calls
 ``engine.set_gradient_accumulation_boundary(is_last_micro_batch)``, calls
-``engine.backward(loss, scale_wrt_gas=False)``, and calls ``engine.step()`` once at the end. The
+``engine.backward(loss, scale_wrt_gas=False)``, and calls ``engine.step()`` once at its end. The
 boundary flag tells ZeRO-1/2 when to move the summed gradients into the optimizer's partitions
 (and a multi-rank ZeRO-0 when to all-reduce); marking every micro batch a boundary makes stages
-1 and 2 drift from a full-batch step, which ``tests/learner/test_trainer.py`` catches. Each micro batch's loss is its token-sum divided by the token
-count of the *whole* batch, so the accumulated gradient is exactly that of the batch's token-mean
-loss, independent of how the batch is cut into micro batches.
+1 and 2 drift from a full-batch step, which ``tests/learner/test_trainer.py`` catches. Each
+micro batch's loss is its token-sum divided by the token count of the *whole* mini-batch, so the
+accumulated gradient is exactly that of the mini-batch's token-mean loss, independent of how it
+is cut into micro batches.
 """
 
 from __future__ import annotations
@@ -32,6 +54,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +135,8 @@ class PolicyTrainer:
         cfg: TrainerConfig,
         algo: AlgorithmConfig | None = None,
         reference_address: str | None = None,
+        ppo_epochs: int = 1,
+        mini_batches: int = 1,
     ):
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
@@ -121,8 +146,15 @@ class PolicyTrainer:
         self.cfg = cfg
         self.algo = algo if algo is not None else AlgorithmConfig()
         self.model_dir = Path(model_dir)
+        if ppo_epochs < 1 or mini_batches < 1:
+            raise ValueError(f"ppo_epochs ({ppo_epochs}) and mini_batches ({mini_batches}) must be >= 1")
+        self.ppo_epochs = ppo_epochs
+        """Passes over each batch (``learner.ppo_epochs``)."""
+        self.mini_batches = mini_batches
+        """Optimizer updates per pass, each on a run of whole groups (``learner.mini_batches``)."""
         self.version = 0
-        """Optimizer steps taken; the policy version of the current weights."""
+        """Learner steps taken (one per batch, ``ppo_epochs × mini_batches`` optimizer updates
+        each); the policy version of the current weights."""
         self.updates = 0
         """Optimizer updates taken: the index of the learning-rate schedule."""
         if cfg.lr_schedule != "constant" and cfg.lr_decay_steps is None:
@@ -253,13 +285,25 @@ class PolicyTrainer:
         return [row * wg for row, wg in zip(rows, w)]
 
     def train_step(self, groups: list[Group], weights=None) -> dict:
-        """One optimizer step on ``groups``, each group's policy loss scaled by ``weights[g]``
+        """One learner step on ``groups``, each group's policy loss scaled by ``weights[g]``
         (importance weights from a prioritized buffer; None: all 1); returns its stats.
 
-        Stats: ``version`` (after the step), ``loss`` (the batch's total loss), ``policy_loss``,
-        ``lr`` (the learning rate of the step's update), ``grad_norm`` (the global gradient norm
-        before clipping), ``grad_clipped`` (1 if it was clipped, else 0) and ``grad_clip_coef``
-        (the factor clipping scaled the gradient by, min(1, grad_clip / grad_norm)), ``clipfrac`` (kept tokens whose clipped branch was taken),
+        The step, in named parts: the shaped rewards and the padded batch (``_collate``), the
+        reference's logprobs (``_reference_logprobs``), the advantages (``_write_advantages``),
+        pi_prox (``proximal_logprobs``, only when the step takes several updates), then
+        ``ppo_epochs`` passes over ``mini_batches`` mini-batches of whole groups, one optimizer
+        update each (``_update``); ``version += 1`` once, at the end.
+
+        Stats (averaged over the step's updates where they change between updates):
+        ``version`` (after the step), ``updates`` (optimizer updates taken, all steps), ``loss``
+        (the mean over updates of each update's total loss), ``policy_loss``, ``lr`` (the learning
+        rate of the step's last update), ``grad_norm``/``grad_norm_max`` (the global gradient norm
+        before clipping), ``grad_clipped`` (share of updates clipped) and ``grad_clip_coef`` (the
+        mean factor clipping scaled the gradient by, min(1, grad_clip / grad_norm)), ``clipfrac``
+        (kept tokens whose clipped branch was taken), ``approx_kl`` (k3 estimate of KL between the
+        ratio's anchor and pi_theta, over kept tokens: 0 for the first update of a step),
+        ``clipfrac_by_epoch``/``approx_kl_by_epoch`` (lists, when ``ppo_epochs > 1``),
+        ``loss_by_update``/``grad_norm_by_update`` (lists, when the step takes several updates),
         ``is_weight_mean``/``is_weight_max`` (pi_prox / mu per token, before truncation),
         ``is_weight_ess`` (effective sample size of the applied weights over response tokens,
         (sum w)^2 / (N sum w^2), in (0, 1]), ``masked_frac`` (response tokens dropped by the
@@ -273,79 +317,161 @@ class PolicyTrainer:
         ``version before the step - group.policy_version``), ``staleness_mean``/``staleness_max``,
         ``reward_mean`` (the task's reward, before any shaping), ``truncated_frac`` (samples
         cut off at the length limit), ``overlong_penalty`` (its mean, under truncation mode
-        penalise), ``sequences``, ``tokens`` (response tokens trained on), ``seconds``.
+        penalise), ``sequences`` (in the loss), ``tokens`` (response tokens trained on), ``seconds``.
         """
         start = time.perf_counter()
-        cfg, algo = self.cfg, self.algo
+        algo = self.algo
         version_before = self.version
-        rewards = shaped = self.shaped_rewards(groups)
-        batch = collate(groups, [np.zeros(len(g.samples), dtype=np.float32) for g in groups], self.pad_id)
-        truncated = torch.from_numpy(np.concatenate([is_truncated(g) for g in groups]))  # (B,) in collate's order
-        if algo.truncation.mode == "mask":  # out of the loss; still in their group's baseline
-            batch.response_mask[truncated] = 0.0
-        total_tokens = max(batch.num_tokens, 1)
-        num_rows = len(batch)
-        num_seqs = num_rows - (int(truncated.sum()) if algo.truncation.mode == "mask" else 0)  # in the loss
-        plans = plan_micro_batches(
-            batch.attention_mask.sum(dim=1).tolist(), cfg.micro_batch_size, cfg.micro_batch_tokens, self._row_tokens
-        )
-        bounds = [(plan.lo, plan.hi) for plan in plans]
-        staleness_rows = version_before - batch.policy_version  # (B,)
         beta = self.kl_controller.value
-
-        # The reference's logprobs, per micro batch, before anything else: a reward penalty
-        # changes the advantages.
-        ref_logprobs: list[torch.Tensor | None] = [None] * len(bounds)
-        if self.reference is not None:
-            with torch.no_grad():
-                for index, (lo, hi) in enumerate(bounds):
-                    micro = batch.slice(lo, hi).to(self.device)
-                    ref_logprobs[index] = self.reference.logprobs(  # (b, l-1)
-                        micro.input_ids, micro.attention_mask, micro.response_mask, self.distribution
-                    )
-            if algo.kl.use_in == "reward" and algo.adv_estimator != "gae":  # gae: per token, below
-                kl_fn = KL_ESTIMATORS[algo.kl.estimator]
-                seq_kl = torch.cat(
-                    [
-                        (kl_fn(m.behaviour_logprobs, ref.cpu()) * m.response_mask).sum(dim=1)  # (b,)
-                        for m, ref in ((batch.slice(lo, hi), r) for (lo, hi), r in zip(bounds, ref_logprobs))
-                    ]
-                ).numpy()
-                offsets = np.cumsum([0] + [len(g.samples) for g in groups])
-                rewards = [r - beta * seq_kl[offsets[i] : offsets[i + 1]] for i, r in enumerate(rewards)]
-        critic_stats: dict[str, float] = {}
-        if algo.adv_estimator == "gae":
-            critic_stats = self._critic_advantages(batch, bounds, np.concatenate(rewards), ref_logprobs, weights, beta)
-        else:
-            rows = self.weighted_advantages(groups, weights, rewards)
-            batch.advantages[:] = torch.from_numpy(np.concatenate(rows).astype(np.float32))[:, None]
+        batch, shaped, truncated = self._collate(groups)
+        in_loss = ~truncated if algo.truncation.mode == "mask" else torch.ones_like(truncated)  # (B,)
+        ref = self._reference_logprobs(batch)  # (B, L-1) or None
+        critic_stats = self._write_advantages(batch, groups, shaped, ref, weights, beta)
+        minis = self._mini_batches(groups)
+        # pi_prox: the policy before the step's first update. With one update that update's own
+        # forward pass gives it (logprobs.detach()); with several it is computed once, here.
+        proximal = self.proximal_logprobs(batch) if len(minis) * self.ppo_epochs > 1 else None
         norm_tokens = algo.loss_norm_tokens or int(batch.response_mask.sum(dim=1).max().item())
 
+        epochs = []
+        for _ in range(self.ppo_epochs):
+            sums: Counter = Counter()
+            for lo, hi in minis:
+                self._update(batch, lo, hi, in_loss, proximal, ref, beta, norm_tokens, version_before, sums)
+            epochs.append(sums)
+        self.version += 1
+        stats = self._step_stats(batch, groups, epochs, shaped, truncated, in_loss, version_before, critic_stats)
+        if self.reference is not None:
+            stats["kl_coef"] = beta
+            self.kl_controller.update(stats["ref_kl"], n_samples=len(batch))
+        stats["seconds"] = time.perf_counter() - start
+        return stats
+
+    def _collate(self, groups: list[Group]) -> tuple[TrainBatch, list[np.ndarray], torch.Tensor]:
+        """The step's padded batch (advantages still 0), its shaped rewards (one row per group) and
+        which rows were truncated, (B,) bool; under truncation mode ``mask`` those rows' tokens
+        are out of the loss (and still in their group's baseline)."""
+        shaped = self.shaped_rewards(groups)
+        batch = collate(groups, [np.zeros(len(g.samples), dtype=np.float32) for g in groups], self.pad_id)
+        truncated = torch.from_numpy(np.concatenate([is_truncated(g) for g in groups]))  # (B,) in collate's order
+        if self.algo.truncation.mode == "mask":
+            batch.response_mask[truncated] = 0.0
+        return batch, shaped, truncated
+
+    def _micro_plans(self, batch: TrainBatch, lo: int, hi: int) -> list[MicroBatchPlan]:
+        """Rows ``lo:hi`` cut into micro batches (``micro_batch_size`` sequences, or packed to
+        ``micro_batch_tokens``: ``asyncrl.learner.packing``), their ``lo``/``hi`` rows of ``batch``."""
+        cfg = self.cfg
+        lengths = batch.attention_mask[lo:hi].sum(dim=1).tolist()
+        plans = plan_micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, self._row_tokens)
+        for plan in plans:
+            plan.lo, plan.hi = plan.lo + lo, plan.hi + lo
+        return plans
+
+    def _micro_bounds(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Rows ``lo:hi`` cut into micro batches of ``micro_batch_size`` sequences (no packing:
+        the reference and the critic run on padded rows)."""
+        size = self.cfg.micro_batch_size
+        return [(a, min(a + size, hi)) for a in range(lo, hi, size)]
+
+    def _mini_batches(self, groups: list[Group]) -> list[tuple[int, int]]:
+        """Row ranges of the step's mini-batches: ``mini_batches`` runs of whole groups, in batch
+        order, as equal in groups as they can be (fewer when the batch has fewer groups)."""
+        offsets = np.cumsum([0] + [len(g.samples) for g in groups])
+        parts = np.array_split(np.arange(len(groups)), min(self.mini_batches, len(groups)))
+        return [(int(offsets[p[0]]), int(offsets[p[-1] + 1])) for p in parts]
+
+    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by
+        micro batches; None without a reference."""
+        if self.reference is None:
+            return None
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        with torch.no_grad():
+            for lo, hi in self._micro_bounds(0, len(batch)):
+                micro = batch.slice(lo, hi).to(self.device)
+                ref = self.reference.logprobs(  # (b, l-1)
+                    micro.input_ids, micro.attention_mask, micro.response_mask, self.distribution
+                )
+                out[lo:hi, : ref.shape[1]] = ref.cpu()
+        return out
+
+    def proximal_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """log pi_prox, (B, L-1) on the CPU: the current policy's logprobs of every response token
+        by a no-grad forward pass in micro batches (the same forward the updates run), before any
+        update of the step.
+
+        Every update of the step takes its ratio and clip against these (the decoupled
+        objective's proximal policy; plain PPO's old policy), as PPO does over epochs. With
+        ``algorithm.proximal: log_linear`` they are the same: its interpolation between mu and
+        pi_theta at the proximal version gives pi_theta itself, and the step's updates make no
+        published version to interpolate towards.
+        """
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        self.engine.train()  # the mode of the updates' forward passes (dropout, if any)
+        with torch.no_grad():
+            for plan in self._micro_plans(batch, 0, len(batch)):
+                micro = batch.slice(plan.lo, plan.hi).to(self.device)
+                logprobs = self.score(micro, entropy=False, plan=plan).logprobs  # (b, l-1)
+                out[plan.lo : plan.hi, : logprobs.shape[1]] = logprobs.cpu()
+        return out
+
+    def _write_advantages(self, batch: TrainBatch, groups, shaped, ref, weights, beta) -> dict:
+        """Each sequence's advantage into ``batch.advantages`` (per token for gae): from the shaped
+        rewards, less beta * KL(mu, ref) summed over the sequence when ``kl.use_in`` is reward,
+        scaled by the groups' importance weights. Returns the critic's stats (gae), else {}."""
+        algo = self.algo
+        rewards = shaped
+        if ref is not None and algo.kl.use_in == "reward" and algo.adv_estimator != "gae":  # gae: per token
+            kl = KL_ESTIMATORS[algo.kl.estimator](batch.behaviour_logprobs, ref)  # (B, L-1)
+            seq_kl = (kl * batch.response_mask).sum(dim=1).numpy()  # (B,)
+            offsets = np.cumsum([0] + [len(g.samples) for g in groups])
+            rewards = [r - beta * seq_kl[offsets[i] : offsets[i + 1]] for i, r in enumerate(rewards)]
+        if algo.adv_estimator == "gae":
+            bounds = self._micro_bounds(0, len(batch))
+            micro_refs = [
+                None if ref is None else ref[lo:hi, : batch.slice(lo, hi).response_mask.shape[1]] for lo, hi in bounds
+            ]
+            return self._critic_advantages(batch, bounds, np.concatenate(rewards), micro_refs, weights, beta)
+        rows = self.weighted_advantages(groups, weights, rewards)
+        batch.advantages[:] = torch.from_numpy(np.concatenate(rows).astype(np.float32))[:, None]
+        return {}
+
+    def _update(self, batch, lo, hi, in_loss, proximal, ref, beta, norm_tokens, version_before, sums) -> None:
+        """One optimizer update on the mini-batch of rows ``lo:hi``: forward/backward by micro
+        batches, gradients accumulated, then the step; its figures are added to ``sums``.
+
+        Each micro batch's loss is normalised by the mini-batch's response tokens (and sequences),
+        so the accumulated gradient is exactly that of the mini-batch's loss, however it is cut
+        into micro batches; with one mini-batch, that of the whole batch.
+        """
+        algo = self.algo
+        total_tokens = max(int(batch.response_mask[lo:hi].sum().item()), 1)
+        num_seqs = int(in_loss[lo:hi].sum())
+        plans = self._micro_plans(batch, lo, hi)
         self.engine.train()
-        acc: dict[str, float] = {}
-
-        def add(key: str, value: torch.Tensor | float) -> None:
-            acc[key] = acc.get(key, 0.0) + float(value)
-
-        maxes: dict[str, float] = {"is_weight_max": 0.0}
-        for index, (lo, hi) in enumerate(bounds):
-            micro = batch.slice(lo, hi).to(self.device)
+        update_loss = 0.0
+        for index, plan in enumerate(plans):
+            a, b = plan.lo, plan.hi
+            micro = batch.slice(a, b).to(self.device)
             mask = micro.response_mask  # (b, l-1)
+            width = mask.shape[1]
             # Only the last micro batch is an accumulation boundary: ZeRO-1/2 hand the summed
             # gradients to the optimizer partitions there, not after every micro batch.
-            self.engine.set_gradient_accumulation_boundary(index == len(bounds) - 1)
-            scores = self.score(micro, entropy=True, plan=plans[index])
+            self.engine.set_gradient_accumulation_boundary(index == len(plans) - 1)
+            scores = self.score(micro, entropy=True, plan=plan)
             logprobs = scores.logprobs  # (b, l-1)
-            # One optimizer step per batch: the proximal policy is the current one (ratio == 1).
-            if algo.proximal == "log_linear":
-                proximal = log_linear_proximal_logprobs(
+            if proximal is not None:
+                prox = proximal[a:b, :width].to(self.device)
+            elif algo.proximal == "log_linear":
+                prox = log_linear_proximal_logprobs(
                     micro.behaviour_logprobs, logprobs, micro.policy_version, version_before, version_before
                 )
-            else:
-                proximal = logprobs.detach()
+            else:  # the step's only update: the current policy is the proximal one (ratio == 1)
+                prox = logprobs.detach()
             policy_loss, parts = compute_policy_loss(
                 logprobs,
-                proximal,
+                prox,
                 micro.behaviour_logprobs,
                 micro.advantages,
                 mask,
@@ -359,70 +485,91 @@ class PolicyTrainer:
             entropy_sum = (entropy * mask).sum()
             if algo.entropy_coef > 0:
                 loss = loss - algo.entropy_coef * entropy_sum / total_tokens
-            if ref_logprobs[index] is not None:
-                kl = KL_ESTIMATORS[algo.kl.estimator](logprobs, ref_logprobs[index])  # (b, l-1)
+            if ref is not None:
+                kl = KL_ESTIMATORS[algo.kl.estimator](logprobs, ref[a:b, :width].to(self.device))  # (b, l-1)
                 kl_sum = (kl * mask).sum()
                 if algo.kl.use_in == "loss":
                     loss = loss + beta * kl_sum / total_tokens
-                add("ref_kl", kl_sum.detach() / total_tokens)
+                sums["ref_kl_sum"] += float(kl_sum.detach())
             self.engine.backward(loss, scale_wrt_gas=False)
 
             with torch.no_grad():
-                add("loss", loss.detach())
-                add("policy_loss", policy_loss.detach())
-                add("entropy", entropy_sum.detach() / total_tokens)
-                add("outside", (scores.outside * mask).sum())
+                update_loss += float(loss.detach())
+                sums["policy_loss"] += float(policy_loss.detach())
+                sums["tokens"] += float(mask.sum())
+                sums["slots_used"] += plan.tokens
+                sums["slots"] += plan.capacity
+                sums["entropy_sum"] += float(entropy_sum.detach())
+                sums["outside"] += float((scores.outside * mask).sum())
                 keep, w, raw = parts["keep"], parts["weight"], parts["weight_raw"]
-                add("kept", keep.sum())
-                add("clipped", (parts["clipped"] * keep).sum())
-                add("w_sum", (w * mask).sum())
-                add("w_sq_sum", (w.square() * mask).sum())
-                add("raw_sum", (raw * mask).sum())
+                sums["kept"] += float(keep.sum())
+                sums["clipped"] += float((parts["clipped"] * keep).sum())
+                log_ratio = parts["log_ratio"]  # log pi_theta - log anchor
+                sums["approx_kl_sum"] += float((((log_ratio.exp() - 1) - log_ratio) * keep).sum())
+                sums["w_sum"] += float((w * mask).sum())
+                sums["w_sq_sum"] += float((w.square() * mask).sum())
+                sums["raw_sum"] += float((raw * mask).sum())
                 k3 = (raw - 1) - raw.log()  # (b, l-1) per-token k3 of KL(mu || pi_prox)
-                add("behaviour_kl_sum", (k3 * mask).sum())
+                sums["behaviour_kl_sum"] += float((k3 * mask).sum())
                 fresh = mask * (version_before - micro.policy_version == 0).to(mask.dtype)[:, None]
-                add("fresh_tokens", fresh.sum())
-                add("mismatch_kl_sum", (k3 * fresh).sum())
+                sums["fresh_tokens"] += float(fresh.sum())
+                sums["mismatch_kl_sum"] += float((k3 * fresh).sum())
                 if bool((mask > 0).any()):
-                    maxes["is_weight_max"] = max(maxes["is_weight_max"], float(raw[mask > 0].max()))
+                    sums["is_weight_max"] = max(sums["is_weight_max"], float(raw[mask > 0].max()))
         lr, grad_norm = self._optimizer_update()
-        self.version += 1
+        sums["lr"] = lr
+        sums.setdefault("grad_norms", []).append(grad_norm)
+        sums.setdefault("update_losses", []).append(update_loss)
 
-        staleness = staleness_rows.tolist()
-        kept = max(acc["kept"], 1.0)
+    def _step_stats(self, batch, groups, epochs, shaped, truncated, in_loss, version_before, critic_stats) -> dict:
+        """The step's stats (see ``train_step``) from each epoch's sums. pi_prox and mu do not
+        change within a step, so the importance-weight figures are those of one pass (the
+        first epoch); the others are over every update."""
+        first = epochs[0]
+        tokens = sum(e["tokens"] for e in epochs)
+        kept = sum(e["kept"] for e in epochs)
+        total_tokens = max(batch.num_tokens, 1)
+        losses = [loss for e in epochs for loss in e["update_losses"]]
+        policy_losses = sum(e["policy_loss"] for e in epochs)
+        staleness = (version_before - batch.policy_version).tolist()
         stats = {
             "version": self.version,
-            "loss": acc["loss"],
-            "policy_loss": acc["policy_loss"],
-            "lr": lr,
-            **_clip_stats([grad_norm], cfg.grad_clip),
-            "clipfrac": acc["clipped"] / kept,
-            "is_weight_mean": acc["raw_sum"] / total_tokens,
-            "is_weight_max": maxes["is_weight_max"],
-            "is_weight_ess": acc["w_sum"] ** 2 / max(total_tokens * acc["w_sq_sum"], 1e-12),
-            "masked_frac": 1.0 - acc["kept"] / total_tokens if batch.num_tokens else 0.0,
-            "behaviour_kl": acc["behaviour_kl_sum"] / total_tokens,
-            "mismatch_kl": acc["mismatch_kl_sum"] / acc["fresh_tokens"] if acc["fresh_tokens"] else float("nan"),
-            "entropy": acc["entropy"],
-            "outside_truncation_frac": acc["outside"] / total_tokens,
-            "padding_frac": 1.0 - sum(p.tokens for p in plans) / max(sum(p.capacity for p in plans), 1),
+            "updates": self.updates,
+            "loss": float(np.mean(losses)),
+            "policy_loss": policy_losses / len(losses),
+            "lr": epochs[-1]["lr"],
+            **_clip_stats([n for e in epochs for n in e["grad_norms"]], self.cfg.grad_clip),
+            "clipfrac": sum(e["clipped"] for e in epochs) / max(kept, 1.0),
+            "approx_kl": sum(e["approx_kl_sum"] for e in epochs) / max(kept, 1.0),
+            "is_weight_mean": first["raw_sum"] / total_tokens,
+            "is_weight_max": first["is_weight_max"],
+            "is_weight_ess": first["w_sum"] ** 2 / max(total_tokens * first["w_sq_sum"], 1e-12),
+            "masked_frac": 1.0 - first["kept"] / total_tokens if batch.num_tokens else 0.0,
+            "behaviour_kl": first["behaviour_kl_sum"] / total_tokens,
+            "mismatch_kl": first["mismatch_kl_sum"] / first["fresh_tokens"] if first["fresh_tokens"] else float("nan"),
+            "entropy": sum(e["entropy_sum"] for e in epochs) / max(tokens, 1.0),
+            "outside_truncation_frac": sum(e["outside"] for e in epochs) / max(tokens, 1.0),
+            "padding_frac": 1.0 - sum(e["slots_used"] for e in epochs) / max(sum(e["slots"] for e in epochs), 1.0),
             "staleness": staleness,
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
             "reward_mean": float(np.mean([s.reward for g in groups for s in g.samples])),
             "truncated_frac": float(truncated.float().mean()),
-            "sequences": num_seqs,
+            "sequences": int(in_loss.sum()),
             "tokens": batch.num_tokens,
             **critic_stats,
         }
-        if algo.truncation.mode == "penalise":
+        if len(losses) > 1:
+            stats["loss_by_update"] = losses
+            stats["grad_norm_by_update"] = [n for e in epochs for n in e["grad_norms"]]
+        if len(epochs) > 1:
+            stats["clipfrac_by_epoch"] = [e["clipped"] / max(e["kept"], 1.0) for e in epochs]
+            stats["approx_kl_by_epoch"] = [e["approx_kl_sum"] / max(e["kept"], 1.0) for e in epochs]
+        if self.algo.truncation.mode == "penalise":
             task = np.concatenate([[s.reward for s in g.samples] for g in groups])
             stats["overlong_penalty"] = float(np.mean(np.concatenate(shaped) - task))
         if self.reference is not None:
-            stats["ref_kl"] = acc["ref_kl"]
-            stats["kl_coef"] = beta
-            self.kl_controller.update(acc["ref_kl"], n_samples=num_rows)
-        stats["seconds"] = time.perf_counter() - start
+            stats["ref_kl"] = sum(e["ref_kl_sum"] for e in epochs) / max(tokens, 1.0)
         return stats
 
     def _set_lr(self) -> float:

@@ -1,4 +1,4 @@
-"""The learner process: batches in from the buffer, one optimizer step each, weights out.
+"""The learner process: batches in from the buffer, one learner step each, weights out.
 
 Each step asks the buffer for ``learner.batch_groups`` groups, stating its version (the buffer
 drops groups that are too stale for it), trains one staleness-corrected step, and publishes the
@@ -62,6 +62,10 @@ STEP_EVENT_STATS = (
     "grad_clipped",
     "grad_clip_coef",
     "lr",
+    "updates",
+    "approx_kl",
+    "clipfrac_by_epoch",
+    "approx_kl_by_epoch",
     "value_loss",
     "truncated_frac",
     "overlong_penalty",
@@ -79,7 +83,8 @@ def run_learner(ctx, model_dir: str) -> None:
             "temperature": sampling.temperature,
             "top_k": sampling.top_k,
             "top_p": sampling.top_p,
-            "lr_decay_steps": cfg.learner.trainer.lr_decay_steps or cfg.learner.total_steps,
+            "lr_decay_steps": cfg.learner.trainer.lr_decay_steps
+            or cfg.learner.total_steps * cfg.learner.updates_per_step,
         }
     )
     if cfg.simulation.learner is not None:
@@ -95,7 +100,14 @@ def run_learner(ctx, model_dir: str) -> None:
         if algo.truncation.max_tokens is None:
             truncation = algo.truncation.model_copy(update={"max_tokens": cfg.sampling.max_tokens})
             algo = algo.model_copy(update={"truncation": truncation})
-        trainer = PolicyTrainer(model_dir, trainer_cfg, algo, reference_address=ctx.endpoints.reference)
+        trainer = PolicyTrainer(
+            model_dir,
+            trainer_cfg,
+            algo,
+            reference_address=ctx.endpoints.reference,
+            ppo_epochs=cfg.learner.ppo_epochs,
+            mini_batches=cfg.learner.mini_batches,
+        )
     buffer = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     wcfg = cfg.weights
     publisher = make_publisher(

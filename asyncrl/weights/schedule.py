@@ -1,6 +1,6 @@
 """When the learner publishes a new version: every K steps, every T seconds, or on staleness.
 
-The learner's version is its optimizer-step count. Generators serve at most the last published
+The learner's version is its step count (one per batch, whatever the optimizer updates in it). Generators serve at most the last published
 version p, so a sample they start now is stamped ≤ p and will be trained at a learner version
 ≥ v + 1. The buffer admits it while ``staleness = version_at_update − p ≤ S``
 (``buffer.max_staleness``). The staleness schedule therefore publishes after step v when

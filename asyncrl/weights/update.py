@@ -26,7 +26,7 @@ class WeightUpdate:
     """One complete, checksum-verified version of the weights."""
 
     version: int
-    """The learner's optimizer-step count that produced these weights."""
+    """The learner's step count (one per batch) that produced these weights."""
     tensors: list[tuple[str, torch.Tensor]]
     """(HF parameter name, tensor) in the learner's order; views, valid until ``done()``."""
     meta: dict = field(default_factory=dict)

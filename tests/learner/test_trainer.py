@@ -669,3 +669,87 @@ def test_truncation_penalise_adds_dapos_overlong_penalty_to_the_reward(model_dir
         torch.testing.assert_close(a[name], b[name], atol=1e-7, rtol=0)
     with pytest.raises(ValueError, match=r"truncation.mode \(penalise\) needs algorithm.truncation.max_tokens"):
         PolicyTrainer(model_dir, config(0), AlgorithmConfig(truncation={"mode": "penalise"}))
+
+
+# --- several optimizer updates per batch (learner.ppo_epochs, learner.mini_batches) -----------
+
+
+@pytest.mark.parametrize("micro_batch_tokens", [None, 24])
+def test_epochs_and_mini_batches_clip_against_the_policy_before_the_first_update(micro_batch_tokens, model_dir, groups):
+    """2 epochs x 2 mini-batches of 2 whole groups at ZeRO-2, micro batches of 5 rows (or packed
+    to 24 token slots): four updates, each the token-mean loss of its mini-batch with the ratio
+    and clip taken against pi_prox from before the first update, land on plain torch's weights;
+    one version."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
+    rewards = np.array([[s.reward for s in g.samples] for g in groups])
+    batch = collate(groups, grpo_advantages(rewards), pad_id=0)
+    with torch.no_grad():
+        proximal = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+        )
+    norms = []
+    for _ in range(2):
+        for rows in (slice(0, 8), slice(8, 16)):  # groups 0-1, groups 2-3
+            ids, att = batch.input_ids[rows], batch.attention_mask[rows]
+            lp = token_logprobs(model(input_ids=ids, attention_mask=att).logits, ids)
+            loss, _ = decoupled_ppo_loss(
+                lp, proximal[rows], batch.behaviour_logprobs[rows], batch.advantages[rows], batch.response_mask[rows]
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item())
+            optimizer.step()
+
+    trainer = PolicyTrainer(model_dir, config(2, micro_batch_tokens=micro_batch_tokens), ppo_epochs=2, mini_batches=2)
+    stats = trainer.train_step(groups)
+    assert trainer.version == 1 and stats["version"] == 1 and trainer.updates == stats["updates"] == 4
+    assert stats["staleness"] == [0] * 16
+    assert stats["grad_norm_by_update"] == pytest.approx(norms, rel=1e-4)
+    assert stats["grad_norm"] == pytest.approx(np.mean(norms), rel=1e-4)
+    assert len(stats["loss_by_update"]) == 4
+    # the policy moves away from pi_prox over the updates; pi_prox / mu is the same throughout
+    assert len(stats["approx_kl_by_epoch"]) == 2 and 0 < stats["approx_kl_by_epoch"][0] < stats["approx_kl_by_epoch"][1]
+    assert len(stats["clipfrac_by_epoch"]) == 2 and stats["clipfrac"] >= 0
+    assert 0.5 < stats["is_weight_mean"] < 2.0
+    after = trainer.full_state_dict()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(after[name], tensor, atol=1e-4, rtol=0)
+
+
+def test_one_epoch_one_mini_batch_is_exactly_the_first_of_several_updates(model_dir, groups):
+    """The single-update form (pi_prox = the update's own logprobs, detached) and the first
+    update of a two-epoch step (pi_prox from the no-grad forward before it) give the identical
+    loss, gradient norm and weights. The second epoch runs at learning rate 0 (a linear decay
+    over one update), so its weights are the first update's."""
+    single = PolicyTrainer(model_dir, config(0))
+    one = single.train_step(groups)
+    assert "loss_by_update" not in one and "clipfrac_by_epoch" not in one and one["approx_kl"] == 0.0
+    decayed = config(0, lr_schedule="linear", lr_decay_steps=1)
+    several = PolicyTrainer(model_dir, decayed, ppo_epochs=2)
+    two = several.train_step(groups)
+    assert two["lr"] == 0.0 and several.updates == 2
+    assert two["loss_by_update"][0] == one["loss"]
+    assert two["grad_norm_by_update"][0] == one["grad_norm"]
+    a, b = single.full_state_dict(), several.full_state_dict()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_mini_batches_never_split_a_group_and_the_learner_config_checks_them():
+    from asyncrl.learner.config import LearnerConfig
+
+    with pytest.raises(ValueError, match=r"mini_batches \(5\) must be <= learner.batch_groups \(4\)"):
+        LearnerConfig(batch_groups=4, mini_batches=5)
+    with pytest.raises(ValueError, match="ppo_epochs"):
+        LearnerConfig(ppo_epochs=0)
+    assert LearnerConfig(batch_groups=4, ppo_epochs=3, mini_batches=2).updates_per_step == 6
+    # ragged groups (3, 4, 2, 5 samples) in 3 mini-batches: runs of whole groups
+    trainer = PolicyTrainer.__new__(PolicyTrainer)
+    trainer.mini_batches = 3
+    sized = [Group(f"g{i}", "p", "t", "", "", np.array([1]), 0, "gen", [None] * n) for i, n in enumerate((3, 4, 2, 5))]
+    assert trainer._mini_batches(sized) == [(0, 7), (7, 9), (9, 14)]
+    trainer.mini_batches = 8  # more than there are groups: one group each
+    assert trainer._mini_batches(sized) == [(0, 3), (3, 7), (7, 9), (9, 14)]
