@@ -16,7 +16,7 @@ def test_build_tiny_model_writes_a_loadable_model(tmp_path, capsys):
 def test_show_config_prints_every_field_with_its_doc(capsys):
     assert main(["show-config", "configs/demo.yaml", "learner.total_steps=7"]) == 0
     out = capsys.readouterr().out
-    assert "learner.total_steps=7  # Optimizer steps to train" in out
+    assert "learner.total_steps=7  # Learner steps to train" in out
     assert "buffer.max_staleness=" in out
 
 
