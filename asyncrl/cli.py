@@ -158,7 +158,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
 
         from asyncrl.config import load_config
         from asyncrl.sft import run_sft
-        from asyncrl.tasks import load_prompts
+        from asyncrl.tasks import load_run_prompts
         from asyncrl.tinymodel import build_tiny_model
 
         cfg = load_config(args.config, [])
@@ -167,7 +167,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             print(build_tiny_model(cfg.model.tiny, out))
             return 0
         base = build_tiny_model(cfg.model.tiny, out / "base")
-        stats = run_sft(base, load_prompts(cfg.task, "train"), cfg.sft, out / "warm")
+        stats = run_sft(base, load_run_prompts(cfg, "train", base), cfg.sft, out / "warm")
         print(json.dumps({"base": str(base), "warm": str(out / "warm"), **stats}))
         return 0
     if args.command == "reward-worker":

@@ -118,7 +118,7 @@ def resume_run_dir(cfg: RunConfig) -> Path:
 def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
     """The policy RL starts from: a given model, or the tiny model built here, warm-started by SFT."""
     from asyncrl.sft import run_sft
-    from asyncrl.tasks import load_prompts
+    from asyncrl.tasks import load_run_prompts
     from asyncrl.tinymodel import build_tiny_model
 
     if cfg.model.path is not None:
@@ -129,16 +129,16 @@ def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
     if not cfg.model.warm_start:
         return base
     warm = run_dir / "model" / "warm"
-    stats = run_sft(base, load_prompts(cfg.task, "train"), cfg.sft, warm)
+    stats = run_sft(base, load_run_prompts(cfg, "train", base), cfg.sft, warm)
     log.info("SFT warm start: %d steps, final loss %.3f, %.1f s", stats["steps"], stats["final_loss"], stats["seconds"])
     return warm
 
 
 def evaluate(cfg: RunConfig, model_dir: Path) -> float:
     from asyncrl.evaluation import evaluate_exact_match
-    from asyncrl.tasks import load_prompts
+    from asyncrl.tasks import load_run_prompts
 
-    prompts = load_prompts(cfg.task, "test")[: cfg.eval.num_prompts]
+    prompts = load_run_prompts(cfg, "test", model_dir)[: cfg.eval.num_prompts]
     return evaluate_exact_match(model_dir, None, prompts, max_new_tokens=cfg.eval.max_new_tokens)
 
 

@@ -284,6 +284,10 @@ def row_fields(row, where: str, index: int, question_key: str, answer_key: str) 
 # question -> prompt text
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+"""Files whose presence says a model directory holds a tokenizer."""
+
+
 def load_tokenizer(model_dir: str | Path):
     """The tokenizer saved in a model directory (nothing is downloaded)."""
     from transformers import AutoTokenizer

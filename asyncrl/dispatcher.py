@@ -300,13 +300,14 @@ def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, o
     return {"version": admission.version, "dispatched": admission.dispatched, "again": len(again)}
 
 
-def run_dispatcher(ctx) -> None:
-    """Serve prompt requests until told to stop."""
-    from asyncrl.tasks import load_prompts
+def run_dispatcher(ctx, model_dir: str | None = None) -> None:
+    """Serve prompt requests until told to stop. ``model_dir``: the policy model, whose tokenizer
+    renders and measures the prompts (``asyncrl.tasks.load_run_prompts``)."""
+    from asyncrl.tasks import load_run_prompts
     from asyncrl.transport import ReplyServer, Subscriber
 
     cfg = ctx.cfg
-    cursor = PromptCursor(load_prompts(cfg.task, "train"), cfg.run.seed, cfg.dispatcher.epochs)
+    cursor = PromptCursor(load_run_prompts(cfg, "train", model_dir), cfg.run.seed, cfg.dispatcher.epochs)
     admission = Admission(cfg.learner.batch_groups, cfg.buffer.max_staleness)
     outstanding = Outstanding(lease_s=cfg.dispatcher.lease_s, keep_trained=cfg.checkpoint.every_steps > 0)
     if ctx.resume_dir is not None:

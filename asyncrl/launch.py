@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.role == "dispatcher":
             from asyncrl.dispatcher import run_dispatcher
 
-            run_dispatcher(ctx)
+            run_dispatcher(ctx, args.model_dir)
         elif args.role == "generator":
             from asyncrl.generators.group import run_generator_process
 

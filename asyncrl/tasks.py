@@ -32,9 +32,11 @@ from pydantic import field_validator, model_validator
 from asyncrl.configbase import Config
 from asyncrl.data import (
     HF_PREFIX,
+    TOKENIZER_FILES,
     DataConfig,
     PromptFormatter,
     answer_of,
+    load_tokenizer,
     parse_hf_source,
     read_hf_rows,
     read_rows,
@@ -42,6 +44,7 @@ from asyncrl.data import (
     row_fields,
     source_stem,
 )
+from asyncrl.prompt_length import fit_prompts
 
 TASKS = ("addition", "gsm8k")
 GSM8K_TEMPLATE = "Question: {question}\nAnswer:"
@@ -75,6 +78,10 @@ class TaskConfig(Config):
     """Seed of the permutation that picks addition's test split."""
     max_prompt_chars: int | None = None
     """Drop prompts whose text is longer than this many characters (None keeps every prompt)."""
+    long_prompts: Literal["drop", "truncate"] = "drop"
+    """A prompt of more tokens than the engine leaves it (engine.max_model_len - sampling.max_tokens,
+    by the model's tokenizer, at load time): 'drop' (the default; counted and logged once with the
+    row ids) or 'truncate' (cut the question from its start, keeping its end and the template)."""
     data: DataConfig = DataConfig()
     """Prompts from files or the Hub (JSONL, Parquet, saved or hf:// datasets), their keys and templates."""
 
@@ -100,43 +107,78 @@ class TaskConfig(Config):
         return self
 
 
-def load_prompts(cfg: TaskConfig, split: Literal["train", "test"], tokenizer=None) -> list[Prompt]:
+def load_prompts(
+    cfg: TaskConfig, split: Literal["train", "test"], tokenizer=None, max_prompt_tokens: int | None = None
+) -> list[Prompt]:
     """The prompts of one split, in a fixed order (shuffling is the caller's job).
 
-    ``tokenizer``: the policy model's, for ``task.data.chat_template: model``.
+    ``tokenizer``: the policy model's, which renders them with ``task.data.chat_template:
+    model`` and, with ``max_prompt_tokens``, measures them: a prompt of more tokens is dropped
+    or truncated as ``task.long_prompts`` says (``asyncrl.prompt_length``). A run loads its
+    prompts through ``load_run_prompts``, which knows both.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split ({split!r}) must be 'train' or 'test'")
+    if max_prompt_tokens is not None and tokenizer is None:
+        raise ValueError(f"max_prompt_tokens ({max_prompt_tokens}) needs the tokenizer that measures prompts")
     data = cfg.data
     source = data.train if split == "train" else (data.test or data.train)
     if source is not None:
         # Test rows from the train source only from its own test split: never train and test on the same rows.
-        prompts = file_prompts(cfg, source, split, tokenizer, test_of_train=split == "test" and data.test is None)
+        questions = file_questions(cfg, source, split, test_of_train=split == "test" and data.test is None)
     elif cfg.name == "gsm8k":
         # The task's own data is a file like any other, read the same way, under the task's uids.
-        prompts = file_prompts(cfg, str(REPO_ROOT / GSM8K_FILES[split]), split, tokenizer, uid_prefix="gsm8k")
+        questions = file_questions(cfg, str(REPO_ROOT / GSM8K_FILES[split]), split, uid_prefix="gsm8k")
     else:
-        prompts = addition_prompts(cfg.test_size, cfg.seed, split)
-        if data.prompt_template is not None or data.chat_template is not None:
-            formatter = PromptFormatter(data, tokenizer=tokenizer)
-            prompts = [replace(p, text=formatter(p.text)) for p in prompts]
+        questions = addition_prompts(cfg.test_size, cfg.seed, split)
     if split == "test" and (source is not None or cfg.name == "gsm8k"):
-        prompts = prompts[: cfg.test_size]
+        questions = questions[: cfg.test_size]
+    formatter = PromptFormatter(data, GSM8K_TEMPLATE if cfg.name == "gsm8k" else "{question}", tokenizer)
+    if max_prompt_tokens is not None:
+        prompts = fit_prompts(questions, formatter, tokenizer, max_prompt_tokens, cfg.long_prompts, split)
+    else:
+        prompts = [replace(q, text=formatter(q.text)) for q in questions]
     if cfg.max_prompt_chars is not None:
         prompts = [prompt for prompt in prompts if len(prompt.text) <= cfg.max_prompt_chars]
     return prompts
 
 
-def file_prompts(
+def load_run_prompts(cfg, split: Literal["train", "test"], model_dir: str | Path | None) -> list[Prompt]:
+    """The prompts of a run's split as its engines will take them.
+
+    ``cfg`` is the run's ``RunConfig``; ``model_dir`` the policy model (``model.path`` or the
+    model built for the run). Its tokenizer renders the prompts (``chat_template: model``) and
+    measures them against ``engine.max_model_len - sampling.max_tokens``: vLLM (0.32) refuses a
+    prompt of ``max_model_len`` tokens or more, which aborts the whole batch it came in, but
+    takes a shorter prompt with ``prompt + max_tokens > max_model_len`` and silently stops its
+    answers at ``max_model_len`` (finish reason ``length``). Such answers would look truncated
+    by the policy when the prompt is to blame, so the bound leaves every prompt the full
+    ``max_tokens``. A model directory without a tokenizer (a simulated run) measures nothing.
+    """
+    tokenizer = None
+    if model_dir is not None and any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
+        tokenizer = load_tokenizer(model_dir)
+    budget = None
+    if tokenizer is not None:
+        budget = cfg.engine.max_model_len - cfg.sampling.max_tokens
+        if budget < 1:
+            raise ValueError(
+                f"engine.max_model_len ({cfg.engine.max_model_len}) must exceed sampling.max_tokens "
+                f"({cfg.sampling.max_tokens}): no prompt would fit"
+            )
+    return load_prompts(cfg.task, split, tokenizer, budget)
+
+
+def file_questions(
     cfg: TaskConfig,
     source: str,
     split: Literal["train", "test"],
-    tokenizer=None,
     uid_prefix: str | None = None,
     test_of_train: bool = False,
 ) -> list[Prompt]:
     """The rows of a data file, of one split of a saved dataset, or of a Hub dataset (``hf://``),
-    as prompts of ``cfg.name``; prompt uids are ``{uid_prefix or the source's name}/{split}/{row}``.
+    as prompts of ``cfg.name`` whose text is still the bare question (the caller renders it);
+    prompt uids are ``{uid_prefix or the source's name}/{split}/{row}``.
     ``test_of_train``: ``source`` is the train source, whose own test split must then exist."""
     data = cfg.data
     if source.startswith(HF_PREFIX):
@@ -148,22 +190,13 @@ def file_prompts(
                 f"task.data.test is None and task.data.train ({source!r}) is a file with no test split: set both"
             )
         rows, where, name = read_rows(path, data.format, split, need_split=test_of_train), str(path), source_stem(path)
-    default_template = GSM8K_TEMPLATE if cfg.name == "gsm8k" else "{question}"
-    formatter = PromptFormatter(data, default_template, tokenizer)
-    prompts = []
+    questions = []
     for index, row in enumerate(rows):
         question, answer = row_fields(row, where, index, data.question_key, data.answer_key)
         if cfg.name == "gsm8k" and "####" in answer and extract_gsm8k_answer(answer) is None:
             raise ValueError(f"{where} row {index}: answer {answer[-40:]!r} has no number after '####'")
-        prompts.append(
-            Prompt(
-                prompt_uid=f"{uid_prefix or name}/{split}/{index}",
-                text=formatter(question),
-                answer=answer_of(answer),
-                task=cfg.name,
-            )
-        )
-    return prompts
+        questions.append(Prompt(f"{uid_prefix or name}/{split}/{index}", question, answer_of(answer), cfg.name))
+    return questions
 
 
 def addition_prompts(test_size: int, seed: int, split: Literal["train", "test"]) -> list[Prompt]:

@@ -52,10 +52,10 @@ def generate_alone(cfg: RunConfig, model_dir: str, calls: int, gen_index: int = 
     """One engine generating ``calls`` batches back to back, after one warm-up call, on the
     prompts the dispatcher would hand out, k per call, with the generator loop's seeds."""
     from asyncrl.dispatcher import PromptCursor
-    from asyncrl.tasks import load_prompts
+    from asyncrl.tasks import load_run_prompts
 
     engine = make_engine(cfg, model_dir, gen_index)
-    cursor = PromptCursor(load_prompts(cfg.task, "train"), cfg.run.seed, cfg.dispatcher.epochs)
+    cursor = PromptCursor(load_run_prompts(cfg, "train", model_dir), cfg.run.seed, cfg.dispatcher.epochs)
     k = cfg.generator.prompts_per_batch
     tokens = samples = 0
     for batch in range(calls + 1):

@@ -120,6 +120,46 @@ def test_chat_template_wraps_prompts_when_the_model_has_one(tmp_path):
     assert plain[0].text == "What is 2+3?"  # no chat template in that tokenizer: the text as is
 
 
+CHATML = (
+    "{% if messages[0].role != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A ChatML template like Qwen2.5's: a system turn (a default one when none is given) and the
+generation prompt the answer follows."""
+
+
+def test_chat_template_model_renders_with_the_policy_models_tokenizer(tmp_path):
+    from asyncrl.config import RunConfig
+    from asyncrl.tasks import load_run_prompts
+    from asyncrl.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(tmp_path / "policy")
+    tok.chat_template = CHATML
+    tok.save_pretrained(tmp_path / "policy")
+    train = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    data = dict(train=str(train), test=str(train), question_key="q", answer_key="a", chat_template="model")
+    run = {"engine": {"max_model_len": 512}, "sampling": {"max_tokens": 16}}
+    cfg = RunConfig.model_validate({"task": {"name": "gsm8k", "data": {**data, "system_prompt": "Be brief."}}, **run})
+    prompts = load_run_prompts(cfg, "train", tmp_path / "policy")
+    assert prompts[0].text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nQuestion: What is 2+3?\nAnswer:<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert [p.answer for p in prompts] == ["5", "5", "1000"]
+    cfg = RunConfig.model_validate({"task": {"name": "gsm8k", "data": data}, **run})
+    assert load_run_prompts(cfg, "test", tmp_path / "policy")[1].text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"  # the template's own system turn
+        "<|im_start|>user\nQuestion: Half of 10?\nAnswer:<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    with pytest.raises(
+        ValueError, match=r"chat_template \('model'\) renders prompts with the policy model's tokenizer"
+    ):
+        load_prompts(cfg.task, "train")  # no model here to take it from
+
+
 def test_shipped_gsm8k_keeps_its_prompt_format():
     prompts = load_prompts(TaskConfig(name="gsm8k", test_size=3), "test")
     assert len(prompts) == 3 and prompts[0].prompt_uid == "gsm8k/test/0"

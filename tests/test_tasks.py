@@ -1,8 +1,11 @@
-"""Prompts of both tasks, their splits, and the exact-match score."""
+"""Prompts of both tasks, their splits, their length in tokens, and the exact-match score."""
+
+import json
+import logging
 
 import pytest
 
-from asyncrl.tasks import TaskConfig, extract_gsm8k_answer, load_prompts, score_answer
+from asyncrl.tasks import TaskConfig, extract_gsm8k_answer, load_prompts, load_run_prompts, score_answer
 
 
 def test_addition_splits_partition_all_pairs():
@@ -106,3 +109,63 @@ def test_batch_accuracy_counts_correctness_rewards_only():
     groups = [group({"exact_match": 1.0, "format": 0.5}, {"exact_match": 0.0}), group({"math_verify": 1.0}, {})]
     assert batch_accuracy(groups) == 2 / 3  # the sample no correctness reward scored is left out
     assert batch_accuracy([group({"judge": 0.9})]) is None
+
+
+def write_rows(path, questions):
+    path.write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in questions))
+    return path
+
+
+def run_config(tmp_path, max_model_len, max_tokens, **task):
+    from asyncrl.config import RunConfig
+
+    rows = write_rows(tmp_path / "rows.jsonl", ["short one?", "x" * 30 + " How many?", "y" * 25])
+    task = {"data": {"train": str(rows), "test": str(rows), "prompt_template": "Q: {question}\nA:"}, **task}
+    return RunConfig.model_validate(
+        {"task": task, "engine": {"max_model_len": max_model_len}, "sampling": {"max_tokens": max_tokens}}
+    )
+
+
+def test_long_prompts_are_dropped_by_tokens_and_logged_once(tmp_path, caplog):
+    from asyncrl.tokenizer import build_char_tokenizer
+
+    build_char_tokenizer(tmp_path / "model")  # one token per character, nothing added
+    assert TaskConfig().long_prompts == "drop"
+    cfg = run_config(tmp_path, max_model_len=40, max_tokens=10)  # room for 30 prompt tokens
+    with caplog.at_level(logging.WARNING, logger="asyncrl.prompt_length"):
+        prompts = load_run_prompts(cfg, "train", tmp_path / "model")
+    assert [p.text for p in prompts] == ["Q: short one?\nA:"]
+    (record,) = caplog.records  # one line for the split, not one per row
+    assert "train: dropped 2 of 3 prompts longer than 30 tokens (task.long_prompts: drop)" in record.message
+    assert record.message.endswith("rows/train/1, rows/train/2")
+    # Without a tokenizer in the model directory (a simulated run) nothing is measured.
+    assert len(load_run_prompts(cfg, "train", tmp_path / "no-model")) == 3
+
+
+def test_long_prompts_truncated_keep_the_end_of_the_question(tmp_path, caplog):
+    from asyncrl.tokenizer import build_char_tokenizer
+
+    build_char_tokenizer(tmp_path / "model")
+    cfg = run_config(tmp_path, max_model_len=40, max_tokens=10, long_prompts="truncate")
+    with caplog.at_level(logging.WARNING, logger="asyncrl.prompt_length"):
+        prompts = load_run_prompts(cfg, "test", tmp_path / "model")
+    assert [p.text for p in prompts] == [
+        "Q: short one?\nA:",
+        "Q: " + "x" * 14 + " How many?\nA:",  # 30 tokens: the question's end and the template kept
+        "Q: " + "y" * 24 + "\nA:",
+    ]
+    assert [p.answer for p in prompts] == ["1"] * 3
+    (record,) = caplog.records
+    assert "test: truncated (question cut from its start) 2 of 3 prompts longer than 30 tokens" in record.message
+
+
+def test_a_template_longer_than_the_room_drops_even_when_truncating(tmp_path):
+    from asyncrl.tokenizer import build_char_tokenizer
+
+    build_char_tokenizer(tmp_path / "model")
+    cfg = run_config(tmp_path, max_model_len=15, max_tokens=10, long_prompts="truncate")  # 5 < the template's 6
+    assert load_run_prompts(cfg, "train", tmp_path / "model") == []
+    with pytest.raises(ValueError, match=r"engine.max_model_len \(40\) must exceed sampling.max_tokens \(40\)"):
+        load_run_prompts(run_config(tmp_path, max_model_len=40, max_tokens=40), "train", tmp_path / "model")
+    with pytest.raises(ValueError, match="long_prompts"):
+        TaskConfig(long_prompts="cut")

@@ -10,7 +10,10 @@ and each sample's ``version_segments`` say which version sampled which tokens, t
 stamped with its oldest. After each update the generator reports the version it now serves.
 
 A group that fails validation (e.g. a non-finite logprob from the engine) is dropped here with
-reason ``invalid``, counted, and never sent. A group the reward workers do not take is kept and
+reason ``invalid``, counted, and never sent. A prompt the engine would refuse (``max_model_len``
+tokens or more: vLLM fails the whole batch for it) is dropped before sampling with reason
+``prompt_too_long``: prompts are measured when they are loaded (``asyncrl.prompt_length``), so
+this is the last line of defence, not the filter. A group the reward workers do not take is kept and
 retried: nothing is dropped for backpressure.
 """
 
@@ -94,6 +97,18 @@ def build_groups(
             )
         )
     return groups
+
+
+def refuse_too_long(tokenizer, rows: list[dict], max_model_len: int) -> tuple[list[dict], list[dict]]:
+    """(rows the engine takes, rows it would refuse): a prompt of ``max_model_len`` tokens or more
+    leaves no room to sample, and vLLM refuses it by failing the whole batch. ``tokenizer`` is the
+    engine's own (None, as for the simulated engine: every row is taken)."""
+    if tokenizer is None:
+        return rows, []
+    taken, refused = [], []
+    for row in rows:
+        (taken if len(tokenizer.encode(row["text"])) < max_model_len else refused).append(row)
+    return taken, refused
 
 
 def apply_newest_weights(engine, weights, ctx, probe_atol: float | None = None) -> None:
@@ -208,6 +223,23 @@ def run_generator(ctx, model_dir: str) -> None:
         # so a generator never lags behind a backlog of its own replies.
         while (more := dispatcher.receive(timeout=0)) is not None:
             rows.extend(more[1].get("prompts", []) if more[0] == "prompts" else [])
+        rows, refused = refuse_too_long(getattr(engine, "tokenizer", None), rows, cfg.engine.max_model_len)
+        if refused:
+            ids = [r["group_id"] for r in refused]
+            if not dropped["prompt_too_long"]:  # logged once; the count is in the final report
+                log.warning(
+                    "%s: dropping prompts of max_model_len (%d) tokens or more, e.g. %s (groups %s)",
+                    ctx.name,
+                    cfg.engine.max_model_len,
+                    refused[0]["prompt_uid"],
+                    ids,
+                )
+            dropped["prompt_too_long"] += len(ids) * cfg.sampling.n
+            generated += len(ids) * cfg.sampling.n  # as the ledger counts them: n samples a group
+            dropped_ids.extend(ids)
+            ctx.ledger.write("dropped", ids, reason="prompt_too_long")
+            if not rows:
+                continue
         take_weights()  # sample with the newest weights: only less stale
         version = engine.version  # of the first tokens; an engine that swaps in flight labels the rest
         start = time.monotonic()

@@ -208,6 +208,25 @@ def test_too_long_prompt_is_rejected_by_name(engine):
         )
 
 
+def test_the_generator_guard_refuses_what_vllm_refuses(engine):
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.exceptions import VLLMValidationError
+
+    from asyncrl.generators.worker import refuse_too_long
+
+    rows = [{"group_id": f"g{i}", "text": "x" * k} for i, k in enumerate((10, 63, 64, 80))]
+    taken, refused = refuse_too_long(engine.tokenizer, rows, engine.cfg.max_model_len)
+    assert [r["group_id"] for r in refused] == ["g2", "g3"]
+    assert len(engine.generate([r["text"] for r in taken], SamplingConfig(n=1, max_tokens=4), seed=0)) == 2
+    # vLLM itself refuses a prompt of max_model_len tokens (the whole call fails), not one token less.
+    with pytest.raises(VLLMValidationError, match="maximum model length of 64"):
+        engine._llm.generate([TokensPrompt(prompt_token_ids=[5] * 64)], SamplingParams(max_tokens=1), use_tqdm=False)
+    (out,) = engine._llm.generate(
+        [TokensPrompt(prompt_token_ids=[5] * 63)], SamplingParams(max_tokens=8), use_tqdm=False
+    )
+    assert len(out.outputs[0].token_ids) == 1 and out.outputs[0].finish_reason == "length"
+
+
 def test_configs_reject_bad_values():
     with pytest.raises(ValueError, match=r"temperature \(0.0\) must be > 0"):
         SamplingConfig(temperature=0.0)
