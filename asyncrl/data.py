@@ -230,11 +230,12 @@ def read_hf_rows(source: str, split: str) -> list[dict]:
     reason = hf_offline_reason()
     if reason is not None:
         args = f'"{hf.name}"' + (f', "{hf.config}"' if hf.config else "")
+        folder = "data/" + hf.name.replace("/", "--") + (f"--{hf.config}" if hf.config else "")
         raise ConnectionError(
             f"task.data source {source!r} needs the Hugging Face Hub, which is out of reach ({reason}). "
             f"On a machine online, save it: python -c 'import datasets; datasets.load_dataset({args})"
-            f'.save_to_disk("data/{hf.name.split("/")[-1]}")\'; copy that folder here and set '
-            f"task.data.train to it (its test split serves task.data.test)"
+            f'.save_to_disk("{folder}")\'; copy that folder here and set task.data.train to it '
+            f"(its test split serves task.data.test)"
         )
     import datasets
 

@@ -240,7 +240,7 @@ def test_hf_source_offline_fails_at_once_saying_how_to_get_the_data(monkeypatch)
         ConnectionError, match=r"'hf://openai/gsm8k:main' needs the Hugging Face Hub.*HF_DATASETS_OFFLINE=1"
     ) as e:
         load_prompts(cfg, "test")  # the test split of the same dataset, by default
-    assert 'load_dataset("openai/gsm8k", "main").save_to_disk("data/gsm8k")' in str(e.value)
+    assert 'load_dataset("openai/gsm8k", "main").save_to_disk("data/openai--gsm8k--main")' in str(e.value)
     assert "set task.data.train to it" in str(e.value)
 
 
