@@ -12,6 +12,11 @@ WordLevel tokenizer saved next to a Qwen2 model therefore came back silently dro
 and newlines. Built this way, the tokenizer we save and the one ``AutoTokenizer`` and vLLM
 load are the same. With no merges, each ASCII character is one token; any other character
 is its UTF-8 bytes (so every string round-trips and ``<unk>`` is never produced).
+
+``vocab_size`` pads the vocabulary with placeholder tokens ``<|extra_N|>`` that no text encodes
+to (there are no merges to reach them), as real tokenizers leave ids between their last token and
+the model's padded embedding size. A model of a real model's size can then be built around the
+character tokenizer, and every id that model samples still decodes (to the placeholder's text).
 """
 
 from __future__ import annotations
@@ -53,9 +58,21 @@ def char_vocabulary() -> list[str]:
     return [*SPECIAL_TOKENS, *(symbols[byte] for byte in order)]
 
 
-def build_char_tokenizer(out_dir: str | Path) -> PreTrainedTokenizerFast:
-    """Build the character tokenizer, save it to ``out_dir`` and return it (no BOS, no chat template)."""
-    vocab = {token: index for index, token in enumerate(char_vocabulary())}
+def padded_vocabulary(vocab_size: int | None = None) -> list[str]:
+    """``char_vocabulary()`` followed by placeholders ``<|extra_N|>`` up to ``vocab_size`` entries."""
+    tokens = char_vocabulary()
+    if vocab_size is None:
+        return tokens
+    if vocab_size < len(tokens):
+        raise ValueError(f"vocab_size ({vocab_size}) must be >= the character vocabulary ({len(tokens)})")
+    return tokens + [f"<|extra_{i}|>" for i in range(vocab_size - len(tokens))]
+
+
+def build_char_tokenizer(out_dir: str | Path, vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """Build the character tokenizer, save it to ``out_dir`` and return it (no BOS, no chat template).
+
+    ``vocab_size`` pads it with placeholder tokens to that many ids (None: the 259 characters)."""
+    vocab = {token: index for index, token in enumerate(padded_vocabulary(vocab_size))}
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
         merges=[],

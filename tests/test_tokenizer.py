@@ -59,3 +59,19 @@ def test_saved_files(tmp_path):
     assert (config["eos_token"], config["pad_token"]) == ("<eos>", "<pad>")
     assert (tmp_path / "tokenizer.json").is_file()
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == 259
+
+
+def test_padded_vocabulary_keeps_the_characters_and_decodes_every_id(tmp_path):
+    padded = build_char_tokenizer(tmp_path, vocab_size=1000)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(padded) == len(reloaded) == 1000
+    plain = build_char_tokenizer(tmp_path / "plain")
+    for text in TEXTS:  # no text encodes to a placeholder: the ids are the character tokenizer's
+        assert reloaded(text)["input_ids"] == plain(text)["input_ids"]
+        assert reloaded.decode(reloaded(text)["input_ids"]) == text
+    assert reloaded.decode([259, 999]) == "<|extra_0|><|extra_740|>"
+
+
+def test_padded_vocabulary_smaller_than_the_characters_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"vocab_size \(100\) must be >= the character vocabulary \(259\)"):
+        build_char_tokenizer(tmp_path, vocab_size=100)
