@@ -1,0 +1,189 @@
+"""The rehearsal at a real size: ``configs/rehearsal_0_5b.yaml`` through the real pipeline, with
+this machine's free memory and every process's memory sampled from /proc each second.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/rehearsal.py --out runs/rehearsal      # -> bench/results/rehearsal.json
+    .venv/bin/python bench/rehearsal.py --out runs/r2 --result none learner.total_steps=2
+
+The run is ``asyncrl train`` in a child process (the recipe plus any dotted overrides). A thread
+here reads ``MemAvailable`` from /proc/meminfo and, for the controller and every process below
+it, VmRSS (/proc/PID/status) and PSS (/proc/PID/smaps_rollup: shared pages, such as the weights
+in /dev/shm that the learner and the generator both map, divided among their users) once a
+second. RSS counts a page in every process that maps it, so the sum of the peaks overstates
+what the run holds; ``min_available_gib`` is the figure to hold against the machine (the
+rehearsal must leave >= 3 GiB of 24 GiB). What the run itself reports (``summary.json``:
+reconciliation, versions served; ``steps.jsonl``: each learner step's ``step_s``) is copied in.
+
+One JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+
+
+def mem_available() -> int:
+    """This machine's MemAvailable in bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every live process below it, from the parent ids in /proc/PID/stat."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # exited meanwhile
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += frontier
+    return found
+
+
+def process_name(pid: int) -> str:
+    """The component a process runs (``asyncrl.launch ROLE NAME ...`` gives NAME), else its command."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    args = [a.decode(errors="replace") for a in argv if a]
+    if "asyncrl.launch" in args:
+        return args[args.index("asyncrl.launch") + 2]
+    if "asyncrl.cli" in args:
+        return "controller"
+    return f"{Path(args[0]).name if args else '?'}-{pid}"
+
+
+def process_memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of ``pid`` in bytes."""
+    rss = pss = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            pss = int(line.split()[1]) * 1024
+    return rss, pss
+
+
+class MemorySampler:
+    """Samples MemAvailable and the memory of ``root``'s process tree every ``interval_s`` in a thread.
+
+    Keeps the minimum MemAvailable, each process's peak RSS and PSS (by component name), and the
+    peak of the tree's summed PSS. ``stop()`` ends the thread and returns the figures in GiB.
+    """
+
+    def __init__(self, root: int, interval_s: float = 1.0):
+        self.root, self.interval_s = root, interval_s
+        self.min_available = mem_available()
+        self.peak_rss: dict[str, int] = {}
+        self.peak_pss: dict[str, int] = {}
+        self.peak_tree_pss = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        self.min_available = min(self.min_available, mem_available())
+        tree_pss = 0
+        for pid in descendants(self.root):
+            try:
+                name = process_name(pid)
+                rss, pss = process_memory(pid)
+            except (OSError, ValueError, IndexError):
+                continue  # exited between the listing and the read
+            self.peak_rss[name] = max(self.peak_rss.get(name, 0), rss)
+            self.peak_pss[name] = max(self.peak_pss.get(name, 0), pss)
+            tree_pss += pss
+        self.peak_tree_pss = max(self.peak_tree_pss, tree_pss)
+        self.samples += 1
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=10 * self.interval_s)
+
+        def gib(by_name: dict[str, int]) -> dict[str, float]:
+            return {name: round(b / GiB, 3) for name, b in sorted(by_name.items(), key=lambda kv: -kv[1])}
+
+        return {
+            "min_available_gib": round(self.min_available / GiB, 3),
+            "peak_rss_gib": gib(self.peak_rss),
+            "peak_pss_gib": gib(self.peak_pss),
+            "peak_tree_pss_gib": round(self.peak_tree_pss / GiB, 3),
+            "memory_samples": self.samples,
+        }
+
+
+def run_rehearsal(out: Path, overrides: list[str], recipe: str = "configs/rehearsal_0_5b.yaml", timeout_s: float = 900) -> dict:
+    """Train ``recipe`` into ``out/rehearsal`` in a child process, sampling memory; the report."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", recipe, f"run.root={out}", "run.name=rehearsal", "run.console=plain", *overrides]
+    before = mem_available()
+    start = time.monotonic()
+    with open(out / "train.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        sampler = MemorySampler(proc.pid)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the controller stops its processes on SIGTERM
+            rc = proc.wait(timeout=120)
+        memory = sampler.stop()
+    wall = time.monotonic() - start
+    run_dir = out / "rehearsal"
+    report = {
+        "recipe": recipe,
+        "overrides": overrides,
+        "returncode": rc,
+        "wall_s": round(wall, 1),
+        "available_at_start_gib": round(before / GiB, 3),
+        **memory,
+        "load_average_at_end": list(os.getloadavg()),
+    }
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        report["summary"] = summary
+        steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines() if line.strip()]
+        report["step_s"] = [round(s["step_s"], 2) for s in steps if s.get("type") == "step"]
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/rehearsal", help="folder for the run directory and train.log")
+    parser.add_argument("--recipe", default="configs/rehearsal_0_5b.yaml")
+    parser.add_argument("--result", default="bench/results/rehearsal.json", help="where to save the JSON ('none': nowhere)")
+    parser.add_argument("--timeout-s", type=float, default=900, help="the run is stopped past this")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the recipe (learner.total_steps=2)")
+    args = parser.parse_args()
+    report = run_rehearsal(Path(args.out), args.overrides, args.recipe, args.timeout_s)
+    text = json.dumps(report, indent=2)
+    if args.result != "none":
+        Path(args.result).write_text(text + "\n")
+    print(text)
+    sys.exit(0 if report["returncode"] == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

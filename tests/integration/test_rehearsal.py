@@ -1,0 +1,59 @@
+"""The rehearsal at a real size (configs/rehearsal_0_5b.yaml: 494 M parameters, vLLM CPU
+generator, DeepSpeed ZeRO-2 learner, shared-memory weights), two learner steps, run by
+bench/rehearsal.py so that free memory and each process's memory are sampled from /proc.
+
+It asserts that the run finishes and reconciles, that the figures a real run is judged by are
+there and sane, and that the machine kept >= 3 GiB free. Random weights learn nothing, so
+nothing here is about rewards.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 2
+MIN_FREE_GIB = 3.0
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rehearsal")
+    done = subprocess.run(
+        [sys.executable, "bench/rehearsal.py", "--out", str(out), "--result", "none", f"learner.total_steps={STEPS}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{(out / 'train.log').read_text()[-5000:]}"
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_and_accounts_for_every_sample(rehearsal):
+    summary = rehearsal["summary"]
+    assert summary["learner_steps"] == STEPS
+    assert summary["reconciles"], summary
+    assert summary["generated"] == (
+        summary["trained"] + sum(summary["dropped"].values()) + summary["buffered_at_end"] + summary["in_flight_at_end"]
+    )
+    assert all(v == 0 for v in summary["unaccounted_by_link"].values()), summary
+    assert summary["trained"] == STEPS * 2 * 4  # steps x batch_groups x n
+    assert summary["generator_versions"] == {"generator-0": STEPS}
+    assert summary["deaths"] == []
+
+
+@pytest.mark.slow
+def test_rehearsal_reports_step_time_memory_and_publication_to_served(rehearsal):
+    assert len(rehearsal["step_s"]) == STEPS and all(s > 0 for s in rehearsal["step_s"])
+    rss = rehearsal["peak_rss_gib"]
+    # The learner holds at least the 494 M bf16 weights and their fp32 copy (3 GB); the
+    # generator the bf16 weights (1 GB); neither can exceed the machine.
+    assert 2.5 < rss["learner"] < 24 and 0.9 < rss["generator-0"] < 24, rss
+    assert {"controller", "buffer", "dispatcher", "reward-0"} <= set(rss)
+    assert rehearsal["memory_samples"] > 10
+    assert rehearsal["min_available_gib"] >= MIN_FREE_GIB, rehearsal
