@@ -54,7 +54,9 @@ class TinyModelConfig(Config):
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         if self.vocab_size is not None and self.vocab_size < CHAR_VOCAB_SIZE:
-            raise ValueError(f"vocab_size ({self.vocab_size}) must be None or >= {CHAR_VOCAB_SIZE} (the character tokenizer)")
+            raise ValueError(
+                f"vocab_size ({self.vocab_size}) must be None or >= {CHAR_VOCAB_SIZE} (the character tokenizer)"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be divisible by num_kv_heads ({self.num_kv_heads})")
         return self

@@ -4,16 +4,18 @@ this machine's free memory and every process's memory sampled from /proc each se
     OMP_NUM_THREADS=1 .venv/bin/python bench/rehearsal.py --out runs/rehearsal      # -> bench/results/rehearsal.json
     .venv/bin/python bench/rehearsal.py --out runs/r2 --result none learner.total_steps=2
 
-The run is ``asyncrl train`` in a child process (the recipe plus any dotted overrides). A thread
-here reads ``MemAvailable`` from /proc/meminfo and, for the controller and every process below
-it, VmRSS (/proc/PID/status) and PSS (/proc/PID/smaps_rollup: shared pages, such as the weights
-in /dev/shm that the learner and the generator both map, divided among their users) once a
-second. RSS counts a page in every process that maps it, so the sum of the peaks overstates
-what the run holds; ``min_available_gib`` is the figure to hold against the machine (the
-rehearsal must leave >= 3 GiB of 24 GiB). What the run itself reports (``summary.json``:
-reconciliation, versions served; ``steps.jsonl``: each learner step's ``step_s``) is copied in.
+The run is ``asyncrl train`` in a child process (the recipe plus any dotted overrides). What the
+run reports itself is copied from its ``summary.json``: reconciliation, versions served, each
+process's peak RSS (``peak_rss_bytes``), the learner's step times (``learner_step_s``; each step's
+``step_s`` from ``steps.jsonl`` too), the seconds from each version's publication to each
+generator serving it (``publication_to_served``) and the lowest ``MemAvailable`` the controller
+saw while training. A thread here watches the whole run, model build and evaluations included,
+once a second: ``MemAvailable`` (``min_available_gib``: the figure to hold against the machine,
+which must keep >= 3 GiB of its 24 GiB free) and, for the controller and every process below it,
+VmRSS and PSS (/proc/PID/smaps_rollup: shared pages, such as the weights in /dev/shm that the
+learner and the generator both map, divided among their users; RSS counts them in each).
 
-One JSON object on stdout.
+One JSON object on stdout; ``summary`` holds the run's whole summary.json.
 """
 
 from __future__ import annotations
@@ -28,32 +30,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from asyncrl.procmem import descendants, mem_available_bytes  # noqa: E402
+
 GiB = 1 << 30
-
-
-def mem_available() -> int:
-    """This machine's MemAvailable in bytes."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
-def descendants(root: int) -> list[int]:
-    """``root`` and every live process below it, from the parent ids in /proc/PID/stat."""
-    parent = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue  # exited meanwhile
-            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [root], [root]
-    while frontier:
-        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
-        found += frontier
-    return found
 
 
 def process_name(pid: int) -> str:
@@ -88,7 +69,7 @@ class MemorySampler:
 
     def __init__(self, root: int, interval_s: float = 1.0):
         self.root, self.interval_s = root, interval_s
-        self.min_available = mem_available()
+        self.min_available = mem_available_bytes()
         self.peak_rss: dict[str, int] = {}
         self.peak_pss: dict[str, int] = {}
         self.peak_tree_pss = 0
@@ -102,9 +83,9 @@ class MemorySampler:
             self.sample()
 
     def sample(self) -> None:
-        self.min_available = min(self.min_available, mem_available())
+        self.min_available = min(self.min_available, mem_available_bytes())
         tree_pss = 0
-        for pid in descendants(self.root):
+        for pid in [self.root, *descendants(self.root)]:
             try:
                 name = process_name(pid)
                 rss, pss = process_memory(pid)
@@ -132,13 +113,25 @@ class MemorySampler:
         }
 
 
-def run_rehearsal(out: Path, overrides: list[str], recipe: str = "configs/rehearsal_0_5b.yaml", timeout_s: float = 900) -> dict:
+def run_rehearsal(
+    out: Path, overrides: list[str], recipe: str = "configs/rehearsal_0_5b.yaml", timeout_s: float = 900
+) -> dict:
     """Train ``recipe`` into ``out/rehearsal`` in a child process, sampling memory; the report."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", recipe, f"run.root={out}", "run.name=rehearsal", "run.console=plain", *overrides]
-    before = mem_available()
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        recipe,
+        f"run.root={out}",
+        "run.name=rehearsal",
+        "run.console=plain",
+        *overrides,
+    ]
+    before = mem_available_bytes()
     start = time.monotonic()
     with open(out / "train.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -163,9 +156,21 @@ def run_rehearsal(out: Path, overrides: list[str], recipe: str = "configs/rehear
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
-        report["summary"] = summary
         steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines() if line.strip()]
-        report["step_s"] = [round(s["step_s"], 2) for s in steps if s.get("type") == "step"]
+        served = summary.get("publication_to_served", {})
+        report.update(
+            step_s=[round(s["step_s"], 2) for s in steps if s.get("type") == "step"],
+            learner_step_s=summary.get("learner_step_s"),
+            publication_to_served_s=served.get("total_s"),
+            publication_to_served_stages_mean_s=served.get("mean_s"),
+            run_peak_rss_gib={
+                k: None if v is None else round(v / GiB, 3) for k, v in summary.get("peak_rss_bytes", {}).items()
+            },
+            run_min_mem_available_gib=None
+            if summary.get("min_mem_available_bytes") is None
+            else round(summary["min_mem_available_bytes"] / GiB, 3),
+            summary=summary,
+        )
     return report
 
 
@@ -173,7 +178,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/rehearsal", help="folder for the run directory and train.log")
     parser.add_argument("--recipe", default="configs/rehearsal_0_5b.yaml")
-    parser.add_argument("--result", default="bench/results/rehearsal.json", help="where to save the JSON ('none': nowhere)")
+    parser.add_argument(
+        "--result", default="bench/results/rehearsal.json", help="where to save the JSON ('none': nowhere)"
+    )
     parser.add_argument("--timeout-s", type=float, default=900, help="the run is stopped past this")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the recipe (learner.total_steps=2)")
     args = parser.parse_args()

@@ -32,7 +32,9 @@ def test_builds_a_reloadable_checkpoint(tmp_path):
 
 
 def test_padded_vocabulary_and_tied_embeddings(tmp_path):
-    cfg = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=1000, tie_word_embeddings=True)
+    cfg = TinyModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=1000, tie_word_embeddings=True
+    )
     out = build_tiny_model(cfg, tmp_path / "padded")
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)

@@ -17,6 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 MIN_FREE_GIB = 3.0
+GiB = 1 << 30
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +50,21 @@ def test_rehearsal_runs_and_accounts_for_every_sample(rehearsal):
 
 @pytest.mark.slow
 def test_rehearsal_reports_step_time_memory_and_publication_to_served(rehearsal):
+    summary = rehearsal["summary"]
+    assert summary["learner_step_s"]["n"] == STEPS and summary["learner_step_s"]["mean"] > 0
     assert len(rehearsal["step_s"]) == STEPS and all(s > 0 for s in rehearsal["step_s"])
-    rss = rehearsal["peak_rss_gib"]
-    # The learner holds at least the 494 M bf16 weights and their fp32 copy (3 GB); the
-    # generator the bf16 weights (1 GB); neither can exceed the machine.
-    assert 2.5 < rss["learner"] < 24 and 0.9 < rss["generator-0"] < 24, rss
-    assert {"controller", "buffer", "dispatcher", "reward-0"} <= set(rss)
+    # every version reached the generator, timed from the learner's publication to its serving it
+    served = summary["publication_to_served"]
+    assert sorted(served["versions"]) == [str(v) for v in range(1, STEPS + 1)]
+    assert all(set(gens) == {"generator-0"} for gens in served["versions"].values())
+    records = [r for gens in served["versions"].values() for r in gens.values()]
+    assert all(0 < r["total_s"] and r["reload_s"] > 0 for r in records), records
+    # each process's peak: the learner holds at least the 494 M bf16 weights and their fp32 copy
+    # (3 GB), the generator the bf16 weights (1 GB); neither can exceed the machine
+    peaks = {name: b / GiB for name, b in summary["peak_rss_bytes"].items()}
+    assert set(peaks) == {"controller", "buffer", "dispatcher", "reward-0", "learner", "generator-0"}
+    assert 2.5 < peaks["learner"] < 24 and 0.9 < peaks["generator-0"] < 24, peaks
+    # the machine kept >= 3 GiB free all along, model build and evaluations included
     assert rehearsal["memory_samples"] > 10
     assert rehearsal["min_available_gib"] >= MIN_FREE_GIB, rehearsal
+    assert summary["min_mem_available_bytes"] >= MIN_FREE_GIB * GiB
