@@ -169,7 +169,10 @@ def token_scores(
             parts.append(_score_chunk(lm_head, *args, dist, entropy))
     out = []
     for index in range(3):
-        flat = torch.cat([p[index] for p in parts]) if parts else hidden.new_zeros(0, dtype=torch.float32)
+        # No scored position (every answer of the micro batch out of the loss): an empty slice of
+        # h keeps the outputs in the graph, so the backward still runs (ZeRO's hooks, the
+        # accumulation boundary) and gives zero gradients.
+        flat = torch.cat([p[index] for p in parts]) if parts else h.sum(dim=-1).float()  # (N,)
         out.append(hidden.new_zeros(B, L - 1, dtype=torch.float32).index_put((rows, cols), flat))  # (B, L-1)
     return TokenScores(*out)
 
