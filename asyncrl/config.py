@@ -21,6 +21,7 @@ from asyncrl.dispatcher import DispatcherConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
 from asyncrl.generators.mock_engine import MockEngineConfig
 from asyncrl.generators.worker import GeneratorConfig
+from asyncrl.heldout import EvalConfig
 from asyncrl.launcher import LauncherConfig
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
@@ -47,9 +48,22 @@ class RunSection(Config):
     overwrite: bool = True
     """Replace an existing run directory of the same name instead of refusing to start."""
     startup_timeout_s: float = Field(300, gt=0)
-    """Seconds every process has to report ready before the run is aborted."""
+    """Seconds every process has to report ready before the run is aborted, plus ``startup_s_per_gib``
+    per GiB of the model's weight files (engines and DeepSpeed load and place every byte)."""
+    startup_s_per_gib: float = Field(60, ge=0)
+    """Seconds of start-up allowed per GiB of model weights on top of ``startup_timeout_s``."""
     stall_timeout_s: float = Field(120, gt=0)
-    """Seconds without a learner step after which the controller aborts, naming what each process waits for."""
+    """Floor of the stall bound: seconds without a learner step that are never a stall
+    (``asyncrl.watchdog``: the bound is ``stall_factor`` × the slowest interval between steps so far,
+    clamped to [``stall_timeout_s``, ``stall_cap_s``]); past the bound the controller aborts,
+    naming what each process waits for."""
+    stall_factor: float = Field(5.0, ge=1)
+    """How many times the slowest interval between learner steps seen so far a step may take before the run is stalled."""
+    stall_cap_s: float = Field(3600, gt=0)
+    """Ceiling of the stall bound: a run with no learner step for this long is stopped, however slow its steps were."""
+    first_step_timeout_s: float = Field(900, gt=0)
+    """Bound of the first interval (go to the first step: first batch sampled and trained, engines
+    warming up), when no step has been measured yet; clamped like the stall bound."""
     console: Literal["live", "plain", "quiet", "jsonl"] = "live"
     """Progress on stdout: live (a panel redrawn in place; plain when stdout is not a terminal), plain (a line per step), quiet, jsonl (a JSON object per step)."""
 
@@ -71,13 +85,6 @@ class SimulationConfig(Config):
     learner: MockTrainerConfig | None = None
     """Replace the DeepSpeed trainer by this timing model (None: real training); no model is
     built, warmed up or evaluated then."""
-
-
-class EvalConfig(Config):
-    num_prompts: int = Field(500, ge=1)
-    """Held-out prompts scored greedily before and after RL."""
-    max_new_tokens: int = Field(4, ge=1)
-    """Greedy decoding length of the evaluation."""
 
 
 class RunConfig(Config):
@@ -108,7 +115,7 @@ class RunConfig(Config):
     weights: WeightSyncConfig = WeightSyncConfig()
     """How and when the learner's weights reach the generators (transport, buckets, schedule, probe)."""
     eval: EvalConfig = EvalConfig()
-    """Held-out evaluation."""
+    """Held-out evaluation by the generators' engines: before, during and after RL."""
     logging: LoggingConfig = LoggingConfig()
     """Step metrics to TensorBoard (RUN_DIR/tensorboard) and Weights & Biases (when installed), by learner version."""
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -131,6 +138,15 @@ class RunConfig(Config):
             greedy_baseline=self.generator.greedy_baseline,
             max_tokens=self.sampling.max_tokens,
         )
+        return self
+
+    @model_validator(mode="after")
+    def _check_stall_bounds(self) -> RunConfig:
+        if self.run.stall_cap_s < self.run.stall_timeout_s:
+            raise ValueError(
+                f"run.stall_cap_s ({self.run.stall_cap_s}) must be >= run.stall_timeout_s ({self.run.stall_timeout_s}): "
+                "the cap of the stall bound cannot be below its floor"
+            )
         return self
 
     @model_validator(mode="after")

@@ -1,15 +1,20 @@
 """The controller: prepares the model, starts every component as a local process, watches them,
 stops them in dataflow order so nothing is lost, and writes ``summary.json``.
 
-Start: every process reports ready, then the controller says go and the dispatcher starts handing
-out prompts. Stop order: when the learner has taken its last step, the dispatcher stops, every
-generator finishes the batch it is sampling and loads the final weights (so each reports serving
-the final version), the generators stop, then the reward workers drain their
+Start: every process reports ready, the generators score the held-out set with the weights they
+serve (``eval_before``, ``asyncrl.heldout``), then the controller says go and the dispatcher starts
+handing out prompts. During training the generators score it again every ``eval.every_versions``
+versions, between their batches. Stop order: when the learner has taken its last step, the
+dispatcher stops, every generator finishes the batch it is sampling and loads the final weights
+(so each reports serving the final version) and scores the held-out set (``eval_after``), the
+generators stop, then the reward workers drain their
 input, then the buffer takes the rest and reconciles, then the learner exits. Each stage reports
 its final counters, from which ``accounting.summarize`` checks that every sample is accounted for.
 
-Nothing waits forever: start-up, steps and shutdown each have a timeout; when one passes, the
-controller logs what every process last said and aborts the run (stopping only its own children).
+Nothing waits forever: start-up, steps and shutdown each have a timeout that scales with the
+model (the size of its weights, the run's measured step and publication times: ``asyncrl.watchdog``);
+when one passes, the controller logs what every process last said and aborts the run (stopping only
+its own children).
 """
 
 from __future__ import annotations
@@ -32,13 +37,15 @@ from asyncrl.config import RunConfig, dump_config
 from asyncrl.endpoints import Endpoints, free_ports
 from asyncrl.fleet import ProcessFleet
 from asyncrl.generators.group import generator_process_names
+from asyncrl.heldout import HeldOutEvaluator
 from asyncrl.launcher import controller_host, make_fleet
 from asyncrl.ledger import LedgerWriter, reconcile_ledger
 from asyncrl.metrics import WEIGHT_SERVED_SECONDS
 from asyncrl.procmem import MemoryWatch, peak_rss_bytes
 from asyncrl.progress import RunProgress
 from asyncrl.supervision import Backoff
-from asyncrl.transport import Publisher, StreamReceiver
+from asyncrl.transport import EvalRequestSender, Publisher, StreamReceiver
+from asyncrl.watchdog import StallWatch
 from asyncrl.weights.timeline import PublicationTimeline, describe
 
 log = logging.getLogger("asyncrl")
@@ -47,6 +54,10 @@ JOINABLE = ("generator", "reward")
 """Roles a process can join a running run in by address (``asyncrl generator|reward-worker --connect``)."""
 JOINED_STOP_S = 30.0
 """Seconds the stop waits for a joined process's final report once the run's own are in."""
+STOP_FLOOR_S = 120.0
+"""Least seconds a stage's stop waits for its final reports (else the stall bound, if longer)."""
+FINAL_WEIGHTS_FLOOR_S = 60.0
+"""Least seconds the stop waits for every generator to serve the final version."""
 
 
 class RunError(RuntimeError):
@@ -79,6 +90,15 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def startup_bound(cfg: RunConfig, model_dir: Path) -> float:
+    """Seconds every process has to report ready: ``run.startup_timeout_s`` plus
+    ``run.startup_s_per_gib`` per GiB of the model's weight files (none for a simulated run)."""
+    weights = 0
+    if model_dir.is_dir():
+        weights = sum(p.stat().st_size for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+    return cfg.run.startup_timeout_s + cfg.run.startup_s_per_gib * weights / (1 << 30)
 
 
 def _waits_for(ev: dict | None) -> str:
@@ -135,11 +155,20 @@ def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
 
 
 def evaluate(cfg: RunConfig, model_dir: Path) -> float:
+    """``eval.engine: hf``: Hugging Face greedy decoding on this CPU in float32 (small models only)."""
     from asyncrl.evaluation import evaluate_exact_match
+
+    return evaluate_exact_match(
+        model_dir, None, held_out_prompts(cfg, model_dir), max_new_tokens=cfg.eval.max_new_tokens
+    )
+
+
+def held_out_prompts(cfg: RunConfig, model_dir: Path) -> list:
+    """The first ``eval.num_prompts`` of the task's test split, rendered and measured as the
+    engines take them (``asyncrl.tasks.load_run_prompts``): what every evaluation scores."""
     from asyncrl.tasks import load_run_prompts
 
-    prompts = load_run_prompts(cfg, "test", model_dir)[: cfg.eval.num_prompts]
-    return evaluate_exact_match(model_dir, None, prompts, max_new_tokens=cfg.eval.max_new_tokens)
+    return load_run_prompts(cfg, "test", model_dir)[: cfg.eval.num_prompts]
 
 
 def write_scrape_config(run_dir: Path) -> Path:
@@ -203,33 +232,48 @@ class Controller:
         self.timeline = PublicationTimeline()  # publication-to-served seconds per version and generator
         self.memory = MemoryWatch(every_s=1.0)  # the run's total RSS and the machine's available memory
         self.step_seconds: list[float] = []  # each learner step's step_s
+        run = cfg.run
+        self.watch = StallWatch(run.stall_factor, run.stall_timeout_s, run.stall_cap_s, run.first_step_timeout_s)
+        self.heldout: HeldOutEvaluator | None = None  # evaluation by the generators (asyncrl.heldout)
+        self.eval_before: float | None = None
+        self.eval_after: float | None = None
+        self.evals: list[dict] = []  # every evaluation's record, in order
+        self.blocking_eval_s = 0.0  # seconds the RL phase stood still for eval_before / eval_after
 
     def run(self) -> dict:
         cfg = self.cfg
         t0 = time.monotonic()
         simulated = cfg.simulation.learner is not None
+        # Who evaluates (asyncrl.heldout): the generators' engines, while they serve the weights;
+        # Hugging Face on this CPU only when asked (eval.engine: hf); nobody without a model.
+        by_generators = not simulated and cfg.eval.engine == "generators" and cfg.simulation.generator is None
+        by_hf = not simulated and cfg.eval.engine == "hf"
         if self.resume:
             model_dir = Path((self.run_dir / "model_dir").read_text().strip())
-            eval_before = json.loads((self.run_dir / "eval_before.json").read_text())
+            self.eval_before = json.loads((self.run_dir / "eval_before.json").read_text())
         else:
             model_dir = Path("none") if simulated and cfg.simulation.generator else prepare_model(cfg, self.run_dir)
             (self.run_dir / "model_dir").write_text(str(model_dir.resolve()) + "\n")
-            eval_before = None if simulated else evaluate(cfg, model_dir)
-            (self.run_dir / "eval_before.json").write_text(json.dumps(eval_before))
-        if eval_before is not None:
-            log.info("held-out exact match before RL: %.3f", eval_before)
+            if by_hf and cfg.eval.before:
+                self.eval_before = evaluate(cfg, model_dir)
         security.configure(cfg.security)  # before the first socket: CURVE and size limits
         endpoints = Endpoints.allocate(controller_host(cfg.launcher))
         endpoints.save(self.run_dir)
         self.events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)
         self.control = Publisher(endpoints.control, name="controller.control")
+        self.eval_requests = EvalRequestSender(endpoints.evals)
+        if by_generators:
+            self.heldout = HeldOutEvaluator(cfg.eval, held_out_prompts(cfg, model_dir), self.eval_requests)
         self.fleet = make_fleet(cfg, self.run_dir, model_dir, child_env(self.run_dir))
-        self.progress.watch(self.fleet, eval_before)
+        self.progress.watch(self.fleet, self.eval_before)
         rl_start = time.monotonic()
         cpu_start = time.process_time()
         restore_sigterm = stop_on_sigterm()
         try:
-            self._start_all(self._restore_point() if self.resume else None)
+            evaluate_first = self.heldout is not None and cfg.eval.before and not self.resume
+            self._start_all(self._restore_point() if self.resume else None, evaluate_first=evaluate_first)
+            if not self.resume:
+                (self.run_dir / "eval_before.json").write_text(json.dumps(self.eval_before))
             self._train()
             self._stop_in_order()
         except BaseException:
@@ -241,13 +285,19 @@ class Controller:
             self.fleet.terminate()
             self.events.close()
             self.control.close()
+            self.eval_requests.close()
             self.ledger.close()
-        rl_wall = time.monotonic() - rl_start
+        rl_wall = time.monotonic() - rl_start - self.blocking_eval_s
         controller_cpu_s = time.process_time() - cpu_start
-        eval_after = None if simulated else evaluate(cfg, self.run_dir / "final")
-        if eval_after is not None:
-            log.info("held-out exact match after RL: %.3f (before %.3f)", eval_after, eval_before)
-        summary = summarize(self.finals, rl_wall, eval_before, eval_after)
+        if by_hf and cfg.eval.after:
+            self.eval_after = evaluate(cfg, self.run_dir / "final")
+        if self.eval_after is not None:
+            log.info("held-out exact match after RL: %.3f (before %s)", self.eval_after, self.eval_before)
+        summary = summarize(self.finals, rl_wall, self.eval_before, self.eval_after)
+        summary["evals"] = self.evals
+        summary["eval_prompts_answered"] = sum(
+            f.get("eval_prompts", 0) for f in self.finals.values() if f["role"] == "generator"
+        )
         summary["controller_cpu_s"] = controller_cpu_s
         summary["train_wall_s"] = self.done_at - self.go_at  # steady state: from go to the last step
         summary["total_wall_s"] = time.monotonic() - t0
@@ -268,8 +318,10 @@ class Controller:
 
     # -- phases ---------------------------------------------------------------------------------
 
-    def _start_all(self, checkpoint: Path | None) -> None:
-        """Start every component (from ``checkpoint`` when given) and say go once all are ready."""
+    def _start_all(self, checkpoint: Path | None, evaluate_first: bool = False) -> None:
+        """Start every component (from ``checkpoint`` when given) and say go once all are ready;
+        with ``evaluate_first``, the generators first score the held-out set with the weights
+        they serve (``eval_before``)."""
         cfg, fleet = self.cfg, self.fleet
         env = {"ASYNCRL_RESUME": str(checkpoint) if checkpoint is not None else ""}
         fleet.start("buffer", "buffer", env)
@@ -292,51 +344,75 @@ class Controller:
         for name in generator_process_names(cfg):  # several simulated engines may share one
             fleet.start("generator", name, env)
         ready = set()
-        deadline = time.monotonic() + cfg.run.startup_timeout_s
+        deadline = time.monotonic() + startup_bound(cfg, fleet.model_dir)
         while len(ready) < len(fleet.procs):
             ev = self._next_event(deadline, "every process to report ready")
             if ev and ev["type"] == "ready":
                 ready.add(ev["source"])
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
         write_scrape_config(self.run_dir)
+        if evaluate_first:
+            record = self._evaluate_now("before", version=0)
+            self.eval_before = record["exact_match"]
         for _ in range(10):  # PUB: repeat, so that no subscriber misses it
             self.control.send("control", {"command": "go"})
             time.sleep(0.01)
         self.go_at = time.monotonic()
 
     def _train(self) -> None:
-        cfg = self.cfg
+        """Until the learner's last step (and the checkpoint it may be writing), with the stall
+        watchdog of ``asyncrl.watchdog``: its bound grows with the slowest interval between steps."""
         self.training = True
-        deadline = time.monotonic() + cfg.run.stall_timeout_s
-        last_go = last_progress = time.monotonic()
+        last_go = time.monotonic()
+        self.watch.progress(measure=False)  # from go: the first interval is the first step's
         warned = False
         while self.learner_done is None or self.checkpoint is not None:
-            ev = self._next_event(deadline, "the learner's next step")
+            ev = self._next_event(None, "the learner's next step")
             if ev and ev["type"] in ("step", "ready", "checkpoint_part"):
-                deadline = time.monotonic() + cfg.run.stall_timeout_s
-                last_progress, warned = time.monotonic(), False
-            elif not warned and time.monotonic() - last_progress > cfg.run.stall_timeout_s / 4:
+                # a restarted process's "ready" restarts the clock but measures no step
+                self.watch.progress(measure=ev["type"] != "ready" and ev.get("role") == "learner")
+                warned = False
+            state = self.watch.state()
+            if state == "stalled":
+                self._log_waits(self.watch.waited())
+                raise RunError(
+                    f"timed out waiting for the learner's next step: none for {self.watch.waited():.0f} s, "
+                    f"past the stall bound of {self.watch.bound():.0f} s ({self._bound_rule()})"
+                )
+            if state == "warn" and not warned:
                 warned = True  # the watchdog: say what everyone waits for long before giving up
-                self._log_waits(time.monotonic() - last_progress)
+                self._log_waits(self.watch.waited())
             if time.monotonic() - last_go > 1.0:  # a restarted process waits for go, too
                 self.control.send("control", {"command": "go"})
                 last_go = time.monotonic()
         self.training = False
 
+    def _bound_rule(self) -> str:
+        run, slowest = self.cfg.run, self.watch.slowest
+        measured = "no step measured yet" if slowest is None else f"the slowest interval so far {slowest:.0f} s"
+        return (
+            f"{run.stall_factor:g} x {measured}, within [{run.stall_timeout_s:g}, {run.stall_cap_s:g}] s: "
+            "run.stall_factor, run.stall_timeout_s, run.stall_cap_s"
+        )
+
     def _stop_in_order(self) -> None:
         self._stop(["dispatcher"])
         self._await_final_weights()
+        if self.heldout is not None and self.cfg.eval.after:  # every generator serves the final weights
+            self.eval_after = self._evaluate_now("after", version=self.learner_done["version"])["exact_match"]
         for roles in (["generator"], ["reward"], ["buffer"], ["learner"], ["reference"]):
             self._stop(roles)
 
-    def _stop(self, roles: list[str], timeout: float = 120) -> None:
-        """Stop ``roles`` and wait for each process's final report. A process that joined the run
+    def _stop(self, roles: list[str], timeout: float | None = None) -> None:
+        """Stop ``roles`` and wait for each process's final report, at most ``timeout`` seconds
+        (default: the stall bound, since a generator finishes the batch it samples, at least
+        ``STOP_FLOOR_S``). A process that joined the run
         by address (``asyncrl reward-worker --connect``) is waited for too, up to
         ``JOINED_STOP_S``: stopping the next stage first would leave what it still forwards
         nowhere to go, and its counts out of the summary. It is not ours to watch exit."""
         names = [n for r in roles for n in self.fleet.names(r)]
         start = time.monotonic()
-        deadline = start + timeout
+        deadline = start + (timeout if timeout is not None else max(STOP_FLOOR_S, self.watch.bound()))
         while True:
             joined = [n for n, role in self.joined.items() if role in roles and n not in self.finals]
             if all(n in self.finals for n in names) and self.fleet.exited(names):
@@ -353,9 +429,14 @@ class Controller:
             self.control.send("control", {"command": "stop", "roles": roles})
             self._next_event(deadline, f"{', '.join(roles)} to stop", wait=0.2)
 
-    def _await_final_weights(self, timeout: float = 60) -> None:
-        """With no more prompts, every generator picks up the last published version."""
+    def _await_final_weights(self, timeout: float | None = None) -> None:
+        """With no more prompts, every generator picks up the last published version: within
+        ``timeout`` seconds, by default ``stall_factor`` × the longest publication-to-served time
+        seen (at least ``FINAL_WEIGHTS_FLOOR_S``): a generator first finishes its batch."""
         final = self.learner_done["version"]
+        if timeout is None:
+            served = self.timeline.summary()["total_s"].get("max")
+            timeout = self.watch.scaled(served, FINAL_WEIGHTS_FLOOR_S)
         deadline = time.monotonic() + timeout
         names = self.fleet.names("generator")
         while any(self.generator_versions.get(n, -1) < final for n in names):
@@ -492,15 +573,57 @@ class Controller:
             self._drop_checkpoint()
         self._start_all(self._restore_point())
 
-    def _next_event(self, deadline: float, waiting_for: str, wait: float = 0.5) -> dict | None:
-        if time.monotonic() > deadline:
+    # -- evaluation -----------------------------------------------------------------------------
+
+    def _evaluate_now(self, label: str, version: int) -> dict:
+        """Run an evaluation round to its end (each request bounded by its timeout, so the wait
+        is too) and return its record; a periodic round still running is let finish first."""
+        start = time.monotonic()
+        while self.heldout.current is not None:
+            self._next_event(None, f"eval {self.heldout.current.label} to finish before eval {label}")
+        self.heldout.start(label, version)
+        done = len(self.evals)
+        while len(self.evals) == done:
+            self._next_event(None, f"the generators' answers to eval {label}", wait=0.2)
+        self.blocking_eval_s += time.monotonic() - start
+        return self.evals[-1]
+
+    def _on_eval(self, record: dict | None) -> None:
+        if record is None:
+            return
+        self.evals.append(record)
+        with open(self.run_dir / "evals.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.progress.eval(record)
+        if record["exact_match"] is not None:
+            log.info(
+                "held-out exact match %s (version %d, served %s): %.3f over %d prompts in %.1f s",
+                record["label"],
+                record["version"],
+                record["versions"],
+                record["exact_match"],
+                record["num_prompts"],
+                record["wall_s"],
+            )
+
+    def _num_generators(self) -> int:
+        return self.cfg.run.num_generators + sum(1 for role in self.joined.values() if role == "generator")
+
+    def _next_event(self, deadline: float | None, waiting_for: str, wait: float = 0.5) -> dict | None:
+        if deadline is not None and time.monotonic() > deadline:
             raise RunError(f"timed out waiting for {waiting_for}")
         self._supervise()
         self._resend()
+        if self.heldout is not None:
+            self._on_eval(self.heldout.poll(self._num_generators()))
         if isinstance(self.fleet, ProcessFleet):  # local children: their /proc is ours to read
             self.memory.sample({name: self.fleet.pid(name) for name in self.fleet.procs})
         msg = self.events.recv(timeout=wait)
         if msg is None:
+            return None
+        if msg[0] == "eval_result":
+            if self.heldout is not None:
+                self._on_eval(self.heldout.answer(msg[1]))
             return None
         ev = msg[1]
         self.last_event[ev["source"]] = ev
@@ -554,6 +677,10 @@ class Controller:
             self.steps_seen += 1
             if ev.get("step_s") is not None:
                 self.step_seconds.append(float(ev["step_s"]))
+            every = self.cfg.eval.every_versions
+            if self.heldout is not None and every and ev["version"] % every == 0:
+                if ev["version"] < self.cfg.learner.total_steps:  # the last one is eval_after's
+                    self.heldout.start(f"v{ev['version']}", ev["version"])
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
                 f.write(json.dumps(ev) + "\n")
         if kind == "ready" and ev["role"] == "generator":
@@ -569,7 +696,12 @@ class Controller:
                     WEIGHT_SERVED_SECONDS.labels(stage.removesuffix("_s")).observe(seconds)
 
     def _log_waits(self, stalled_s: float) -> None:
-        log.warning("no learner step for %.0f s; each process's last word:", stalled_s)
+        log.warning(
+            "no learner step for %.0f s (the run stops at %.0f s: %s); each process's last word:",
+            stalled_s,
+            self.watch.bound(),
+            self._bound_rule(),
+        )
         now, dead = time.monotonic(), self.fleet.dead()
         for name in sorted(self.fleet.procs):
             ev = self.last_event.get(name)

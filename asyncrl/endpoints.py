@@ -44,6 +44,8 @@ class Endpoints(BaseModel):
     """ROUTER of the first reward worker: hot-plugged reward workers ask for groups to score here."""
     reference: str | None = None
     """ROUTER of the reference process (``algorithm.kl.reference: process``): reference logprobs."""
+    evals: str | None = None
+    """PUSH of the controller: held-out evaluation requests to the generators (``asyncrl.heldout``)."""
 
     @classmethod
     def allocate(cls, host: str = "127.0.0.1") -> Endpoints:
@@ -61,7 +63,7 @@ class Endpoints(BaseModel):
 
 
 BOUND_BY = {
-    "controller": ("events", "control"),
+    "controller": ("events", "control", "evals"),
     "buffer": ("buffer_in", "buffer_requests", "buffer_status"),
     "reward": ("reward_in", "reward_share"),
     "dispatcher": ("dispatcher",),

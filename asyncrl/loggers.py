@@ -122,6 +122,10 @@ class StepLoggers:
         self.last_version = version
         self._log({**step_scalars(ev), **(extra or {})}, version)
 
+    def log_scalars(self, scalars: dict[str, float], version: int) -> None:
+        """Scalars measured at ``version`` but reported later (a held-out evaluation during training)."""
+        self._log(scalars, version)
+
     def log_summary(self, summary: dict) -> None:
         """Held-out exact match at versions 0 and last, and the summary's numbers at the last."""
         last = max(self.last_version, int(summary.get("learner_steps") or 0))

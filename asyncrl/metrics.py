@@ -92,6 +92,23 @@ GENERATED_TOKENS = Counter(
     "asyncrl_generated_tokens", "Response tokens generated (sent on to the reward workers).", registry=REGISTRY
 )
 
+EVAL_PROMPTS = Counter(
+    "asyncrl_eval_prompts", "Held-out prompts a generator answered for evaluation (not samples).", registry=REGISTRY
+)
+EVAL_SECONDS = Counter(
+    "asyncrl_eval_seconds", "Seconds a generator spent decoding held-out prompts for evaluation.", registry=REGISTRY
+)
+
+# -- controller --------------------------------------------------------------------------------
+EVAL_EXACT_MATCH = Gauge(
+    "asyncrl_eval_exact_match",
+    "Held-out exact match (greedy, by the generators' engines) of the last evaluation.",
+    registry=REGISTRY,
+)
+EVAL_VERSION = Gauge(
+    "asyncrl_eval_version", "Learner version at which the last held-out evaluation was asked.", registry=REGISTRY
+)
+
 # -- learner -----------------------------------------------------------------------------------
 LEARNER_STEP_SECONDS = Histogram(
     "asyncrl_learner_step_duration_seconds",

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from asyncrl.console import RunConsole
 from asyncrl.loggers import StepLoggers
-from asyncrl.metrics import POLICY_VERSION, serve_metrics, stop_metrics, write_metrics_snapshot
+from asyncrl.metrics import (
+    EVAL_EXACT_MATCH,
+    EVAL_VERSION,
+    POLICY_VERSION,
+    serve_metrics,
+    stop_metrics,
+    write_metrics_snapshot,
+)
 
 
 class RunProgress:
@@ -43,6 +50,21 @@ class RunProgress:
             row = self.console.steps.last or {}
             perf = {f"perf/{k}": row[k] for k in ("tokens_per_s", "samples_per_s") if row.get(k) is not None}
             self.loggers.log_step(ev, perf)
+
+    def eval(self, record: dict) -> None:
+        """An evaluation finished (``asyncrl.heldout``): the console's before/after, TensorBoard's
+        ``eval/exact_match`` at the version it was asked at, the controller's Prometheus gauges."""
+        score = record.get("exact_match")
+        if score is None:
+            return
+        if record["label"] == "before":
+            self.console.set_eval(before=score)
+        elif record["label"] == "after":
+            self.console.set_eval(after=score)
+        EVAL_EXACT_MATCH.set(score)
+        EVAL_VERSION.set(record["version"])
+        if record["label"] not in ("before", "after"):  # those two: with the summary (log_summary)
+            self.loggers.log_scalars({"eval/exact_match": score}, record["version"])
 
     def close(self, summary: dict | None = None) -> None:
         if self.closed:

@@ -64,6 +64,14 @@ class ProcessContext:
         except TimeoutError:
             log.warning("%s: controller did not take event %r within 10 s", self.name, type)
 
+    def report(self, kind: str, body: dict) -> None:
+        """Send the controller a message of its own ``wire`` kind (e.g. ``eval_result``), with
+        this process's name as ``source``; blocks at most 10 s, like ``emit``."""
+        try:
+            self.events.send(kind, {"source": self.name, "role": self.role, **body}, timeout=10)
+        except TimeoutError:
+            log.warning("%s: controller did not take a %r within 10 s", self.name, kind)
+
     def stop_requested(self) -> bool:
         """True once the controller said stop to this role (or to everyone); never blocks."""
         self._poll_control()

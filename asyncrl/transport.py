@@ -20,6 +20,7 @@ receive takes a timeout and returns ``None`` when it expires, so nothing waits f
 | StreamSender / StreamReceiver | PUSH / PULL | while every peer is at its high-water mark, up to the timeout (then ``TimeoutError``) | nothing |
 | Publisher / Subscriber | PUB / SUB | never | messages past a subscriber's HWM; all messages before a subscriber joins (so publishers repeat their latest state) |
 | RequestClient / ReplyServer | DEALER / ROUTER | client: like PUSH; server reply: never | a reply to a peer that has gone or is at its HWM |
+| EvalRequestSender / EvalRequestReceiver | PUSH / PULL (controller -> generators) | never: a request no generator can take now is kept and offered again | requests queued at a generator that dies (the sender's timeout sends them again) |
 """
 
 from __future__ import annotations
@@ -278,3 +279,55 @@ def flush_on_exit(timeout: float = 10.0) -> None:
     done = threading.Thread(target=zmq.Context.instance().term, daemon=True, name="zmq-flush")
     done.start()
     done.join(timeout)
+
+
+class EvalRequestSender:
+    """The controller's end of held-out evaluation: ``eval_request`` messages to the generators.
+
+    PUSH, bound by the controller: ZeroMQ deals requests round-robin over the generators that
+    are connected and below their high-water mark, so the work spreads without a scheduler.
+    ``offer`` never blocks: with no generator connected or every one full it returns False and
+    the caller keeps the request. A request queued at a generator that then dies is lost with
+    it; the caller's per-request timeout (``asyncrl.heldout``) sends it again. The high-water
+    mark is small (a few requests per generator) so that requests do not pile up at one
+    generator while another is idle.
+    """
+
+    def __init__(self, address: str, name: str = "controller.evals", hwm: int = 2):
+        self.stream = StreamSender(address, name=name, bind=True, hwm=hwm)
+        self.address = self.stream.address
+
+    def offer(self, body: dict) -> bool:
+        """Queue one request for some generator; False when none can take it now."""
+        try:
+            self.stream.send("eval_request", body, timeout=0)
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class EvalRequestReceiver:
+    """A generator's end of held-out evaluation: takes at most one ``eval_request`` at a time.
+
+    PULL, connected to the controller's PUSH, with a high-water mark of 1 so that a busy
+    generator holds little and the controller's round-robin passes over it. ``take`` never
+    blocks: the generator asks between two training batches, which is how evaluation
+    interleaves with training without starving either (one request per turn at most). A frame
+    that fails validation is counted and skipped (``asyncrl_rejected_frames``).
+    """
+
+    def __init__(self, address: str, name: str):
+        self.stream = StreamReceiver(address, name=name, bind=False, hwm=1)
+
+    def take(self) -> dict | None:
+        """The next request already here, or None."""
+        msg = self.stream.recv(timeout=0)
+        if msg is None or msg[0] != "eval_request":
+            return None
+        return msg[1]
+
+    def close(self) -> None:
+        self.stream.close()

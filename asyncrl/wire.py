@@ -69,6 +69,14 @@ KINDS = (
     "want_ref_logprobs",
     # reply: `logprobs` (B, L-1) float32, the reference's logprob of each scored next token, 0 elsewhere
     "ref_logprobs",
+    # controller -> generators (asyncrl.heldout): score `prompts` (list of str) greedily, at most
+    # `max_new_tokens` each; `round` (str) and `chunk` (int) name the request, `version` (int) the
+    # learner version it was asked at, `sent_at` (float) the controller's wall clock
+    "eval_request",
+    # generator -> controller: the greedy `texts` (list of str, in prompt order) for `round`/`chunk`,
+    # by `generator` (str) serving `version` (int); `seconds` (float) of decoding, `queued_s` (float)
+    # from `sent_at` to the start of decoding
+    "eval_result",
 )
 _ND = "__nd__"
 
@@ -378,9 +386,43 @@ def _decode_body(kind: str, msg: dict) -> dict:
             raise WireError("bad_fields", f"{kind}: 'groups' must be a list")
         msg = _restore_arrays({k: v for k, v in msg.items() if k != "groups"})
         msg["groups"] = [group_from_dict(_expect_map(d)) for d in raw]
+    elif kind in _EVAL_FIELDS:
+        validate_fields(kind, msg, _EVAL_FIELDS[kind])
     else:
         msg = _restore_arrays(msg)
     return msg
+
+
+_EVAL_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "eval_request": {
+        "round": str,
+        "chunk": int,
+        "version": int,
+        "prompts": list,
+        "max_new_tokens": int,
+        "sent_at": (int, float),
+    },
+    "eval_result": {
+        "round": str,
+        "chunk": int,
+        "generator": str,
+        "version": int,
+        "texts": list,
+        "seconds": (int, float),
+        "queued_s": (int, float),
+    },
+}
+
+
+def validate_fields(kind: str, msg: dict, fields: dict[str, type | tuple[type, ...]]) -> None:
+    """Every field of ``fields`` present with its type; lists of strings where the schema says so."""
+    for name, types in fields.items():
+        value = msg.get(name)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise WireError("bad_fields", f"{kind}: {name} ({value!r:.80}) must be {types}")
+    for name in ("prompts", "texts"):
+        if name in fields and not all(isinstance(t, str) for t in msg[name]):
+            raise WireError("bad_fields", f"{kind}: every item of {name} must be a string")
 
 
 def _expect_map(d) -> dict:

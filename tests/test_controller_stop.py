@@ -4,6 +4,7 @@ import logging
 
 import asyncrl.controller as controller_module
 from asyncrl.controller import Controller
+from asyncrl.watchdog import StallWatch
 
 
 class Fleet:
@@ -45,6 +46,8 @@ def stopping_controller(events):
     c.fleet, c.events, c.control, c.progress = Fleet(), Events(events), Control(), Progress()
     c.finals, c.joined, c.last_event, c.last_event_at = {}, {}, {}, {}
     c._supervise = c._resend = lambda: None
+    c.watch = StallWatch(factor=5, floor_s=120, cap_s=3600, first_s=900)
+    c.heldout = None
     return c
 
 

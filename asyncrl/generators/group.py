@@ -103,6 +103,10 @@ class LoopContext:
             for kind, body in self.merged.fold(self.name, type, fields):
                 self.parent.emit(kind, **body)
 
+    def report(self, kind: str, body: dict) -> None:
+        with self.lock:
+            self.parent.report(kind, {**body, "loop": self.name})
+
     def stop_requested(self) -> bool:
         if self.failed.is_set():
             return True

@@ -8,6 +8,8 @@ sampled by the version stamped on it (a weight update is atomic per request); wi
 ``in_flight`` a background thread swaps them while requests run (``asyncrl.generators.inflight``)
 and each sample's ``version_segments`` say which version sampled which tokens, the group being
 stamped with its oldest. After each update the generator reports the version it now serves.
+Between two batches it answers at most one held-out evaluation request from the controller
+(``asyncrl.generators.evaluation``), which is not a sample and is counted apart.
 
 A group that fails validation (e.g. a non-finite logprob from the engine) is dropped here with
 reason ``invalid``, counted, and never sent. A prompt the engine would refuse (``max_model_len``
@@ -27,6 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from asyncrl.configbase import Config
+from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
 from asyncrl.metrics import (
     BUSY_SECONDS,
     GENERATED_TOKENS,
@@ -37,7 +40,7 @@ from asyncrl.metrics import (
     WEIGHT_BYTES,
     WEIGHT_FAILURES,
 )
-from asyncrl.transport import RequestClient, StreamSender
+from asyncrl.transport import EvalRequestReceiver, RequestClient, StreamSender
 from asyncrl.weights import make_subscriber
 from asyncrl.weights.probe import check_probe
 from asyncrl.wire import Group, Sample, WireError, encode_group, validate_group
@@ -195,6 +198,10 @@ def run_generator(ctx, model_dir: str) -> None:
         else:
             apply_newest_weights(engine, weights, ctx, probe_atol)
 
+    evals = None  # held-out evaluation requests from the controller (asyncrl.heldout)
+    if getattr(ctx.endpoints, "evals", None) and cfg.eval.engine == "generators":
+        evals = EvalRequestReceiver(ctx.endpoints.evals, name=f"{ctx.name}.evals")
+    eval_counters = EvalCounters()
     generated = tokens = batches = 0
     dropped: Counter[str] = Counter()
     dropped_ids: list[str] = []  # told to the dispatcher with the next request, so it settles them
@@ -204,6 +211,8 @@ def run_generator(ctx, model_dir: str) -> None:
     loop_start = time.monotonic()
     while not ctx.stop_requested():
         take_weights()
+        if evals is not None:  # at most one evaluation request between two training batches
+            answer_eval_request(engine, evals, ctx, eval_counters)
         reply = dispatcher.request(
             "want_prompts",
             {
@@ -286,9 +295,12 @@ def run_generator(ctx, model_dir: str) -> None:
         busy_s=busy_s,
         wall_s=wall,
         version=engine.version,
+        eval_prompts=eval_counters.prompts,
+        eval_s=eval_counters.seconds,
     )
     if applier is not None:
         applier.close()
-    for sock in (dispatcher, outbox, weights):
-        sock.close()
+    for sock in (dispatcher, outbox, weights, evals):
+        if sock is not None:
+            sock.close()
     engine.close()

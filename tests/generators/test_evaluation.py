@@ -1,0 +1,90 @@
+"""A generator's side of held-out evaluation, over real sockets: one request per turn, answered
+greedily by the engine, reported to the controller and counted apart from samples."""
+
+import time
+
+from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
+from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
+from asyncrl.transport import EvalRequestReceiver, EvalRequestSender, StreamReceiver, StreamSender
+
+
+class Ctx:
+    """The part of a process context the eval path uses: its name and its report channel."""
+
+    def __init__(self, name, events_address):
+        self.name = name
+        self.events = StreamSender(events_address, name=f"{name}.events")
+
+    def report(self, kind, body):
+        self.events.send(kind, {"source": self.name, **body}, timeout=5)
+
+
+def request(chunk, prompts):
+    return {
+        "round": "v2",
+        "chunk": chunk,
+        "version": 2,
+        "prompts": prompts,
+        "max_new_tokens": 4,
+        "sent_at": time.time(),
+    }
+
+
+def test_a_generator_answers_one_request_per_turn_and_counts_it_apart():
+    sender = EvalRequestSender("tcp://127.0.0.1:0")
+    events = StreamReceiver("tcp://127.0.0.1:0", name="controller.events")
+    receiver = EvalRequestReceiver(sender.address, name="generator-0.evals")
+    ctx = Ctx("generator-0", events.address)
+    engine = MockEngine(MockEngineConfig(overhead_s=0, decode_step_s=0, decode_s_per_seq=0, accuracy=1.0))
+    engine.version = 5
+    counters = EvalCounters()
+    try:
+        deadline = time.monotonic() + 10
+        while not sender.offer(request(0, ["07+45=", "10+10="])):  # until the generator is connected
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sender.offer(request(1, ["01+01="]))
+        # a turn answers at most one request, even with two waiting
+        turns = 0
+        while counters.requests == 0:
+            answer_eval_request(engine, receiver, ctx, counters)
+            turns += 1
+            assert turns < 1000
+            time.sleep(0.005)
+        assert counters.requests == 1 and counters.prompts == 2
+        kind, body = events.recv(timeout=5)
+        assert kind == "eval_result" and body["chunk"] == 0 and body["round"] == "v2"
+        assert body["texts"] == ["52", "20"] and body["version"] == 5 and body["generator"] == "generator-0"
+        assert body["queued_s"] >= 0 and body["seconds"] >= 0
+        while counters.requests == 1:
+            answer_eval_request(engine, receiver, ctx, counters)
+            time.sleep(0.005)
+        assert events.recv(timeout=5)[1]["texts"] == ["2"]
+        assert not answer_eval_request(engine, receiver, ctx, counters)  # nothing waiting: no wait either
+    finally:
+        for sock in (sender, receiver, events, ctx.events):
+            sock.close()
+
+
+def test_a_prompt_the_engine_refuses_fails_the_request_not_the_generator():
+    class Refusing(MockEngine):
+        def greedy(self, prompts, max_tokens):
+            raise ValueError("prompt 0 (310 tokens) leaves no room in engine.max_model_len (256)")
+
+    sender = EvalRequestSender("tcp://127.0.0.1:0")
+    events = StreamReceiver("tcp://127.0.0.1:0", name="controller.events")
+    receiver = EvalRequestReceiver(sender.address, name="generator-0.evals")
+    ctx = Ctx("generator-0", events.address)
+    try:
+        deadline = time.monotonic() + 10
+        while not sender.offer(request(0, ["a long prompt", "x"])):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        counters = EvalCounters()
+        while not answer_eval_request(Refusing(MockEngineConfig()), receiver, ctx, counters):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert events.recv(timeout=5)[1]["texts"] == ["", ""]
+    finally:
+        for sock in (sender, receiver, events, ctx.events):
+            sock.close()
