@@ -86,3 +86,14 @@ def test_bad_bounds_are_refused_by_name():
         watch(Clock(), floor_s=100, cap_s=10)
     with pytest.raises(ValueError, match=r"run.stall_cap_s \(60.0\) must be >= run.stall_timeout_s \(120\)"):
         load_config(None, ["run.stall_cap_s=60"])
+
+
+def test_start_up_is_given_time_per_gib_of_weights(tmp_path):
+    from asyncrl.controller import startup_bound
+
+    cfg = load_config(None, ["run.startup_timeout_s=300", "run.startup_s_per_gib=60"])
+    assert startup_bound(cfg, tmp_path / "none") == 300  # a simulated run: no weights
+    with open(tmp_path / "model.safetensors", "wb") as f:  # 14 GiB, sparse: a 7 B model in bf16
+        f.truncate(14 << 30)
+    (tmp_path / "config.json").write_text("{}")
+    assert startup_bound(cfg, tmp_path) == 300 + 60 * 14
