@@ -42,7 +42,7 @@ class TrainerConfig(Config):
     """The generators' top-k, applied when scoring tokens so pi_theta is the sampled distribution; 0: off (set from ``sampling.top_k``)."""
     top_p: float = 1.0
     """The generators' top-p nucleus, applied likewise (``asyncrl.learner.logprobs``); 1: off (set from ``sampling.top_p``)."""
-    logits_chunk_tokens: int = 1024
+    logits_chunk_tokens: int = 512
     """Scored tokens per LM-head call: the learner never holds more than this many positions' logits (forward or backward)."""
     gradient_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward instead of keeping them (less memory, ~1/3 more compute)."""

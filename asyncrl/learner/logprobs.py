@@ -130,8 +130,9 @@ def token_scores(
     dist: TokenDistribution = TokenDistribution(),
     *,
     position_ids: torch.Tensor | None = None,
-    chunk_tokens: int = 1024,
+    chunk_tokens: int = 512,
     entropy: bool = True,
+    entropy_grad: bool = True,
 ) -> TokenScores:
     """Log-probabilities (and entropy) of the next tokens at the positions ``score_mask`` marks.
 
@@ -143,8 +144,12 @@ def token_scores(
         position_ids: (B, L) positions, for packed rows where they restart per sequence.
         chunk_tokens: scored positions per LM-head call: the memory bound, (chunk_tokens, V).
         entropy: also compute the entropy (else zeros).
+        entropy_grad: give the entropy a gradient (it is in the loss). Without, it is computed
+            outside autograd: a chunk's recomputation in the backward would otherwise rebuild
+            the entropy's (chunk, V) intermediates and, as nothing backpropagates through them,
+            keep them until the step's graph is freed.
 
-    Differentiable in ``logprobs`` and ``entropy``; the chunks' logits are recomputed in the
+    Differentiable in ``logprobs`` (and ``entropy``); the chunks' logits are recomputed in the
     backward (see the module docstring).
     """
     if chunk_tokens < 1:
@@ -160,13 +165,11 @@ def token_scores(
     grad = torch.is_grad_enabled() and h.requires_grad
     parts = []
     for start in range(0, h.shape[0], chunk_tokens):
-        args = (h[start : start + chunk_tokens], targets[start : start + chunk_tokens])
+        args = (lm_head, h[start : start + chunk_tokens], targets[start : start + chunk_tokens], dist, entropy)
         if grad:
-            parts.append(
-                checkpoint(_score_chunk, lm_head, *args, dist, entropy, use_reentrant=False, preserve_rng_state=False)
-            )
+            parts.append(checkpoint(_score_chunk, *args, entropy_grad, use_reentrant=False, preserve_rng_state=False))
         else:
-            parts.append(_score_chunk(lm_head, *args, dist, entropy))
+            parts.append(_score_chunk(*args, False))
     out = []
     for index in range(3):
         # No scored position (every answer of the micro batch out of the loss): an empty slice of
@@ -178,7 +181,12 @@ def token_scores(
 
 
 def _score_chunk(
-    lm_head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, dist: TokenDistribution, with_entropy: bool
+    lm_head: torch.nn.Module,
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    dist: TokenDistribution,
+    with_entropy: bool,
+    entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(n, H) hidden states, (n,) targets -> (n,) logprob, entropy, outside (float32 each)."""
     z = lm_head(h).float()  # (n, V) model dtype from the head, float32 from here
@@ -190,20 +198,20 @@ def _score_chunk(
         lse = torch.logsumexp(z, dim=-1)  # (n,)
         logprob = z_target - lse
         outside = torch.zeros_like(logprob)
-        if with_entropy:
-            # H = logsumexp(z) - sum_v softmax(z)_v z_v
-            ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
     else:
         lse = torch.logsumexp(z.masked_fill(~kept, float("-inf")), dim=-1)  # (n,) over the kept set
         target_kept = kept.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
         # A target outside the kept set is scored over kept ∪ {target} (module docstring).
         logprob = z_target - torch.where(target_kept, lse, torch.logaddexp(lse, z_target))
         outside = (~target_kept).float()
-        if with_entropy:
+    if not with_entropy:
+        return logprob, torch.zeros_like(logprob), outside
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        if kept is None:  # H = logsumexp(z) - sum_v softmax(z)_v z_v
+            ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+        else:
             logp = (z - lse[:, None]).masked_fill(~kept, 0.0)  # (n, V) finite everywhere
             ent = -(logp.exp() * kept * logp).sum(dim=-1)  # H of the renormalised kept set
-    if not with_entropy:
-        ent = torch.zeros_like(logprob)
     return logprob, ent, outside
 
 

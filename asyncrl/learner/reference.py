@@ -42,7 +42,7 @@ def load_frozen_model(model_dir: str, device, dtype: torch.dtype):
 class ColocatedReference:
     """A frozen copy of the starting weights in this process."""
 
-    def __init__(self, model_dir: str, device, dtype: torch.dtype = torch.float32, chunk_tokens: int = 1024):
+    def __init__(self, model_dir: str, device, dtype: torch.dtype = torch.float32, chunk_tokens: int = 512):
         self.model = load_frozen_model(model_dir, device, dtype)
         self.chunk_tokens = chunk_tokens
 

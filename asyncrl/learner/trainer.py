@@ -795,6 +795,7 @@ class PolicyTrainer:
                 self.distribution,
                 chunk_tokens=self.cfg.logits_chunk_tokens,
                 entropy=entropy,
+                entropy_grad=self.algo.entropy_coef > 0,  # else kept out of the backward
             )
         packed = pack(micro.input_ids, micro.attention_mask, micro.response_mask, plan, self.pad_id)
         scores = token_scores(
@@ -806,6 +807,7 @@ class PolicyTrainer:
             position_ids=packed.position_ids,
             chunk_tokens=self.cfg.logits_chunk_tokens,
             entropy=entropy,
+            entropy_grad=self.algo.entropy_coef > 0,  # else kept out of the backward
         )
         return TokenScores(*(packed.unpack(x, micro.response_mask) for x in scores))
 

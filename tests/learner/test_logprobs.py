@@ -187,3 +187,28 @@ def test_distribution_rejects_bad_values():
         TokenDistribution(top_p=0.0)
     with pytest.raises(ValueError, match=r"chunk_tokens \(0\) must be >= 1"):
         token_scores(make_model(False), *make_batch(), chunk_tokens=0)
+
+
+@pytest.mark.parametrize("entropy_in_loss", [False, True])
+def test_after_the_backward_no_chunk_of_logits_is_alive(entropy_in_loss):
+    """Nothing of shape (n, V) outlives the backward while the scores are still held (as the
+    trainer holds them until its stats are summed): a chunk's recomputed logits and softmax are
+    freed as soon as its backward has used them, the entropy's too when it is not in the loss."""
+    import gc
+
+    model = make_model(tied=False)
+    input_ids, attention_mask, score_mask = make_batch()
+    gc.collect()
+    before = {id(t) for t in gc.get_objects() if isinstance(t, torch.Tensor)}
+    scores = token_scores(
+        model, input_ids, attention_mask, score_mask, chunk_tokens=4, entropy=True, entropy_grad=entropy_in_loss
+    )
+    loss = scores.logprobs.sum() + (scores.entropy.sum() if entropy_in_loss else 0.0)
+    loss.backward()
+    gc.collect()
+    alive = [
+        tuple(t.shape)
+        for t in gc.get_objects()
+        if isinstance(t, torch.Tensor) and id(t) not in before and t.dim() == 2 and t.shape[-1] == VOCAB
+    ]
+    assert alive == [] and scores.entropy.sum() > 0
