@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# bench/learner.py on a lent GPU (H200): the asyncrl trainer's step against a plain PyTorch
+# autocast loop on the same batch, Qwen2.5-0.5B shape, bf16, 8 x 2,048 tokens. Under 10 minutes.
+#
+#   here, once, online:  bash bench/gpu_learner.sh fetch   # DeepSpeed + what the GPU image lacks -> bench/wheels/
+#   on the GPU machine:  bash bench/gpu_learner.sh         # carry bench/wheels (git ignores it)
+#
+# Writes bench/results/learner_gpu.json (every sequence 512 + 1,536 tokens) and
+# bench/results/learner_gpu_rl.json (answers of 64..1,536 tokens: padded by the plain loop,
+# packed by asyncrl), and copies them to $OUT when it is set. The GPU image has torch,
+# transformers, msgpack, prometheus-client and pyyaml; the wheels add DeepSpeed (pure Python,
+# nothing compiled at run time: the trainer passes a torch AdamW), pydantic and pyzmq.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=bench/wheels
+
+if [ "${1:-}" = fetch ]; then
+    mkdir -p "$WHEELS"
+    .venv/bin/python -m pip wheel -q --no-deps -w "$WHEELS" deepspeed==0.19.8
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$WHEELS" pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection==0.4.5 \
+        hjson==3.1.0 pyzmq==27.3.0 py-cpuinfo einops
+    ls -l "$WHEELS"
+    exit 0
+fi
+
+SITE=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+export PYTHONPATH="$SITE:$PWD" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=8
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
+timeout 280 python3 bench/learner.py --device cuda --lengths full --warmup 2 --steps 5 \
+    --out bench/results/learner_gpu.json
+timeout 240 python3 bench/learner.py --device cuda --lengths rl --micro-batch-tokens 16384 --warmup 2 --steps 5 \
+    --out bench/results/learner_gpu_rl.json
+if [ -n "${OUT:-}" ]; then cp bench/results/learner_gpu*.json "$OUT"/; fi
