@@ -1,19 +1,32 @@
-"""A vectorised sum tree (and min tree) over a fixed number of leaves, for prioritized sampling.
+"""A vectorised sum tree over a fixed number of leaves, with the smallest leaf kept beside it.
 
 Prioritized replay needs three things per batch: draw k leaves with probability proportional to
 their values (a prefix-sum descent), read the smallest value (to normalise importance weights),
 and change k values. A per-item Python loop costs ~20 levels × k interpreter steps; here every
-operation walks the tree once for the whole batch, one numpy call per level on arrays of k
-entries, which is what makes ~0.3 µs per item at a million leaves.
+operation touches the tree with a handful of numpy calls for the whole batch.
 
-Layout: the usual implicit binary heap of ``2L`` nodes (``L`` = leaves rounded up to a power of
-two): node 1 is the root, node i has children 2i and 2i+1, leaf j is node L + j. Each node holds
-its subtree's sum and its minimum over *non-empty* leaves (an empty leaf, value 0, counts as
-+inf), packed side by side as one complex128 (real = sum, imag = min): a parent's update then
-reads one cache line for both children's sums and minima instead of four, which is ~15% of an
-update at a million leaves, where the time is cache misses, not arithmetic. Parents are
-recomputed from their children, never incremented by deltas, so no rounding error accumulates
-however many updates are applied.
+Layout: the usual implicit binary heap of ``2L`` float64 nodes (``L`` = leaves rounded up to a
+power of two): node 1 is the root, node i has children 2i and 2i+1, leaf j is node L + j.
+
+Where this differs from the textbook tree (and from TorchRL's and Reverb's), and why:
+
+- **Updates add deltas along the paths, in one call.** A batch of k new leaf values changes
+  k·log2(L) ancestors; recomputing them parent by parent from their children is one round of
+  numpy calls per level (~20 at a million leaves), which is where a plain numpy tree spends its
+  update. Here the k deltas are added to all k·log2(L) ancestors at once (``np.add.at``, which
+  sums the contributions of leaves sharing an ancestor), ~2.7x faster at 10^6 leaves. Leaves are
+  written exactly; parents, being incremented, gather rounding error (~1e-16 of the total per
+  write), so the whole tree is rebuilt from its leaves once as many leaves were written as it
+  has (O(L), amortised O(1) per write): parents never drift by more than ~1e-10 of the total.
+  The descent is robust to that drift (a draw that lands on an empty leaf is moved onto the
+  nearest non-empty one).
+- **No min tree.** The smallest non-empty leaf is kept as a number with the count of leaves
+  holding it: a write below it replaces it, a write of it counts up, overwriting one counts down;
+  only when the count reaches 0 (the last smallest leaf rose or left) is it recomputed, O(L),
+  and lazily, on the next read. With leaves drawn from a continuous range that happens about
+  once per L/k batches; with equal leaves (uniform sampling, the floor) the count stays large.
+- **The top of the descent is a binary search**, in the prefix sums of the level with
+  ``SEARCH_LEVEL_NODES`` nodes, instead of ~10 levels of gathers.
 """
 
 from __future__ import annotations
@@ -22,7 +35,8 @@ import numpy as np
 
 
 class SumTree:
-    """Sums and minima of ``capacity`` non-negative leaves; batched updates and draws.
+    """Sums of ``capacity`` non-negative leaves and their smallest non-empty value; batched
+    updates and draws.
 
     >>> t = SumTree(4)
     >>> t.update(np.array([0, 2]), np.array([1.0, 3.0]))
@@ -32,9 +46,6 @@ class SumTree:
     [0, 2, 2]
     """
 
-    # Below this many nodes a level (and all above it) is recomputed whole with slices, which
-    # is no dearer than chasing k paths by gathers (flat from 512 to 4096 at k = 256).
-    SLICE_LEVEL_NODES = 1024
     # A draw starts with a binary search in the prefix sums of the level with this many nodes
     # (measured at 10^6 leaves, k = 256: 42 µs per find at 1024, 69 µs with no shortcut).
     SEARCH_LEVEL_NODES = 1024
@@ -45,10 +56,12 @@ class SumTree:
         self.capacity = capacity
         self._leaves = 1 << max(0, (capacity - 1).bit_length())
         self._depth = self._leaves.bit_length() - 1  # levels below the root
-        self._nodes = np.zeros(2 * self._leaves, dtype=np.complex128)  # real: sum, imag: min
-        self._sum = self._nodes.real  # views, (2L,)
-        self._min = self._nodes.imag
-        self._min[:] = np.inf
+        self._sum = np.zeros(2 * self._leaves)  # (2L,)
+        self._shifts = np.arange(1, self._depth + 1, dtype=np.int64)  # (depth,): leaf -> ancestors
+        self._writes = 0  # leaf writes since the last exact rebuild
+        self._min = np.inf  # smallest non-empty leaf when _min_known, else a strict lower bound
+        self._min_count = 0  # leaves equal to _min
+        self._min_known = True
 
     @property
     def total(self) -> float:
@@ -57,7 +70,16 @@ class SumTree:
     @property
     def min(self) -> float:
         """Smallest non-empty leaf; +inf when every leaf is 0."""
-        return float(self._min[1])
+        if not self._min_known:
+            self._recompute_min()
+        return float(self._min)
+
+    def _recompute_min(self) -> None:
+        leaves = self.values()
+        nonempty = leaves[leaves > 0]
+        self._min = float(nonempty.min()) if nonempty.size else np.inf
+        self._min_count = int(np.count_nonzero(nonempty == self._min))
+        self._min_known = True
 
     def values(self, idx: np.ndarray | None = None) -> np.ndarray:
         """Leaf values at ``idx`` (a copy), or all ``capacity`` leaves (a read-only view) when None."""
@@ -71,38 +93,44 @@ class SumTree:
     def update(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Set leaves ``idx`` (distinct ints) to ``values`` (>= 0; 0 empties a leaf).
 
-        Cost: one pass over the levels for the whole batch, O(k log L) element work in numpy.
+        Cost: one ``np.add.at`` of k·log2(L) deltas, or a rebuild when that is not cheaper.
         """
-        pos = np.asarray(idx, dtype=np.int64) + self._leaves
+        pos = np.asarray(idx, dtype=np.int64) + self._leaves  # (k,)
         values = np.asarray(values, dtype=np.float64)
-        nodes = self._nodes
-        leaf = np.empty(pos.size, dtype=np.complex128)
-        leaf.real = values
-        leaf.imag = np.where(values > 0, values, np.inf)
-        nodes[pos] = leaf
-        level_nodes = self._leaves
-        out = leaf  # reused as the scratch of each level
-        while level_nodes > 1:
-            level_nodes >>= 1
-            if level_nodes <= max(self.SLICE_LEVEL_NODES, 2 * pos.size):
-                self._rebuild_above(level_nodes)
-                return
-            pos >>= 1
-            left = pos << 1
-            a = nodes[left]
-            b = nodes[left + 1]  # same cache line as a
-            np.add(a.real, b.real, out=out.real)
-            np.minimum(a.imag, b.imag, out=out.imag)
-            nodes[pos] = out
+        s = self._sum
+        old = s[pos]
+        self._track_min(old, values)
+        self._writes += pos.size
+        if self._writes >= self._leaves or pos.size * self._depth >= 2 * self._leaves:
+            s[pos] = values
+            self._rebuild()
+            return
+        anc = (pos[:, None] >> self._shifts).ravel()  # (k·depth,) every ancestor of every leaf
+        np.add.at(s, anc, np.repeat(values - old, self._depth))
+        s[pos] = values
 
-    def _rebuild_above(self, level_nodes: int) -> None:
-        """Recompute every node at the level of ``level_nodes`` nodes and above, from its children."""
-        s, m = self._sum, self._min
-        n = level_nodes
+    def _track_min(self, old: np.ndarray, new: np.ndarray) -> None:
+        # Invariant: every non-empty leaf is >= _min, and when _min_known, some leaf (exactly
+        # _min_count of them) equals it; when not known, every non-empty leaf is > _min.
+        if self._min_known and self._min_count:
+            self._min_count -= int(np.count_nonzero(old == self._min))
+            self._min_known = self._min_count > 0
+        nonempty = new[new > 0]
+        if nonempty.size:
+            low = float(nonempty.min())
+            if low < self._min or (low == self._min and not self._min_known):
+                self._min, self._min_count, self._min_known = low, int(np.count_nonzero(nonempty == low)), True
+            elif low == self._min:
+                self._min_count += int(np.count_nonzero(nonempty == low))
+
+    def _rebuild(self) -> None:
+        """Recompute every parent from the leaves (exact; resets the drift of the deltas)."""
+        s = self._sum
+        n = self._leaves >> 1
         while n >= 1:
             np.add(s[2 * n : 4 * n : 2], s[2 * n + 1 : 4 * n : 2], out=s[n : 2 * n])
-            np.minimum(m[2 * n : 4 * n : 2], m[2 * n + 1 : 4 * n : 2], out=m[n : 2 * n])
             n >>= 1
+        self._writes = 0
 
     def set_all(self, leaves: np.ndarray) -> None:
         """Replace every leaf at once and rebuild the tree: O(L), for restores and rescaling."""
@@ -113,15 +141,14 @@ class SumTree:
             raise ValueError("leaves must be finite and >= 0")
         lo = self._leaves
         self._sum[lo : lo + self.capacity] = leaves
-        self._min[lo : lo + self.capacity] = np.where(leaves > 0, leaves, np.inf)
-        if self._leaves > 1:
-            self._rebuild_above(self._leaves >> 1)
+        self._rebuild()
+        self._recompute_min()
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """For each prefix sum u in [0, total), the leaf j with cumsum[j-1] <= u < cumsum[j].
 
         The top of the tree is crossed in one step, a binary search in the prefix sums of the
-        level with ``SEARCH_LEVEL_NODES`` nodes (a few µs, instead of ~12 levels of gathers);
+        level with ``SEARCH_LEVEL_NODES`` nodes (a few µs, instead of ~10 levels of gathers);
         below it, the batched descent: at each level go right when u >= the left child's sum,
         and subtract that sum, one numpy call per level on the whole batch.
         """
@@ -133,11 +160,13 @@ class SumTree:
         np.minimum(node, top - 1, out=node)
         u -= cumsum[node] - s[top + node]  # minus the mass left of `node`
         pos = node + top
+        left = np.empty_like(u)
+        right = np.empty(u.shape, dtype=bool)
         for _ in range(self._depth - (top.bit_length() - 1)):
             pos <<= 1
-            left = s[pos]
-            right = u >= left
-            u -= left * right
+            np.take(s, pos, out=left)
+            np.greater_equal(u, left, out=right)
+            np.subtract(u, left, out=u, where=right)
             pos += right
         leaf = pos - self._leaves
         # Rounding can leave u just past the last non-empty leaf of a subtree; step back onto it.
@@ -160,32 +189,47 @@ class SumTree:
         return self.find(rng.random(k) * self.total)
 
 
-def sample_distinct(tree: SumTree, k: int, rng: np.random.Generator, max_rounds: int = 64) -> np.ndarray:
+def _first_new(drawn: np.ndarray, taken: np.ndarray) -> np.ndarray:
+    """Of ``drawn`` (in order), the first occurrence of each leaf not in ``taken``."""
+    _, first = np.unique(drawn, return_index=True)
+    fresh = drawn[np.sort(first)]
+    return fresh[~np.isin(fresh, taken)] if taken.size else fresh
+
+
+def sample_distinct(
+    tree: SumTree, k: int, rng: np.random.Generator, max_rounds: int = 64, rejection_rounds: int = 4
+) -> np.ndarray:
     """``k`` distinct leaves (fewer if fewer are non-empty), drawn in proportion to their values.
 
-    A batch must not hold one group twice. Round 1 draws k with replacement (with many leaves
-    duplicates are rare: ~k²/2N expected); the drawn leaves are then zeroed and the shortfall
-    drawn again, until k distinct leaves are found; the zeroed leaves are restored at the end.
-    This is successive sampling without replacement. Returns leaves in draw order.
+    A batch must not hold one group twice: this is successive sampling without replacement,
+    each next leaf drawn with P(j) = value_j / (total - Σ values already taken). Round 1 draws k
+    with replacement (with many leaves duplicates are rare: ~k²/2N expected, and then no tree
+    write at all). The shortfall is drawn again from the whole tree and draws of leaves already
+    taken are rejected, which is the same conditional distribution, still without writing the
+    tree; only when rejection keeps failing (the taken leaves hold most of the mass) are they
+    zeroed in the tree, the rest drawn, and their values restored. Returns leaves in draw order.
     """
     chosen = tree.sample(k, rng)
     order = np.sort(chosen)
     if chosen.size < 2 or (order[1:] != order[:-1]).all():
-        return chosen  # the common case: no duplicate, no tree writes
-    _, first = np.unique(chosen, return_index=True)
-    chosen = chosen[np.sort(first)]
+        return chosen  # the common case: no duplicate
+    chosen = _first_new(chosen, np.zeros(0, dtype=np.int64))
+    for _ in range(rejection_rounds):
+        missing = k - chosen.size
+        if missing == 0:
+            return chosen
+        more = _first_new(tree.sample(missing, rng), chosen)
+        chosen = np.concatenate([chosen, more])
     saved = tree.values(chosen).copy()
-    taken = [chosen]
     excluded = [chosen]
+    taken = [chosen]
     tree.update(chosen, np.zeros(chosen.size))
     missing = k - chosen.size
     try:
         for _ in range(max_rounds):
-            if missing == 0 or tree.total <= 0:
+            if missing == 0 or not (tree.values() > 0).any():  # (rounding may leave total > 0)
                 break
-            more = tree.sample(missing, rng)
-            _, first = np.unique(more, return_index=True)
-            more = more[np.sort(first)]
+            more = _first_new(tree.sample(missing, rng), np.zeros(0, dtype=np.int64))
             taken.append(more)
             excluded.append(more)
             saved = np.concatenate([saved, tree.values(more)])
