@@ -196,9 +196,7 @@ def _first_new(drawn: np.ndarray, taken: np.ndarray) -> np.ndarray:
     return fresh[~np.isin(fresh, taken)] if taken.size else fresh
 
 
-def sample_distinct(
-    tree: SumTree, k: int, rng: np.random.Generator, max_rounds: int = 64, rejection_rounds: int = 4
-) -> np.ndarray:
+def sample_distinct(tree: SumTree, k: int, rng: np.random.Generator, max_rounds: int = 64) -> np.ndarray:
     """``k`` distinct leaves (fewer if fewer are non-empty), drawn in proportion to their values.
 
     A batch must not hold one group twice: this is successive sampling without replacement,
@@ -206,18 +204,21 @@ def sample_distinct(
     with replacement (with many leaves duplicates are rare: ~k²/2N expected, and then no tree
     write at all). The shortfall is drawn again from the whole tree and draws of leaves already
     taken are rejected, which is the same conditional distribution, still without writing the
-    tree; only when rejection keeps failing (the taken leaves hold most of the mass) are they
-    zeroed in the tree, the rest drawn, and their values restored. Returns leaves in draw order.
+    tree; only when a draw would be rejected more often than not (the taken leaves hold over
+    half the mass) are they zeroed in the tree, the rest drawn, and their values restored.
+    Returns leaves in draw order.
     """
     chosen = tree.sample(k, rng)
     order = np.sort(chosen)
     if chosen.size < 2 or (order[1:] != order[:-1]).all():
         return chosen  # the common case: no duplicate
     chosen = _first_new(chosen, np.zeros(0, dtype=np.int64))
-    for _ in range(rejection_rounds):
+    for _ in range(max_rounds):
         missing = k - chosen.size
         if missing == 0:
             return chosen
+        if tree.values(chosen).sum() > 0.5 * tree.total:
+            break  # a draw would be rejected more often than not: exclude them from the tree
         more = _first_new(tree.sample(missing, rng), chosen)
         chosen = np.concatenate([chosen, more])
     saved = tree.values(chosen).copy()

@@ -92,3 +92,63 @@ def test_fifo_sampler_takes_the_oldest_arrivals():
     d = FIFOSampler().sample(3, storage)
     assert d.slots.tolist() == [slots[0], slots[2], slots[3]]
     assert d.probabilities.tolist() == [1.0] * 3 and d.is_weights.tolist() == [1.0] * 3
+
+
+class ReferencePER:
+    """PER written the straightforward way: priorities in a plain array, a fresh cumulative sum
+    per draw, duplicates in a batch redrawn one by one, the smallest priority by ``min``."""
+
+    def __init__(self, capacity, alpha, beta, floor, seed):
+        self.leaf = np.zeros(capacity)  # p_i^α, 0 when empty
+        self.alpha, self.beta, self.floor = alpha, beta, floor
+        self.rng = np.random.default_rng(seed)
+
+    def set(self, slots, priorities):
+        for s, p in zip(slots.tolist(), priorities.tolist()):
+            self.leaf[s] = max(p, self.floor) ** self.alpha
+
+    def remove(self, slots):
+        self.leaf[slots] = 0.0
+
+    def sample(self, k):
+        cumsum = np.cumsum(self.leaf)
+        total = cumsum[-1]
+        chosen, missing = [], k
+        while missing:  # draw the shortfall, keep draws of groups not yet taken, in order
+            for u in (self.rng.random(missing) * total).tolist():
+                j = int(np.searchsorted(cumsum, u, side="right"))
+                if j not in chosen:
+                    chosen.append(j)
+            missing = k - len(chosen)
+        slots = np.array(chosen)
+        p_min = self.leaf[self.leaf > 0].min()
+        return slots, self.leaf[slots] / total, (p_min / self.leaf[slots]) ** self.beta
+
+
+def test_fast_paths_draw_the_same_batches_and_weights_as_a_reference_implementation():
+    # Small enough that batches often hold duplicates (the redraw path) and the smallest leaf is
+    # often overwritten (its recount), with enough writes to pass an exact rebuild of the tree.
+    capacity, k = 600, 48
+    rng = np.random.default_rng(7)
+    fast = PrioritizedSampler(capacity, alpha=0.6, beta=0.4, beta_final=0.4, floor=0.01, seed=3)
+    ref = ReferencePER(capacity, alpha=0.6, beta=0.4, floor=0.01, seed=3)
+    first = np.arange(capacity)
+    priorities = rng.random(capacity) * (rng.random(capacity) > 0.1)  # some 0: lifted to the floor
+    fast.add(first, priorities)
+    ref.set(first, priorities)
+    for step in range(300):
+        slots, probabilities, weights = ref.sample(k)
+        draw = fast.sample(k, None)
+        assert np.array_equal(draw.slots, slots), f"batch {step}"
+        np.testing.assert_allclose(draw.probabilities, probabilities, rtol=1e-9)
+        np.testing.assert_allclose(draw.is_weights, weights, rtol=1e-12)
+        new = rng.random(k) ** 3  # updates that often fall below the smallest priority
+        fast.update(slots, new)
+        ref.set(slots, new)
+        gone = rng.choice(capacity, 8, replace=False)  # removals and re-insertions
+        fast.remove(gone)
+        ref.remove(gone)
+        back = gone[:4]
+        fast.add(back, rng.random(4) if step % 2 else np.full(4, 0.5))
+        ref.set(back, fast.priorities(back))
+    assert fast.tree.total == pytest.approx(ref.leaf.sum(), rel=1e-12)
