@@ -99,6 +99,12 @@ def init_single_process_distributed(backend: str | None = None) -> None:
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not torch.distributed.is_initialized():
+        # A world destroyed by another library in this process (vLLM's in-process engine does
+        # when it closes) leaves DeepSpeed's clone of it cached; the new world needs its own.
+        import deepspeed.utils.groups
+
+        deepspeed.utils.groups._WORLD_GROUP = None
     deepspeed.init_distributed(dist_backend=backend)
 
 
