@@ -2,6 +2,7 @@
 dispatcher, each its own process, talking over ZeroMQ; a few learner steps."""
 
 import json
+import math
 
 import pytest
 
@@ -64,3 +65,42 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
     assert 'asyncrl_policy_version{component="generator-0"} 4.0' in metrics["generator-0"]
     assert "asyncrl_reward_group_duration_seconds_count" in metrics["reward-0"]
     assert "asyncrl_buffer_items" in metrics["buffer"]
+
+
+@pytest.mark.slow
+def test_pipeline_with_several_updates_per_batch_a_schedule_and_truncation_masked(tmp_path):
+    """The real learner loop with 2 epochs x 2 mini-batches per step, cosine decay after a warm-up
+    and truncated answers masked: one version per step, the learning rate of each step's last
+    update in steps.jsonl, every sample accounted for."""
+    cfg = load_config(
+        "configs/demo.yaml",
+        [
+            f"run.root={tmp_path}",
+            "run.name=loop",
+            "learner.total_steps=3",
+            "learner.broadcast_every=1",
+            "learner.batch_groups=4",
+            "learner.ppo_epochs=2",
+            "learner.mini_batches=2",
+            "learner.trainer.lr_schedule=cosine",
+            "learner.trainer.lr_warmup_steps=2",
+            "learner.trainer.min_lr_ratio=0.1",
+            "algorithm.truncation.mode=mask",
+            "generator.prompts_per_batch=4",
+            "sampling.n=4",
+            "sft.steps=20",
+            "eval.num_prompts=20",
+        ],
+    )
+    summary = Controller(cfg).run()
+    assert summary["learner_steps"] == 3 and summary["reconciles"], summary
+    assert summary["trained"] == 3 * 4 * 4
+    steps = [json.loads(line) for line in (tmp_path / "loop" / "steps.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1, 2, 3]
+    assert [s["updates"] for s in steps] == [4, 8, 12]
+    # 12 updates: warm-up over 2, then a half cosine over the other 10, to 0.1 x lr at the last
+    lr = cfg.learner.trainer.lr
+    expected = [lr * (0.1 + 0.9 * (1 + math.cos(math.pi * (u - 2) / 10)) / 2) for u in (3, 7, 11)]
+    assert [s["lr"] for s in steps] == pytest.approx(expected, rel=1e-9)
+    assert all(len(s["clipfrac_by_epoch"]) == 2 and 0 <= s["truncated_frac"] <= 1 for s in steps)
+    assert all(0 <= s["grad_clipped"] <= 1 and math.isfinite(s["grad_norm"]) for s in steps)
