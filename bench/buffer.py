@@ -19,6 +19,10 @@ Two parts, both through ``ReplayBuffer`` with a ``SlabStorage`` (one item = one 
    holds ``--payload-items`` trajectories (2^17 = 1.2 GB: 10^6 would be 9.2 GB, more than this
    machine spares), far larger than any cache, which is what makes the comparison fair.
 
+3. *Service*: groups per second through ``BufferService``'s sockets (insert frames in, batch
+   frames out) against the in-process ``ReplayBuffer`` doing the same inserts and samples, in
+   the same run (``service_vs_in_process``).
+
 If ``torchrl`` imports and its prioritized sampler works with the installed torch, the same
 index-work step runs through ``torchrl.data.PrioritizedReplayBuffer`` and the ratio is printed;
 otherwise the JSON says why not. Math libraries are single-threaded (set before numpy loads).
@@ -248,6 +252,115 @@ def bench_payload(items: int, batch: int, rounds: int, seed: int) -> dict:
     }
 
 
+def make_groups(count: int, tag: str, n: int = 8, length: int = 256) -> list:
+    """``count`` scored groups of ``n`` samples with ``length``-token answers (unique ids)."""
+    from asyncrl.wire import Group, Sample
+
+    rng = np.random.default_rng(0)
+    return [
+        Group(
+            group_id=f"{tag}{g}",
+            prompt_uid=f"bench/{g}",
+            task="bench",
+            prompt="",
+            answer="",
+            prompt_ids=np.arange(64, dtype=np.int32),
+            policy_version=0,
+            generator="bench",
+            samples=[
+                Sample(
+                    uid=f"{tag}{g}/{i}",
+                    response_ids=np.arange(length, dtype=np.int32),
+                    logprobs=np.full(length, -0.5, dtype=np.float32),
+                    text="",
+                    finish_reason="stop",
+                    reward=float(rng.random() < 0.5),
+                )
+                for i in range(n)
+            ],
+        )
+        for g in range(count)
+    ]
+
+
+def bench_service(batch: int, batches: int, repeats: int) -> dict:
+    """Groups per second through the buffer service's sockets against the in-process buffer.
+
+    In-process: ``insert`` each group, then ``sample`` batches of ``batch`` groups (use once).
+    Service: a ``BufferService`` serving in a thread on 127.0.0.1; a sender thread pushes the
+    same groups as encoded frames (encoded beforehand: the producer's encoding is not the
+    buffer's cost) and the main thread asks for batches of ``batch`` groups until every group
+    came back; each reply is decoded, as a learner would. Both ends share one interpreter (the
+    GIL), so the ratio is an upper bound on the service's overhead over the bare buffer.
+    Repeats alternate the two; the ratio is the median of per-repeat ratios.
+    """
+    import threading
+
+    from asyncrl import wire
+    from asyncrl.buffer.service import BufferService
+    from asyncrl.transport import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
+
+    count = batch * batches
+    cfg = BufferConfig(capacity_samples=8 * count, max_staleness=None, max_times_sampled=1)
+
+    def in_process(groups) -> float:
+        buf = ReplayBuffer.from_config(cfg)
+        start = time.perf_counter()
+        for at in range(0, count, batch):
+            for g in groups[at : at + batch]:
+                buf.insert(g)
+            buf.sample(batch)
+        return count / (time.perf_counter() - start)
+
+    def through_sockets(groups) -> float:
+        buf = ReplayBuffer.from_config(cfg)
+        service = BufferService(
+            buf,
+            StreamReceiver(tcp_address(0), name="bench.buffer.in"),
+            ReplyServer(tcp_address(0), name="bench.buffer.requests"),
+            Publisher(tcp_address(0), name="bench.buffer.status"),
+        )
+        stop = threading.Event()
+        thread = threading.Thread(target=service.serve, args=(stop.is_set,), daemon=True)
+        producer = StreamSender(service.inbox.address, name="bench.producer")
+        learner = RequestClient(service.requests.address, name="bench.learner")
+        frames = [wire.encode_group(g) for g in groups]
+        thread.start()
+        try:
+            start = time.perf_counter()
+            sender = threading.Thread(target=lambda: [producer.send_frame(f, timeout=30) for f in frames])
+            sender.start()
+            received = 0
+            while received < count:
+                reply = learner.request("want_batch", {"num_groups": batch, "timeout_s": 30.0}, timeout=30.0)
+                if reply is None:
+                    raise RuntimeError(f"no batch within 30 s after {received} of {count} groups")
+                received += len(reply[1]["groups"])
+            elapsed = time.perf_counter() - start
+            sender.join(30)
+        finally:
+            stop.set()
+            thread.join(5)
+            for sock in (producer, learner, service.inbox, service.requests, service.status):
+                sock.close()
+        return count / elapsed
+
+    service_rate, local_rate = [], []
+    for r in range(repeats):
+        service_rate.append(through_sockets(make_groups(count, f"s{r}-")))
+        local_rate.append(in_process(make_groups(count, f"l{r}-")))
+    ratios = np.array(service_rate) / np.array(local_rate)
+    return {
+        "batch_groups": batch,
+        "groups_per_repeat": count,
+        "samples_per_group": 8,
+        "response_tokens": 256,
+        "service_groups_per_s": float(np.median(service_rate)),
+        "in_process_groups_per_s": float(np.median(local_rate)),
+        "service_vs_in_process": float(np.median(ratios)),
+    }
+
+
 def bench_torchrl(capacity: int, batch: int, rounds: int, seed: int) -> dict:
     """The same index-work step through TorchRL's prioritized buffer, or why it cannot run."""
     try:
@@ -290,6 +403,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats (medians are reported)")
     parser.add_argument("--payload-items", type=int, default=1 << 17)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--service-batch", type=int, default=32, help="groups per batch through the service")
+    parser.add_argument("--service-batches", type=int, default=20, help="batches per repeat through the service")
     parser.add_argument("--quick", action="store_true", help="capacity 10^5, 2^14 payload items, 30 rounds, 3 repeats")
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL comparison")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
@@ -298,6 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.capacity, args.payload_items, args.rounds, args.repeats = [100_000], 1 << 14, 30, 3
     index = {str(c): bench_index(c, args.batch, args.rounds, args.repeats, args.seed) for c in args.capacity}
     payload = bench_payload(args.payload_items, args.batch, args.rounds, args.seed)
+    service = bench_service(args.service_batch, args.service_batches, args.repeats)
     result = {
         "config": {
             "capacity": args.capacity,
@@ -312,6 +428,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "index": index,
         "payload": payload,
+        "service": service,
         "goals": {
             **{f"step_ge_2x_plain_at_{c}": r["step"]["speedup"] >= 2.0 for c, r in index.items()},
             **{f"sample_ge_2x_plain_at_{c}": r["sample"]["speedup"] >= 2.0 for c, r in index.items()},

@@ -160,13 +160,11 @@ class SumTree:
         np.minimum(node, top - 1, out=node)
         u -= cumsum[node] - s[top + node]  # minus the mass left of `node`
         pos = node + top
-        left = np.empty_like(u)
-        right = np.empty(u.shape, dtype=bool)
         for _ in range(self._depth - (top.bit_length() - 1)):
             pos <<= 1
-            np.take(s, pos, out=left)
-            np.greater_equal(u, left, out=right)
-            np.subtract(u, left, out=u, where=right)
+            left = s[pos]
+            right = u >= left
+            u -= left * right
             pos += right
         leaf = pos - self._leaves
         # Rounding can leave u just past the last non-empty leaf of a subtree; step back onto it.
