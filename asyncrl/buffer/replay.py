@@ -240,10 +240,11 @@ class ReplayBuffer:
         first = times == 0
         st.times_sampled[slots] = times + 1
         ns = st.num_samples[slots]
-        first_samples = int(ns[first].sum())
-        self.sampled["groups"] += int(first.sum())
+        first_groups = int(np.count_nonzero(first))
+        first_samples = int(ns[first].sum()) if first_groups else 0
+        self.sampled["groups"] += first_groups
         self.sampled["samples"] += first_samples
-        self.resampled["groups"] += k - int(first.sum())
+        self.resampled["groups"] += k - first_groups
         self.resampled["samples"] += int(ns.sum()) - first_samples
         items = st.get(slots) if out is None else st.gather(slots, out)
         self.rate_limiter.sample(k)

@@ -115,7 +115,7 @@ class ReferencePER:
         total = cumsum[-1]
         chosen, missing = [], k
         while missing:  # draw the shortfall, keep draws of groups not yet taken, in order
-            for u in (self.rng.random(missing) * total).tolist():
+            for u in (np.sort(self.rng.random(missing)) * total).tolist():  # i.i.d.: order is free
                 j = int(np.searchsorted(cumsum, u, side="right"))
                 if j not in chosen:
                     chosen.append(j)
