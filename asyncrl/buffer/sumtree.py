@@ -159,26 +159,31 @@ class SumTree:
         The top of the tree is crossed in one step, a binary search in the prefix sums of the
         level with ``SEARCH_LEVEL_NODES`` nodes (a few µs, instead of ~10 levels of gathers);
         below it, the batched descent: at each level go right when u >= the left child's sum,
-        and subtract that sum, one numpy call per level on the whole batch.
+        and subtract that sum, one numpy call per level on the whole batch. With the compiled
+        kernel the same descent runs from the root (cheaper than the search there).
         """
         u = np.array(prefix, dtype=np.float64)  # a copy: the descent consumes it
         s = self._sum
+        if self._kernels is not None:  # compiled: the whole descent costs less than the search
+            pos = self._kernels[0](s, u, np.ones(u.size, dtype=np.int64), self._depth)
+            return self._onto_nonempty(pos)
         top = min(self._leaves, self.SEARCH_LEVEL_NODES)
         cumsum = np.cumsum(s[top : 2 * top])  # (top,)
         node = np.searchsorted(cumsum, u, side="right")
         np.minimum(node, top - 1, out=node)
         u -= cumsum[node] - s[top + node]  # minus the mass left of `node`
         pos = node + top
-        levels = self._depth - (top.bit_length() - 1)
-        if self._kernels is not None:
-            pos = self._kernels[0](s, u, pos, levels)
-        else:
-            for _ in range(levels):
-                pos <<= 1
-                left = s[pos]
-                right = u >= left
-                u -= left * right
-                pos += right
+        for _ in range(self._depth - (top.bit_length() - 1)):
+            pos <<= 1
+            left = s[pos]
+            right = u >= left
+            u -= left * right
+            pos += right
+        return self._onto_nonempty(pos)
+
+    def _onto_nonempty(self, pos: np.ndarray) -> np.ndarray:
+        """Leaf numbers of leaf nodes ``pos``, moved off empty leaves."""
+        s = self._sum
         leaf = pos - self._leaves
         # Rounding can leave u just past the last non-empty leaf of a subtree; step back onto it.
         empty = s[pos] <= 0
