@@ -35,14 +35,17 @@ def get():
     if _kernels is None:
         if not available():
             return None
-        _kernels = _compile()
+        try:
+            _kernels = _compile(cache=True)
+        except RuntimeError:  # numba finds no writable place for its cache (read-only install)
+            _kernels = _compile(cache=False)
     return _kernels
 
 
-def _compile():
+def _compile(cache: bool):
     import numba
 
-    @numba.njit(nogil=True, cache=True)
+    @numba.njit(nogil=True, cache=cache)
     def descend(s, u, pos, levels):  # pragma: no cover - compiled
         """From nodes ``pos`` (k,), ``levels`` levels down: right when u >= the left child's sum."""
         for _ in range(levels):
@@ -55,7 +58,7 @@ def _compile():
                 pos[i] = p
         return pos
 
-    @numba.njit(nogil=True, cache=True)
+    @numba.njit(nogil=True, cache=cache)
     def update(s, pos, values, depth):  # pragma: no cover - compiled
         """Leaves at nodes ``pos`` (k,) set to ``values``, then each level's parents recomputed
         from their children (exact), the batch's level before the next."""
