@@ -78,7 +78,6 @@ def child_env(run_dir: Path) -> dict[str, str]:
         TORCHDYNAMO_DISABLE="1",  # vLLM's CPU backend otherwise spends 15-20 s in g++ at start
         VLLM_ENABLE_V1_MULTIPROCESSING="0",  # the engine in the generator's own process: 8 s, 1 GiB
         VLLM_CPU_OMP_THREADS_BIND="nobind",  # two engines on one box must not pin to the same core
-        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         DS_ACCELERATOR="cpu" if not _has_cuda() else env.get("DS_ACCELERATOR", "cuda"),
         TMPDIR=str(tmp),
         PYTHONUNBUFFERED="1",

@@ -57,8 +57,8 @@ class EngineConfig(Config):
     """Longest sequence (prompt + response) in tokens; a prompt that leaves no room is an error."""
     kv_cache_memory_bytes: int | None = 256 << 20
     """KV cache size in bytes. None sizes it from ``gpu_memory_utilization`` (GPU only: the CPU
-    backend needs an explicit size). On CPU the env var VLLM_CPU_KVCACHE_SPACE (GiB), when set,
-    overrides it."""
+    backend needs an explicit size). On CPU the env var VLLM_CPU_KVCACHE_SPACE (whole GiB), when a
+    user exports it, overrides this value inside vLLM; the run never sets it itself."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may use; only read when ``kv_cache_memory_bytes`` is None."""
     enforce_eager: bool = True
