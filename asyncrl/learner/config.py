@@ -46,6 +46,8 @@ class TrainerConfig(Config):
     """Scored tokens per LM-head call: the learner never holds more than this many positions' logits (forward or backward)."""
     gradient_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward instead of keeping them (less memory, ~1/3 more compute)."""
+    zero_bucket_elements: int | None = Field(None, ge=1)
+    """Elements per ZeRO gradient-reduce and all-gather bucket (DeepSpeed's reduce_bucket_size and allgather_bucket_size). None: DeepSpeed's 5e8, a 1 GB buffer in bf16 sized for GPUs; smaller saves host memory on one rank, larger means fewer collectives across ranks."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; a bigger batch is accumulated over micro batches into one optimizer step."""
     micro_batch_tokens: int | None = None

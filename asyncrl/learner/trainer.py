@@ -114,11 +114,17 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, c
     alike)."""
     import deepspeed
 
+    zero_buckets = {}
+    if cfg.zero_bucket_elements is not None:
+        zero_buckets = {
+            "reduce_bucket_size": cfg.zero_bucket_elements,
+            "allgather_bucket_size": cfg.zero_bucket_elements,
+        }
     ds_config = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_optimization": {"stage": cfg.zero_stage, **zero_buckets},
         "bf16": {"enabled": cfg.dtype == "bf16"},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
