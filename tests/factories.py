@@ -1,4 +1,4 @@
-"""Small builders of wire records for tests."""
+"""Small builders of wire records and models for tests."""
 
 from __future__ import annotations
 
@@ -31,3 +31,24 @@ def make_group(group_id: str = "g0", n: int = 4, version: int = 0, rewards=None,
         generator="test",
         samples=samples,
     )
+
+
+def small_qwen2(vocab_size: int, tied: bool = False, attn: str | None = None):
+    """A 2-layer, 32-wide Qwen2 at a fixed seed (torch's global RNG reseeded to 0): fast enough
+    for exactness checks against plain torch, with grouped-query attention like the real ones."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=vocab_size,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+        **({"attn_implementation": attn} if attn is not None else {}),
+    )
+    return Qwen2ForCausalLM(config)

@@ -6,6 +6,7 @@ import torch
 
 from asyncrl.learner.batch import collate, token_logprobs
 from asyncrl.wire import Group, Sample
+from tests.factories import small_qwen2
 
 PAD = 0
 
@@ -30,20 +31,7 @@ def groups():
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=32,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return small_qwen2(32).eval()
 
 
 def test_collate_layout(groups):

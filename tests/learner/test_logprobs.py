@@ -9,26 +9,14 @@ import torch
 
 from asyncrl.learner.batch import token_logprobs
 from asyncrl.learner.logprobs import TokenDistribution, token_scores, truncation_mask
+from tests.factories import small_qwen2
 
 torch.set_num_threads(1)
 VOCAB = 48
 
 
 def make_model(tied: bool, dtype=torch.float32):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        tie_word_embeddings=tied,
-    )
-    return Qwen2ForCausalLM(config).to(dtype)
+    return small_qwen2(VOCAB, tied=tied).to(dtype)
 
 
 def make_batch(seed=0):

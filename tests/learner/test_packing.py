@@ -9,26 +9,14 @@ from asyncrl.learner.batch import collate
 from asyncrl.learner.logprobs import token_scores
 from asyncrl.learner.packing import pack, plan_micro_batches
 from asyncrl.wire import Group, Sample
+from tests.factories import small_qwen2
 
 torch.set_num_threads(1)
 VOCAB = 40
 
 
 def make_model(attn: str):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        attn_implementation=attn,
-    )
-    return Qwen2ForCausalLM(config)
+    return small_qwen2(VOCAB, attn=attn)
 
 
 def make_batch(lengths, seed=0):
