@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncrl.buffer import kernels
-
 
 class SumTree:
     """Sums of ``capacity`` non-negative leaves and their smallest non-empty value; batched
@@ -51,9 +49,6 @@ class SumTree:
     # A draw starts with a binary search in the prefix sums of the level with this many nodes
     # (measured at 10^6 leaves, k = 256: 42 µs per find at 1024, 69 µs with no shortcut).
     SEARCH_LEVEL_NODES = 1024
-    # From this many leaves on, updates and descents run in compiled loops when numba is
-    # installed (``asyncrl.buffer.kernels``); smaller trees stay in numpy (no compile time).
-    KERNEL_MIN_LEAVES = 1 << 15
 
     def __init__(self, capacity: int):
         if capacity < 1:
@@ -67,7 +62,6 @@ class SumTree:
         self._min = np.inf  # smallest non-empty leaf when _min_known, else a strict lower bound
         self._min_count = 0  # leaves equal to _min
         self._min_known = True
-        self._kernels = kernels.get() if self._leaves >= self.KERNEL_MIN_LEAVES else None
 
     @property
     def total(self) -> float:
@@ -106,9 +100,6 @@ class SumTree:
         s = self._sum
         old = s[pos]
         self._track_min(old, values)
-        if self._kernels is not None:  # exact, level by level: no drift, no rebuild
-            self._kernels[1](s, pos, values, self._depth)
-            return
         self._writes += pos.size
         if self._writes >= self._leaves or pos.size * self._depth >= 2 * self._leaves:
             s[pos] = values
@@ -159,14 +150,10 @@ class SumTree:
         The top of the tree is crossed in one step, a binary search in the prefix sums of the
         level with ``SEARCH_LEVEL_NODES`` nodes (a few µs, instead of ~10 levels of gathers);
         below it, the batched descent: at each level go right when u >= the left child's sum,
-        and subtract that sum, one numpy call per level on the whole batch. With the compiled
-        kernel the same descent runs from the root (cheaper than the search there).
+        and subtract that sum, one numpy call per level on the whole batch.
         """
         u = np.array(prefix, dtype=np.float64)  # a copy: the descent consumes it
         s = self._sum
-        if self._kernels is not None:  # compiled: the whole descent costs less than the search
-            pos = self._kernels[0](s, u, np.ones(u.size, dtype=np.int64), self._depth)
-            return self._onto_nonempty(pos)
         top = min(self._leaves, self.SEARCH_LEVEL_NODES)
         cumsum = np.cumsum(s[top : 2 * top])  # (top,)
         node = np.searchsorted(cumsum, u, side="right")
@@ -179,11 +166,6 @@ class SumTree:
             right = u >= left
             u -= left * right
             pos += right
-        return self._onto_nonempty(pos)
-
-    def _onto_nonempty(self, pos: np.ndarray) -> np.ndarray:
-        """Leaf numbers of leaf nodes ``pos``, moved off empty leaves."""
-        s = self._sum
         leaf = pos - self._leaves
         # Rounding can leave u just past the last non-empty leaf of a subtree; step back onto it.
         empty = s[pos] <= 0
