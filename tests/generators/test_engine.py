@@ -94,18 +94,17 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def engine(models, tmp_path_factory):
-    # vLLM leaves files in TMPDIR: keep them in pytest's tmp dir.
-    old_tmpdir = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("vllm_tmp"))
-    tempfile.tempdir = None
-    eng = VLLMEngine(str(models["a"]), EngineConfig(max_model_len=64, block_size=32, seed=0), version=3)
-    yield eng
-    eng.close()
-    if old_tmpdir is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = old_tmpdir
-    tempfile.tempdir = None
+    # vLLM leaves files in TMPDIR: keep them in pytest's tmp dir, and give TMPDIR back however
+    # the engine's start ends (a later Ray test's socket paths must stay short).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("vllm_tmp")))
+        tempfile.tempdir = None
+        try:
+            eng = VLLMEngine(str(models["a"]), EngineConfig(max_model_len=64, block_size=32, seed=0), version=3)
+            yield eng
+            eng.close()
+        finally:
+            tempfile.tempdir = None
 
 
 @pytest.fixture(scope="module")

@@ -36,17 +36,17 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir, tmp_path_factory):
-    old_tmpdir = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("vllm_tmp"))  # vLLM leaves files there
-    tempfile.tempdir = None
-    eng = VLLMEngine(str(model_dir), EngineConfig(max_model_len=64, block_size=32, seed=0))
-    yield eng
-    eng.close()
-    if old_tmpdir is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = old_tmpdir
-    tempfile.tempdir = None
+    # vLLM leaves files in TMPDIR: keep them in pytest's tmp dir, and give TMPDIR back however
+    # the engine's start ends (a later Ray test's socket paths must stay short).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("vllm_tmp")))
+        tempfile.tempdir = None
+        try:
+            eng = VLLMEngine(str(model_dir), EngineConfig(max_model_len=64, block_size=32, seed=0))
+            yield eng
+            eng.close()
+        finally:
+            tempfile.tempdir = None
 
 
 @pytest.fixture(scope="module")
