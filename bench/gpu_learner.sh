@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/learner.py on a lent GPU (H200): the asyncrl trainer's step against a plain PyTorch
+# bench/learner.py on a GPU machine (reference: one H200): the asyncrl trainer's step against a plain PyTorch
 # autocast loop on the same batch, Qwen2.5-0.5B shape, bf16, 8 x 2,048 tokens. Under 10 minutes.
 #
 #   here, once, online:  bash bench/gpu_learner.sh fetch   # DeepSpeed + what the GPU image lacks -> bench/wheels/
@@ -7,7 +7,7 @@
 #
 # Writes bench/results/learner_gpu.json (every sequence 512 + 1,536 tokens, ZeRO-0),
 # bench/results/learner_gpu_rl.json (answers of 64..1,536 tokens: padded by the plain loop,
-# packed by asyncrl) and learner_gpu_zero2.json (the first at ZeRO-2), and copies them to $OUT
+# packed by asyncrl) and learner_gpu_zero2.json (the first at ZeRO-2), and copies them to the folder $OUT
 # when it is set. The GPU image has torch,
 # transformers, msgpack, prometheus-client and pyyaml; the wheels add DeepSpeed (pure Python,
 # nothing compiled at run time: the trainer passes a torch AdamW), pydantic and pyzmq.

@@ -1,7 +1,7 @@
 """Benchmark of the learner's step at a real vocabulary (151,936): memory per token, and tokens/s.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/learner.py   # CPU: memory
-    bash bench/gpu_learner.sh                                     # a lent GPU: throughput (and memory)
+    bash bench/gpu_learner.sh                                     # a GPU machine: throughput (and memory)
 
 Each variant runs in a fresh child process on the same model and the same batch, built in this
 run, one warm-up step first (AdamW's moments are allocated on the first step):
