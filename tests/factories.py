@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from contextlib import contextmanager
+
 import numpy as np
 
 from asyncrl.wire import Group, Sample
@@ -52,3 +55,24 @@ def small_qwen2(vocab_size: int, tied: bool = False, attn: str | None = None):
         **({"attn_implementation": attn} if attn is not None else {}),
     )
     return Qwen2ForCausalLM(config)
+
+
+@contextmanager
+def vllm_engine(tmp_path_factory, model_dir, version: int = 0):
+    """A vLLM engine on ``model_dir`` (max_model_len 64, block 32, seed 0), closed on exit.
+
+    vLLM leaves files in TMPDIR: they go to pytest's tmp dir, and TMPDIR is given back however the
+    engine's start ends (a later Ray test's socket paths must stay short)."""
+    import pytest
+
+    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("vllm_tmp")))
+        tempfile.tempdir = None
+        try:
+            engine = VLLMEngine(str(model_dir), EngineConfig(max_model_len=64, block_size=32, seed=0), version=version)
+            yield engine
+            engine.close()
+        finally:
+            tempfile.tempdir = None

@@ -8,7 +8,6 @@ One engine is built per module (~10 s); the whole file takes well under a minute
 from __future__ import annotations
 
 import os
-import tempfile
 
 # vLLM reads these at import time; tests/conftest.py belongs to others, so set them here.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -23,7 +22,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
-from asyncrl.generators.engine import Completion, EngineConfig, SamplingConfig, VLLMEngine  # noqa: E402
+from asyncrl.generators.engine import Completion, EngineConfig, SamplingConfig  # noqa: E402
+from tests.factories import vllm_engine  # noqa: E402
 
 PROMPTS = ["1+2=", "34+5=", "hello", "7*8=", "a"]
 ATOL = 1e-3
@@ -94,17 +94,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def engine(models, tmp_path_factory):
-    # vLLM leaves files in TMPDIR: keep them in pytest's tmp dir, and give TMPDIR back however
-    # the engine's start ends (a later Ray test's socket paths must stay short).
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("vllm_tmp")))
-        tempfile.tempdir = None
-        try:
-            eng = VLLMEngine(str(models["a"]), EngineConfig(max_model_len=64, block_size=32, seed=0), version=3)
-            yield eng
-            eng.close()
-        finally:
-            tempfile.tempdir = None
+    with vllm_engine(tmp_path_factory, models["a"], version=3) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ own batch layout; without the truncation the learner would be off by the nucleus
 from __future__ import annotations
 
 import os
-import tempfile
 
 # vLLM reads these at import time.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -19,11 +18,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it)
 
-from asyncrl.generators.engine import EngineConfig, SamplingConfig, VLLMEngine  # noqa: E402
+from asyncrl.generators.engine import SamplingConfig  # noqa: E402
 from asyncrl.learner.batch import collate  # noqa: E402
 from asyncrl.learner.logprobs import TokenDistribution, token_scores  # noqa: E402
 from asyncrl.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.wire import Group, Sample  # noqa: E402
+from tests.factories import vllm_engine  # noqa: E402
 
 PROMPTS = ["1+2=", "34+5=", "hello", "7*8=", "a"]
 TEMPERATURE = 0.8
@@ -36,17 +36,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir, tmp_path_factory):
-    # vLLM leaves files in TMPDIR: keep them in pytest's tmp dir, and give TMPDIR back however
-    # the engine's start ends (a later Ray test's socket paths must stay short).
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("vllm_tmp")))
-        tempfile.tempdir = None
-        try:
-            eng = VLLMEngine(str(model_dir), EngineConfig(max_model_len=64, block_size=32, seed=0))
-            yield eng
-            eng.close()
-        finally:
-            tempfile.tempdir = None
+    with vllm_engine(tmp_path_factory, model_dir) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="module")
