@@ -140,8 +140,8 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         import torch
 
         from asyncrl.config import load_config
-        from asyncrl.console import print_summary
-        from asyncrl.controller import Controller
+        from asyncrl.controller.process import Controller
+        from asyncrl.observability.console import print_summary
 
         torch.set_num_threads(1)
         if args.resume:
@@ -157,9 +157,9 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         from pathlib import Path
 
         from asyncrl.config import load_config
-        from asyncrl.sft import run_sft
-        from asyncrl.tasks import load_run_prompts
-        from asyncrl.tinymodel import build_tiny_model
+        from asyncrl.models.sft import run_sft
+        from asyncrl.models.tiny import build_tiny_model
+        from asyncrl.tasks.prompts import load_run_prompts
 
         cfg = load_config(args.config, [])
         out = Path(args.out_dir)
@@ -173,22 +173,22 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.command == "reward-worker":
         return run_hot_reward_worker(args.connect, args.name or f"reward-hot-{os.getpid()}", args.overrides)
     if args.command == "generator":
-        from asyncrl.join import run_joined_generator
+        from asyncrl.fleet.join import run_joined_generator
 
         name = args.name or f"generator-hot-{os.getpid()}"
         return run_joined_generator(args.connect, name, args.model, args.overrides)
     if args.command == "bench":
-        from asyncrl.pipeline_bench import main as bench_pipeline
+        from asyncrl.benchmarks.pipeline import main as bench_pipeline
 
         bench_pipeline(args.args)
         return 0
     if args.command == "export":
-        from asyncrl.export import export
+        from asyncrl.models.export import export
 
         print(export(args.run_dir, args.out_dir, args.step))
         return 0
     if args.command == "keys":
-        from asyncrl.security import write_keys
+        from asyncrl.wire.security import write_keys
 
         try:
             written = write_keys(args.keys_dir, args.clients, args.force)
@@ -198,12 +198,12 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             print(f"{name}: {public} (+ {public.name}_secret)")  # paths only: keys never go to stdout
         return 0
     if args.command == "inspect":
-        from asyncrl.inspect_run import main as inspect_main
+        from asyncrl.observability.inspect_run import main as inspect_main
 
         inspect_main(args.run_dir, args.json)
         return 0
     if args.command == "plot":
-        from asyncrl.plot import plot_run
+        from asyncrl.observability.plot import plot_run
 
         print(plot_run(args.run_dir, args.out))
         return 0
@@ -219,8 +219,8 @@ def run_hot_reward_worker(run_dir: str, name: str, overrides: list[str]) -> int:
     """A reward worker that asks the run's first reward worker for groups (``rewards.worker``)."""
     from asyncrl.config import RunConfig
     from asyncrl.configbase import apply_overrides
-    from asyncrl.rewards.worker import run_reward_worker
-    from asyncrl.runtime import ProcessContext, configure_process
+    from asyncrl.fleet.context import ProcessContext, configure_process
+    from asyncrl.rewards.process import run_reward_worker
 
     bad = [o for o in overrides if not o.startswith("reward.")]
     if bad:
@@ -262,8 +262,8 @@ def fetch_run(address: str, timeout: float = 30.0):
     """Ask the reward worker that owns a stream (its ``reward_share`` address) for the run's
     resolved config and endpoints."""
     from asyncrl.config import RunConfig
-    from asyncrl.endpoints import Endpoints
-    from asyncrl.transport import RequestClient
+    from asyncrl.wire.endpoints import Endpoints
+    from asyncrl.wire.sockets import RequestClient
 
     client = RequestClient(address, name="reward-worker.join")
     try:

@@ -15,25 +15,25 @@ import yaml
 from pydantic import Field, model_validator
 
 from asyncrl.buffer.replay import BufferConfig
-from asyncrl.checkpoint import CheckpointConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
-from asyncrl.dispatcher import DispatcherConfig
+from asyncrl.dispatcher.process import DispatcherConfig
+from asyncrl.fleet.launcher import LauncherConfig
+from asyncrl.fleet.placement import PlacementConfig
+from asyncrl.fleet.supervision import SupervisionConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
 from asyncrl.generators.mock_engine import MockEngineConfig
-from asyncrl.generators.worker import GeneratorConfig
-from asyncrl.heldout import EvalConfig
-from asyncrl.launcher import LauncherConfig
+from asyncrl.generators.process import GeneratorConfig
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
-from asyncrl.loggers import LoggingConfig
-from asyncrl.placement import PlacementConfig
-from asyncrl.rewards.worker import RewardConfig
-from asyncrl.security import SecurityConfig
-from asyncrl.sft import SFTConfig
-from asyncrl.supervision import SupervisionConfig
-from asyncrl.tasks import TaskConfig
-from asyncrl.tinymodel import TinyModelConfig
+from asyncrl.models.sft import SFTConfig
+from asyncrl.models.tiny import TinyModelConfig
+from asyncrl.observability.loggers import LoggingConfig
+from asyncrl.rewards.process import RewardConfig
+from asyncrl.rundir.checkpoints import CheckpointConfig
+from asyncrl.tasks.heldout import EvalConfig
+from asyncrl.tasks.prompts import TaskConfig
 from asyncrl.weights.config import WeightSyncConfig
+from asyncrl.wire.security import SecurityConfig
 
 
 class RunSection(Config):
@@ -54,7 +54,7 @@ class RunSection(Config):
     """Seconds of start-up allowed per GiB of model weights on top of ``startup_timeout_s``."""
     stall_timeout_s: float = Field(120, gt=0)
     """Floor of the stall bound: seconds without a learner step that are never a stall
-    (``asyncrl.watchdog``: the bound is ``stall_factor`` × the slowest interval between steps so far,
+    (``asyncrl.controller.watchdog``: the bound is ``stall_factor`` × the slowest interval between steps so far,
     clamped to [``stall_timeout_s``, ``stall_cap_s``]); past the bound the controller aborts,
     naming what each process waits for."""
     stall_factor: float = Field(5.0, ge=1)

@@ -254,7 +254,7 @@ def bench_payload(items: int, batch: int, rounds: int, seed: int) -> dict:
 
 def make_groups(count: int, tag: str, n: int = 8, length: int = 256) -> list:
     """``count`` scored groups of ``n`` samples with ``length``-token answers (unique ids)."""
-    from asyncrl.wire import Group, Sample
+    from asyncrl.wire.schema import Group, Sample
 
     rng = np.random.default_rng(0)
     return [
@@ -296,9 +296,9 @@ def bench_service(batch: int, batches: int, repeats: int) -> dict:
     """
     import threading
 
-    from asyncrl import wire
-    from asyncrl.buffer.service import BufferService
-    from asyncrl.transport import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
+    from asyncrl.buffer.process import BufferService
+    from asyncrl.wire import schema as wire
+    from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
 
     count = batch * batches
     cfg = BufferConfig(capacity_samples=8 * count, max_staleness=None, max_times_sampled=1)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     from asyncrl.config import load_config
-    from asyncrl.controller import Controller, RunError
+    from asyncrl.controller.process import Controller, RunError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     recipe = ROOT / ("configs/bench_pipeline.yaml" if args.simulated else "configs/demo.yaml")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         thread.join(timeout=5)
-    from asyncrl.ledger import reconcile_ledger
+    from asyncrl.rundir.ledger import reconcile_ledger
 
     ledger = reconcile_ledger(controller.run_dir, cfg.sampling.n)
     result = {

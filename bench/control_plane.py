@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 
-from asyncrl import wire
-from asyncrl.transport import StreamReceiver, StreamSender
+from asyncrl.wire import schema as wire
+from asyncrl.wire.sockets import StreamReceiver, StreamSender
 
 
 def make_group(index: int, n: int, tokens: int) -> wire.Group:

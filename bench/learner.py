@@ -102,7 +102,7 @@ def count_parameters(path: Path) -> int:
 
 def make_groups(args) -> list:
     """The batch: ``args.batch`` samples in groups of up to 4, the same in every child (seeded)."""
-    from asyncrl.wire import Group, Sample
+    from asyncrl.wire.schema import Group, Sample
 
     rng = np.random.default_rng(0)
     groups, index = [], 0

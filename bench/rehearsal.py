@@ -32,17 +32,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from asyncrl.procmem import descendants, mem_available_bytes  # noqa: E402
+from asyncrl.observability.procmem import descendants, mem_available_bytes  # noqa: E402
 
 GiB = 1 << 30
 
 
 def process_name(pid: int) -> str:
-    """The component a process runs (``asyncrl.launch ROLE NAME ...`` gives NAME), else its command."""
+    """The component a process runs (``asyncrl.fleet.child ROLE NAME ...`` gives NAME), else its command."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     args = [a.decode(errors="replace") for a in argv if a]
-    if "asyncrl.launch" in args:
-        return args[args.index("asyncrl.launch") + 2]
+    if "asyncrl.fleet.child" in args:
+        return args[args.index("asyncrl.fleet.child") + 2]
     if "asyncrl.cli" in args:
         return "controller"
     return f"{Path(args[0]).name if args else '?'}-{pid}"

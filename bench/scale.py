@@ -3,10 +3,10 @@
 Each point is one run of the real controller, dispatcher, transport, reward worker, buffer and
 learner loop (``configs/bench_scale.yaml``: a learner too fast to be the bottleneck), with G
 simulated generators, E = ceil(G / max_processes) of them per process (threads around the
-unchanged generator loop, ``asyncrl.generators.group``), so 256 fit on two cores. Per point it
+unchanged generator loop, ``asyncrl.generators.multiplex``), so 256 fit on two cores. Per point it
 reports samples/s against the ideal G x one generator's capacity (from the same timing model),
 CPU µs per trajectory of each control-plane process and each process's CPU
-utilisation over the steady-state window (``asyncrl.steady_state``), and the message rate. The
+utilisation over the steady-state window (``asyncrl.benchmarks.steady_state``), and the message rate. The
 control plane saturates where samples/s stops following the ideal; the process whose
 utilisation nears one core there is the bottleneck. The baseline, measured in the same run, is
 one hop of the transport alone (``bench/control_plane.py``: encode, push/pull, decode on one
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from control_plane import make_group, through_sockets
 
+from asyncrl.benchmarks.pipeline import CONTROL_PLANE, capacities, run_measured
+from asyncrl.benchmarks.steady_state import machine_load
 from asyncrl.config import load_config
-from asyncrl.pipeline_bench import CONTROL_PLANE, capacities, run_measured
-from asyncrl.steady_state import machine_load
 
 
 def point_overrides(generators: int, max_processes: int, seconds: float, per_generator_samples_s: float, n: int):

@@ -42,14 +42,14 @@ LIGHT = [  # fewer processes and a slower learner: memory behaviour without satu
     "run.stall_timeout_s=600",
 ]
 BASELINE = (
-    "import time, zmq, numpy, asyncrl.transport, asyncrl.wire\n"
+    "import time, zmq, numpy, asyncrl.wire.sockets, asyncrl.wire.schema\n"
     "s = zmq.Context.instance().socket(zmq.PULL); s.bind('tcp://127.0.0.1:*')\n"
     "while True: time.sleep(1)\n"
 )
 
 
 def name_of(p: psutil.Process, controller: int, baseline: int) -> str:
-    """The component name from ``python -m asyncrl.launch ROLE NAME ...``, else a stable label."""
+    """The component name from ``python -m asyncrl.fleet.child ROLE NAME ...``, else a stable label."""
     if p.pid == controller:
         return "controller"
     if p.pid == baseline:
@@ -58,8 +58,8 @@ def name_of(p: psutil.Process, controller: int, baseline: int) -> str:
         cmd = p.cmdline()
     except psutil.Error:
         return f"pid-{p.pid}"
-    if "asyncrl.launch" in cmd:
-        i = cmd.index("asyncrl.launch")
+    if "asyncrl.fleet.child" in cmd:
+        i = cmd.index("asyncrl.fleet.child")
         return cmd[i + 2]
     return f"{Path(cmd[0]).name if cmd else 'proc'}-{p.pid}"
 

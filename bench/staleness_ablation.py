@@ -41,15 +41,16 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncrl.evaluation import evaluate_exact_match, left_padded  # noqa: E402
 from asyncrl.learner.advantages import grpo_advantages  # noqa: E402
 from asyncrl.learner.batch import collate, token_logprobs  # noqa: E402
 from asyncrl.learner.config import AlgorithmConfig  # noqa: E402
 from asyncrl.learner.losses import compute_policy_loss  # noqa: E402
-from asyncrl.sft import SFTConfig, run_sft  # noqa: E402
-from asyncrl.tasks import TaskConfig, load_prompts, score_answer  # noqa: E402
-from asyncrl.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E402
-from asyncrl.wire import Group, Sample  # noqa: E402
+from asyncrl.models.hf_eval import evaluate_exact_match, left_padded  # noqa: E402
+from asyncrl.models.sft import SFTConfig, run_sft  # noqa: E402
+from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
+from asyncrl.tasks.answers import score_answer  # noqa: E402
+from asyncrl.tasks.prompts import TaskConfig, load_prompts
+from asyncrl.wire.schema import Group, Sample  # noqa: E402
 
 METHODS = {
     "none": AlgorithmConfig(correction="none"),

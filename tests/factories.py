@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from asyncrl.wire import Group, Sample
+from asyncrl.wire.schema import Group, Sample
 
 
 def make_group(group_id: str = "g0", n: int = 4, version: int = 0, rewards=None, length: int = 3) -> Group:

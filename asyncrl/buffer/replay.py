@@ -38,7 +38,7 @@ from asyncrl.buffer.removers import FIFOEviction, MaxTimesSampled, StalenessGate
 from asyncrl.buffer.samplers import Sampler, make_sampler
 from asyncrl.buffer.snapshot import restore_buffer, save_buffer
 from asyncrl.buffer.storage import GroupStorage, SlotStorage, group_nbytes
-from asyncrl.wire import Group
+from asyncrl.wire.schema import Group
 
 __all__ = ["BufferConfig", "ReplayBuffer", "SampledBatch"]
 

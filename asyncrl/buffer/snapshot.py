@@ -30,8 +30,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from asyncrl import wire
 from asyncrl.buffer.storage import GroupStorage
+from asyncrl.wire import schema as wire
 
 FORMAT = 1
 _COUNTERS = ("inserted", "sampled", "resampled", "dropped", "removed")

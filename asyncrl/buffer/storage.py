@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncrl.wire import Group
+from asyncrl.wire.schema import Group
 
 _META = ("seq", "num_samples", "nbytes", "policy_version", "times_sampled", "inserted_at")
 

@@ -1,6 +1,6 @@
 """A generator's part of held-out evaluation: one request between two training batches.
 
-The controller offers ``eval_request``s (``asyncrl.heldout``); each turn of the generator loop
+The controller offers ``eval_request``s (``asyncrl.tasks.heldout``); each turn of the generator loop
 takes at most one (``EvalRequestReceiver.take`` never waits), decodes its prompts greedily with
 the weights the engine serves, and sends the texts back as an ``eval_result``. One training batch,
 then at most one evaluation request: neither starves the other, and an evaluation never pauses
@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from asyncrl.metrics import EVAL_PROMPTS, EVAL_SECONDS
+from asyncrl.observability.metrics import EVAL_PROMPTS, EVAL_SECONDS
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ class InFlightApplier:
         self._thread.start()
 
     def _run(self) -> None:
-        from asyncrl.generators.worker import apply_newest_weights
+        from asyncrl.generators.process import apply_newest_weights
 
         while not self._stop.is_set():
             try:

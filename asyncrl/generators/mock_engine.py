@@ -54,7 +54,7 @@ class MockEngineConfig(Config):
     """Range of the fake token ids."""
     engines_per_process: int = Field(1, ge=1)
     """Simulated engines (generator loops, one thread each) per generator process, so that
-    hundreds of generators fit on a few cores (``asyncrl.generators.group``)."""
+    hundreds of generators fit on a few cores (``asyncrl.generators.multiplex``)."""
 
     @model_validator(mode="after")
     def check_lengths(self) -> MockEngineConfig:

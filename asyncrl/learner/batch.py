@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from asyncrl.wire import Group
+from asyncrl.wire.schema import Group
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field
 
 from asyncrl.configbase import Config
-from asyncrl.wire import Group
+from asyncrl.wire.schema import Group
 
 
 class MockTrainerConfig(Config):

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from asyncrl.learner.logprobs import TokenDistribution, token_scores
-from asyncrl.transport import ReplyServer, RequestClient
+from asyncrl.wire.sockets import ReplyServer, RequestClient
 
 log = logging.getLogger(__name__)
 

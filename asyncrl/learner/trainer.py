@@ -60,7 +60,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.endpoints import free_ports
 from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS, remax_advantages
 from asyncrl.learner.batch import TrainBatch, collate
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
@@ -71,7 +70,8 @@ from asyncrl.learner.lr_schedule import lr_factor
 from asyncrl.learner.packing import MicroBatchPlan, pack, plan_micro_batches
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.truncation import is_truncated, overlong_penalty
-from asyncrl.wire import Group
+from asyncrl.wire.endpoints import free_ports
+from asyncrl.wire.schema import Group
 
 # Files of a Hugging Face model dir that ``save_pretrained`` writes itself instead of copying.
 _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncrl.wire import Group
+from asyncrl.wire.schema import Group
 
 
 def overlong_penalty(lengths, max_tokens: int, cache_tokens: int, penalty: float = 1.0) -> np.ndarray:

@@ -35,8 +35,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from asyncrl.configbase import Config
-from asyncrl.metrics import REWARD_LATENCY, REWARD_UNSCORED
-from asyncrl.wire import Group, Sample
+from asyncrl.observability.metrics import REWARD_LATENCY, REWARD_UNSCORED
+from asyncrl.wire.schema import Group, Sample
 
 
 @dataclass(frozen=True)

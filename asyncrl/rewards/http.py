@@ -31,7 +31,7 @@ import time
 from pydantic import Field
 
 from asyncrl.configbase import Config
-from asyncrl.metrics import REWARD_ERRORS, REWARD_REQUESTS, REWARD_RETRIES
+from asyncrl.observability.metrics import REWARD_ERRORS, REWARD_REQUESTS, REWARD_RETRIES
 
 log = logging.getLogger(__name__)
 

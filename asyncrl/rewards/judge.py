@@ -25,7 +25,7 @@ from pydantic import Field
 
 from asyncrl.rewards.base import RewardResult, TimedResults, Unscored
 from asyncrl.rewards.http import CallFailed, HttpClient, HttpConfig
-from asyncrl.wire import Group, Sample
+from asyncrl.wire.schema import Group, Sample
 
 DEFAULT_TEMPLATE = (
     "Rate the answer to the question from 0 to 10. Reply with the number only.\n"

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from asyncrl.configbase import Config
 from asyncrl.rewards.base import RewardResult, Unscored
-from asyncrl.wire import Group
+from asyncrl.wire.schema import Group
 
 
 class RewardModelConfig(Config):
@@ -83,7 +83,7 @@ def build_tiny_reward_model(out_dir: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from asyncrl.tokenizer import build_char_tokenizer
+    from asyncrl.models.char_tokenizer import build_char_tokenizer
 
     out = Path(out_dir)
     tokenizer = build_char_tokenizer(out)

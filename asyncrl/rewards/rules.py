@@ -24,8 +24,8 @@ import threading
 import time
 
 from asyncrl.rewards.base import RewardResult, Unscored, combine
-from asyncrl.tasks import score_answer
-from asyncrl.wire import Group
+from asyncrl.tasks.answers import score_answer
+from asyncrl.wire.schema import Group
 
 
 def exact_match_reward(task: str, response: str, answer: str) -> float:

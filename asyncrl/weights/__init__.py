@@ -11,7 +11,7 @@ One small interface, four transports (``file``, ``shm``, ``zmq``, ``nccl``):
 
 ``make_publisher`` / ``make_subscriber`` pick the transport from ``WeightSyncConfig``. How a
 generator applies an update (between engine calls, or in flight with per-token version
-segments) is ``weights.apply_mode``: see ``asyncrl.generators.worker`` and ``.inflight``.
+segments) is ``weights.apply_mode``: see ``asyncrl.generators.process`` and ``.inflight``.
 """
 
 from __future__ import annotations

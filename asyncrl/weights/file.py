@@ -1,4 +1,4 @@
-"""The file transport: one safetensors file per version (``asyncrl.learner.weights``) behind the
+"""The file transport: one safetensors file per version (``asyncrl.weights.file_writer``) behind the
 publisher/subscriber interface. It keeps a whole-model copy in the learner while writing; use
 it to debug, or where generators share a filesystem but not a host."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.learner.weights import WeightPublisher
-from asyncrl.transport import Subscriber
+from asyncrl.weights.file_writer import WeightPublisher
 from asyncrl.weights.update import WeightUpdate
+from asyncrl.wire.sockets import Subscriber
 
 
 class FileWeightPublisher:

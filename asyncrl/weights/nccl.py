@@ -37,9 +37,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from asyncrl.transport import Publisher, Subscriber
 from asyncrl.weights.buckets import device_checksum, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
+from asyncrl.wire.sockets import Publisher, Subscriber
 
 log = logging.getLogger(__name__)
 

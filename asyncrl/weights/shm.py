@@ -62,7 +62,6 @@ from pathlib import Path
 import torch
 import zmq
 
-from asyncrl.transport import Publisher, StreamReceiver, StreamSender, Subscriber
 from asyncrl.weights.buckets import (
     HASHES,
     checksum,
@@ -76,6 +75,7 @@ from asyncrl.weights.buckets import (
 )
 from asyncrl.weights.mappings import MappingCache
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
+from asyncrl.wire.sockets import Publisher, StreamReceiver, StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
 

@@ -44,10 +44,11 @@ from collections.abc import Iterable
 import torch
 import zmq
 
-from asyncrl import security, wire
-from asyncrl.metrics import WEIGHT_FAILURES
+from asyncrl.observability.metrics import WEIGHT_FAILURES
 from asyncrl.weights.buckets import HASHES, checksum, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
+from asyncrl.wire import schema as wire
+from asyncrl.wire import security
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl import wire
 from asyncrl.buffer.config import BufferConfig
+from asyncrl.buffer.process import BufferService
 from asyncrl.buffer.replay import ReplayBuffer
-from asyncrl.buffer.service import BufferService
-from asyncrl.transport import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
+from asyncrl.wire import schema as wire
+from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
 from tests.factories import make_group
 
 

@@ -22,12 +22,12 @@ import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, noth
 from asyncrl.generators.async_engine import AsyncVLLMEngine  # noqa: E402
 from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
 from asyncrl.generators.inflight import InFlightApplier  # noqa: E402
-from asyncrl.generators.worker import build_groups  # noqa: E402
-from asyncrl.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E402
+from asyncrl.generators.process import build_groups  # noqa: E402
+from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402
 from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
-from asyncrl.wire import decode, encode_group  # noqa: E402
+from asyncrl.wire.schema import decode, encode_group  # noqa: E402
 
 PROMPT = "12+34="
 LONG = SamplingConfig(n=8, temperature=1.0, max_tokens=48)

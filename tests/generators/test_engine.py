@@ -32,7 +32,7 @@ ATOL = 1e-3
 def build_model(out_dir: Path, seed: int) -> Path:
     """The project's tiny model when available, else an equivalent one built here."""
     try:
-        from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+        from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
     except ImportError:
         return build_fallback_model(out_dir, seed)
     return Path(build_tiny_model(TinyModelConfig(seed=seed), out_dir))
@@ -201,7 +201,7 @@ def test_the_generator_guard_refuses_what_vllm_refuses(engine):
     from vllm import SamplingParams, TokensPrompt
     from vllm.exceptions import VLLMValidationError
 
-    from asyncrl.generators.worker import refuse_too_long
+    from asyncrl.generators.process import refuse_too_long
 
     rows = [{"group_id": f"g{i}", "text": "x" * k} for i, k in enumerate((10, 63, 64, 80))]
     taken, refused = refuse_too_long(engine.tokenizer, rows, engine.cfg.max_model_len)

@@ -5,7 +5,7 @@ import time
 
 from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
-from asyncrl.transport import EvalRequestReceiver, EvalRequestSender, StreamReceiver, StreamSender
+from asyncrl.wire.sockets import EvalRequestReceiver, EvalRequestSender, StreamReceiver, StreamSender
 
 
 class Ctx:

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from asyncrl.config import RunConfig, dump_config
-from asyncrl.endpoints import Endpoints
-from asyncrl.transport import Publisher, StreamReceiver
+from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.sockets import Publisher, StreamReceiver
 
 
 class Harness:
@@ -29,7 +29,7 @@ class Harness:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         log = open(self.run_dir / f"{name}.log", "w")
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "asyncrl.launch", role, name, str(self.run_dir), model_dir],
+            [sys.executable, "-m", "asyncrl.fleet.child", role, name, str(self.run_dir), model_dir],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -10,10 +10,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from asyncrl import wire
 from asyncrl.config import RunConfig
-from asyncrl.inspect_run import inspect_run
-from asyncrl.transport import RequestClient, StreamSender
+from asyncrl.observability.inspect_run import inspect_run
+from asyncrl.wire import schema as wire
+from asyncrl.wire.sockets import RequestClient, StreamSender
 from tests.factories import make_group
 from tests.integration.harness import Harness
 

@@ -9,10 +9,11 @@ import pytest
 import zmq
 import zmq.auth
 
-from asyncrl import security, wire
 from asyncrl.config import RunConfig
-from asyncrl.security import write_keys
-from asyncrl.transport import RequestClient, StreamSender
+from asyncrl.wire import schema as wire
+from asyncrl.wire import security
+from asyncrl.wire.security import write_keys
+from asyncrl.wire.sockets import RequestClient, StreamSender
 from tests.factories import make_group
 from tests.integration.harness import Harness
 from tests.integration.test_bad_input import metric

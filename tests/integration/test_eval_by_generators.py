@@ -9,7 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncrl.config import load_config
-from asyncrl.controller import Controller, evaluate
+from asyncrl.controller.process import Controller, evaluate
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import time
 import yaml
 
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
+from asyncrl.controller.process import Controller
 
 
 def test_a_generator_joins_a_running_run_and_is_accounted_for(tmp_path):

@@ -8,7 +8,7 @@ test fails when a change stops the project's main job from learning; how ``eval_
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
+from asyncrl.controller.process import Controller
 
 
 @pytest.mark.slow

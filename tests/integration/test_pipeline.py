@@ -7,7 +7,7 @@ import math
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
+from asyncrl.controller.process import Controller
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
+from asyncrl.controller.process import Controller
 from tests.raycluster import local_cluster
 
 PLACED = [

@@ -10,7 +10,7 @@ import time
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
+from asyncrl.controller.process import Controller
 
 SIMULATED = [
     "sampling.max_tokens=64",

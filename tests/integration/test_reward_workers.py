@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from asyncrl import wire
 from asyncrl.config import RunConfig
-from asyncrl.transport import StreamSender
+from asyncrl.wire import schema as wire
+from asyncrl.wire.sockets import StreamSender
 from tests.factories import make_group
 from tests.integration.harness import Harness
 from tests.rewards.fault_server import FaultServer
@@ -119,7 +119,7 @@ def test_a_worker_hot_plugged_into_a_training_run_is_in_its_ledger(tmp_path):
     import threading
 
     from asyncrl.config import load_config
-    from asyncrl.controller import Controller
+    from asyncrl.controller.process import Controller
 
     server = FaultServer(lambda key, attempt, body: ("sleep", 0.2, 1.0))
     spec = {"kind": "http_json", "name": "scorer", "options": {"url": server.url, "timeout_s": 5}}

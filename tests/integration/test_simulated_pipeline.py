@@ -10,12 +10,12 @@ from pathlib import Path
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from asyncrl.benchmarks.pipeline import capacities, run_measured
 from asyncrl.cli import main
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
-from asyncrl.inspect_run import inspect_run
-from asyncrl.pipeline_bench import capacities, run_measured
-from asyncrl.plot import staleness_histogram
+from asyncrl.controller.process import Controller
+from asyncrl.observability.inspect_run import inspect_run
+from asyncrl.observability.plot import staleness_histogram
 
 
 def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tmp_path, capsys):

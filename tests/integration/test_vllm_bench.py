@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from asyncrl.pipeline_bench import main
+from asyncrl.benchmarks.pipeline import main
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ import urllib.request
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
-from asyncrl.endpoints import free_ports
+from asyncrl.controller.process import Controller
 from asyncrl.rewards.base import Unscored
 from asyncrl.rewards.judge import JudgeConfig, OpenAIJudgeReward
+from asyncrl.wire.endpoints import free_ports
 from tests.factories import make_group
 
 pytestmark = pytest.mark.slow
@@ -28,9 +28,9 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory):
-    from asyncrl.sft import SFTConfig, run_sft
-    from asyncrl.tasks import TaskConfig, load_prompts
-    from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+    from asyncrl.models.sft import SFTConfig, run_sft
+    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
+    from asyncrl.tasks.prompts import TaskConfig, load_prompts
 
     root = tmp_path_factory.mktemp("judge")
     base = build_tiny_model(TinyModelConfig(), root / "base")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from asyncrl.learner.batch import collate, token_logprobs
-from asyncrl.wire import Group, Sample
+from asyncrl.wire.schema import Group, Sample
 from tests.factories import small_qwen2
 
 PAD = 0

@@ -24,7 +24,7 @@ from tests.learner.test_trainer import make_groups  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     return build_tiny_model(
         TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128), tmp_path_factory.mktemp("tiny")

@@ -21,8 +21,8 @@ import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it)
 from asyncrl.generators.engine import SamplingConfig  # noqa: E402
 from asyncrl.learner.batch import collate  # noqa: E402
 from asyncrl.learner.logprobs import TokenDistribution, token_scores  # noqa: E402
-from asyncrl.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E402
-from asyncrl.wire import Group, Sample  # noqa: E402
+from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
+from asyncrl.wire.schema import Group, Sample  # noqa: E402
 from tests.factories import vllm_engine  # noqa: E402
 
 PROMPTS = ["1+2=", "34+5=", "hello", "7*8=", "a"]

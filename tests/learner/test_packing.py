@@ -8,7 +8,7 @@ import torch
 from asyncrl.learner.batch import collate
 from asyncrl.learner.logprobs import token_scores
 from asyncrl.learner.packing import pack, plan_micro_batches
-from asyncrl.wire import Group, Sample
+from asyncrl.wire.schema import Group, Sample
 from tests.factories import small_qwen2
 
 torch.set_num_threads(1)

@@ -22,7 +22,7 @@ from asyncrl.learner.advantages import grpo_advantages  # noqa: E402
 from asyncrl.learner.batch import collate, token_logprobs  # noqa: E402
 from asyncrl.learner.losses import decoupled_ppo_loss  # noqa: E402
 from asyncrl.learner.trainer import PolicyTrainer, TrainerConfig  # noqa: E402
-from asyncrl.wire import Group, Sample  # noqa: E402
+from asyncrl.wire.schema import Group, Sample  # noqa: E402
 
 LR = 1e-3
 GRAD_CLIP = 0.5  # the test batch's gradient norm is ~1, so clipping is exercised
@@ -32,7 +32,7 @@ GRAD_CLIP = 0.5  # the test batch's gradient norm is ~1, so clipping is exercise
 def model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     try:
-        from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+        from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
         return build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128), out)
     except ImportError:
@@ -579,13 +579,13 @@ def test_load_state_names_a_missing_checkpoint(model_dir, tmp_path):
 @pytest.mark.parametrize("stage", [2, 3])
 def test_export_of_a_checkpointed_version_equals_the_trainers_weights(stage, tmp_path):
     """A learner checkpoint (any ZeRO stage) exports (``asyncrl export --step``) as the trainer's
-    own fp32 weights. Here rather than in tests/test_export.py: trainers share this module's
+    own fp32 weights. Here rather than in tests/models/test_export.py: trainers share this module's
     process group."""
     from transformers import AutoModelForCausalLM
 
     from asyncrl.cli import main
     from asyncrl.config import RunConfig, dump_config
-    from asyncrl.tinymodel import TinyModelConfig, build_tiny_model
+    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     run = tmp_path / "run"
     (run / "config.yaml").parent.mkdir(parents=True)

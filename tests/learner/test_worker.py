@@ -1,6 +1,6 @@
 import numpy as np
 
-from asyncrl.learner.worker import Reservoir, _count_first_time
+from asyncrl.learner.process import Reservoir, _count_first_time
 from tests.factories import make_group
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from asyncrl import wire
 from asyncrl.rewards.base import RewardSpec, SyncReward, Unscored, combine, score_with
+from asyncrl.rewards.process import RewardConfig
 from asyncrl.rewards.rules import FormatReward
-from asyncrl.rewards.worker import RewardConfig
+from asyncrl.wire import schema as wire
 from tests.factories import make_group
 
 

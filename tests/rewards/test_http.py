@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from asyncrl.metrics import REGISTRY
+from asyncrl.observability.metrics import REGISTRY
 from asyncrl.rewards.base import Unscored, score_with
 from asyncrl.rewards.http import CircuitBreaker, TokenBucket
 from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward, JudgeConfig, OpenAIJudgeReward

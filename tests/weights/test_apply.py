@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
-from asyncrl.generators.worker import apply_newest_weights
-from asyncrl.metrics import REGISTRY
+from asyncrl.generators.process import apply_newest_weights
+from asyncrl.observability.metrics import REGISTRY
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.controller import Controller
+from asyncrl.controller.process import Controller
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,11 @@ import pytest
 import torch
 import zmq
 
-from asyncrl import wire
 from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
+from asyncrl.wire import schema as wire
 
 TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
 

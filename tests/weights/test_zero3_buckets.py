@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from asyncrl.endpoints import free_ports
+from asyncrl.wire.endpoints import free_ports
 
 
 def _model():

@@ -1,0 +1,284 @@
+"""``asyncrl bench pipeline``: the real control plane under simulated engines, mode by mode.
+
+Each mode is one run of the real controller, dispatcher, transport, reward worker, buffer and
+learner loop, with generators and learner replaced by timing models (``simulation`` section;
+``configs/bench_pipeline.yaml``). Modes differ in the staleness bound η (``buffer.max_staleness``,
+which the dispatcher's admission also uses):
+
+- ``sync`` (η = 0): generate a batch with the current weights, then train on it, as colocated
+  verl/trl do; generators and learner take turns. As those systems do, the batch is split evenly
+  over the generators (``generator.prompts_per_batch`` = ⌈batch_groups / num_generators⌉).
+- ``one-step-off`` (η = 1): the next batch is generated while the learner trains on this one.
+- ``async-4``, ``async-16``: generators run up to η versions ahead of the learner.
+
+For each mode it reports samples/s and tokens/s, busy fractions, the staleness distribution,
+end-to-end latency per sample, CPU per sample of the controller and of each control-plane
+process, and the ideal throughput min(generation capacity, training capacity) computed from the
+same timing models, with the synchronous throughput the same models predict
+(``sync_samples_per_s``: per step, the slowest of the parallel generator calls, then the step,
+then a weight load). Figures are over the steady state, from the step that ends the pipeline
+fill (``warmup_steps``) to the last; busy fractions and CPU come from ``asyncrl.benchmarks.steady_state``. JSON to stdout and
+``OUT/pipeline.json``, a plot to ``OUT/pipeline.png``. ``--engine vllm`` runs real vLLM
+generators instead (``asyncrl.benchmarks.vllm_pipeline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from asyncrl.config import RunConfig, load_config
+
+log = logging.getLogger(__name__)
+
+PORT_RETRIES = 3
+"""Runs of one mode at most, when a port is taken between its allocation and its bind."""
+
+MODES = {"sync": 0, "one-step-off": 1, "async-4": 4, "async-16": 16}
+CONTROL_PLANE = ("controller", "dispatcher", "reward", "buffer", "learner")
+"""Processes that are the control plane: everything but the (simulated) engines."""
+
+
+def mode_overrides(cfg: RunConfig, mode: str) -> list[str]:
+    """Dotted overrides that turn a recipe into ``mode``."""
+    if mode not in MODES:
+        raise ValueError(f"mode ({mode!r}) must be one of {list(MODES)}")
+    out = [f"buffer.max_staleness={MODES[mode]}"]
+    if mode == "sync":
+        out.append(f"generator.prompts_per_batch={sync_prompts_per_call(cfg)}")
+    return out
+
+
+def sync_prompts_per_call(cfg: RunConfig) -> int:
+    return math.ceil(cfg.learner.batch_groups / cfg.run.num_generators)
+
+
+def capacities(cfg: RunConfig, draws: int = 200) -> dict:
+    """Samples/s the generators and the learner could each sustain alone, and what the
+    synchronous mode would reach, by Monte Carlo over the same timing models and response-length
+    distribution the run uses."""
+    from asyncrl.generators.mock_engine import MockEngine
+    from asyncrl.learner.mock_trainer import MockTrainer
+    from asyncrl.tasks.prompts import load_prompts
+
+    gen_cfg, learner_cfg = cfg.simulation.generator, cfg.simulation.learner
+    if gen_cfg is None or learner_cfg is None:
+        raise ValueError("simulation.generator and simulation.learner must both be set for the pipeline bench")
+    engine = MockEngine(gen_cfg, seed=cfg.run.seed)
+    prompt_len = float(np.mean([len(p.text) for p in load_prompts(cfg.task, "train")[:1000]]))
+    k, n, G, B = cfg.generator.prompts_per_batch, cfg.sampling.n, cfg.run.num_generators, cfg.learner.batch_groups
+    batch_s, lengths = [], []
+    for _ in range(draws):
+        drawn = engine.draw_lengths(k * n, cfg.sampling.max_tokens)
+        lengths.append(drawn.mean())
+        batch_s.append(engine.batch_seconds(int(prompt_len * k * n), drawn))
+    generation = G * k * n / float(np.mean(batch_s))
+    mean_len = float(np.mean(lengths))
+    trainer = MockTrainer(learner_cfg)
+    step_s = trainer.step_seconds(int(B * n * (prompt_len + mean_len)))
+    training = B * n / step_s
+    # Synchronous: each step's B prompts go out as calls of k_s prompts, G at a time; the step
+    # waits for the slowest call of each round, then trains, then the generators load weights.
+    k_s = sync_prompts_per_call(cfg)
+    calls = [min(k_s, B - i) for i in range(0, B, k_s)]
+    sync_gen = []
+    for _ in range(draws):
+        total = 0.0
+        for r in range(0, len(calls), G):
+            total += max(
+                engine.batch_seconds(int(prompt_len * c * n), engine.draw_lengths(c * n, cfg.sampling.max_tokens))
+                for c in calls[r : r + G]
+            )
+        sync_gen.append(total)
+    sync_step = float(np.mean(sync_gen)) + step_s + gen_cfg.load_weights_s
+    return {
+        "generation_samples_per_s": generation,
+        "training_samples_per_s": training,
+        "ideal_samples_per_s": min(generation, training),
+        "sync_samples_per_s": B * n / sync_step,
+        "sync_step_s": {"generate": float(np.mean(sync_gen)), "train": step_s, "load_weights": gen_cfg.load_weights_s},
+        "mean_response_tokens": mean_len,
+    }
+
+
+def run_mode(recipe: str, overrides: list[str], mode: str, out: Path) -> dict:
+    """One run of ``mode``; its figures over the steady-state window."""
+    base = load_config(recipe, overrides)
+    cfg = load_config(recipe, [*overrides, *mode_overrides(base, mode), f"run.name={mode}", f"run.root={out}"])
+    return run_measured(cfg) | {"eta": MODES[mode]}
+
+
+def run_measured(cfg: RunConfig) -> dict:
+    """Run ``cfg`` under the real controller; throughput, busy fractions, CPU and message rate
+    over the steady state (``warmup_steps``). Start-up, the pipeline fill and the drained stop
+    are the same in every mode and would blur the comparison; the fill is reported (``fill_s``:
+    from "go" to the first step)."""
+    from asyncrl.benchmarks.steady_state import SteadyStateMonitor
+    from asyncrl.controller.process import Controller, RunError
+
+    warm = warmup_steps(cfg)
+    if cfg.learner.total_steps < warm + 2:
+        raise ValueError(
+            f"learner.total_steps ({cfg.learner.total_steps}) must be >= {warm + 2} to measure a steady state"
+        )
+    for attempt in range(1, PORT_RETRIES + 1):
+        controller = Controller(cfg)
+        monitor = SteadyStateMonitor(controller, start_step=warm).start()
+        try:
+            summary = controller.run()
+            break
+        except RunError as e:
+            # Ports are chosen free, then bound by the children: on a shared machine another
+            # program can take one in between. Nothing was measured yet; run it again.
+            monitor.stop()
+            if "Address already in use" not in str(e) or attempt == PORT_RETRIES:
+                raise
+            log.warning("%s: a port was taken before it was bound (%s); running it again", cfg.run.name, e)
+    window = monitor.stop()
+    # The controller keeps no step history in memory (a run may last weeks); its steps.jsonl has them all.
+    steps = [json.loads(line) for line in (controller.run_dir / "steps.jsonl").read_text().splitlines()]
+    wall = steps[-1]["t"] - steps[warm - 1]["t"]
+    trained = sum(s["samples"] for s in steps[warm:])
+    tokens = summary["trained_tokens"] * trained / max(summary["trained"], 1)  # response tokens in the window
+    hist = {int(k): v for k, v in summary["staleness_hist"].items()}
+    cpu, busy = window["cpu_s_by_role"], window["busy_s_by_role"]
+    per_sample_us = {role: 1e6 * cpu.get(role, 0.0) / trained for role in (*CONTROL_PLANE, "generator")}
+    groups = trained / cfg.sampling.n
+    return {
+        "samples_per_s": trained / wall,
+        "tokens_per_s": tokens / wall,
+        "generator_busy_fraction": busy.get("generator", 0.0) / (cfg.run.num_generators * wall),
+        "learner_busy_fraction": busy.get("learner", 0.0) / wall,
+        "busy_fractions_whole_run": {
+            "generator": summary["generator_busy_fraction"],
+            "learner": summary["learner_busy_fraction"],
+        },
+        "staleness_hist": hist,
+        "staleness_mean": sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1),
+        "latency_s": summary["latency_s"],
+        "controller_cpu_us_per_sample": per_sample_us["controller"],
+        "cpu_us_per_sample": per_sample_us,
+        "control_plane_cpu_us_per_sample": sum(per_sample_us[r] for r in CONTROL_PLANE),
+        # Lower bound: each group crosses two links (generator -> reward -> buffer), each generator
+        # call is a request and a reply, each step a request and a reply; re-asks, status and
+        # events are left out.
+        "messages_per_s": (2 * groups + 2 * groups / cfg.generator.prompts_per_batch + 2 * (len(steps) - warm)) / wall,
+        "fill_s": steps[0]["t"],
+        "dropped": summary["dropped"],
+        "reconciles": summary["reconciles"],
+        "counters_reconcile": summary.get("counters_reconcile", summary["reconciles"]),
+        "ledger_lost": summary.get("ledger", {}).get("lost", 0),
+        "generator_versions": summary["generator_versions"],
+        "wall_s": wall,
+    }
+
+
+def warmup_steps(cfg: RunConfig) -> int:
+    """The step that opens the steady state: the first round of generator calls (one per
+    generator, k prompts each) finishes at about the same time and can stock that many batches
+    at once; the window starts once the learner has taken them, so it measures the rate the
+    fleet sustains, not a stock built while the learner had nothing to do."""
+    k = cfg.generator.prompts_per_batch
+    return max(1, math.ceil(cfg.run.num_generators * k / cfg.learner.batch_groups))
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(result["modes"])
+    cap = result["capacity"]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    rates = [result["modes"][m]["samples_per_s"] for m in modes]
+    bars = ax1.bar(modes, rates, color="tab:blue")
+    for bar, m in zip(bars, modes):
+        ax1.annotate(
+            f"{result['modes'][m]['fraction_of_ideal']:.2f}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            xytext=(0, -4),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            color="white",
+        )
+    ax1.axhline(
+        cap["ideal_samples_per_s"], color="k", linestyle="--", label=f"ideal {cap['ideal_samples_per_s']:.0f}/s"
+    )
+    ax1.axhline(
+        cap["sync_samples_per_s"], color="tab:red", linestyle=":", label=f"sync model {cap['sync_samples_per_s']:.0f}/s"
+    )
+    ax1.set_ylim(0, 1.15 * max(cap["ideal_samples_per_s"], *rates))
+    ax1.set_title("throughput (samples/s; label: fraction of ideal)")
+    ax1.legend(loc="lower right")
+    x = np.arange(len(modes))
+    ax2.bar(x - 0.2, [result["modes"][m]["generator_busy_fraction"] for m in modes], 0.4, label="generators")
+    ax2.bar(x + 0.2, [result["modes"][m]["learner_busy_fraction"] for m in modes], 0.4, label="learner")
+    ax2.axhline(0.9, color="k", linestyle=":", linewidth=1)
+    ax2.set_xticks(x, modes)
+    ax2.set_ylim(0, 1.05)
+    ax2.set_title("busy fraction (steady state)")
+    ax2.legend(loc="lower right")
+    width = 0.8 / len(modes)
+    for i, m in enumerate(modes):
+        hist = {int(k): v for k, v in result["modes"][m]["staleness_hist"].items()}  # str keys once in JSON
+        total = sum(hist.values())
+        ks = sorted(hist)
+        ax3.bar(np.array(ks) + (i - (len(modes) - 1) / 2) * width, [hist[k] / total for k in ks], width, label=m)
+    ax3.set_title("staleness of trained samples")
+    ax3.set_xlabel("versions behind the learner")
+    ax3.set_ylabel("fraction of samples")
+    ax3.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl bench pipeline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config", help="recipe (default configs/bench_pipeline.yaml, or bench_vllm.yaml with --engine vllm)"
+    )
+    parser.add_argument("--engine", choices=["mock", "vllm"], default="mock", help="simulated or real vLLM generators")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    parser.add_argument("--out", default="runs/bench-pipeline", help="folder for the runs, JSON and plot")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every mode")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.engine == "vllm":
+        from asyncrl.benchmarks.vllm_pipeline import run_vllm_bench
+
+        result = run_vllm_bench(args.config or "configs/bench_vllm.yaml", args.overrides, out)
+        print(json.dumps(result, indent=2))
+        return result
+    recipe = args.config or "configs/bench_pipeline.yaml"
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"mode ({m!r}) must be one of {list(MODES)}")
+    cfg = load_config(recipe, args.overrides)
+    from asyncrl.benchmarks.steady_state import machine_load
+
+    result = {"capacity": capacities(cfg), "modes": {}, "machine_at_start": machine_load()}
+    for mode in modes:
+        m = result["modes"][mode] = run_mode(recipe, args.overrides, mode, out)
+        m["fraction_of_ideal"] = m["samples_per_s"] / result["capacity"]["ideal_samples_per_s"]
+    if "sync" in result["modes"]:
+        sync = result["modes"]["sync"]
+        sync["fraction_of_sync_model"] = sync["samples_per_s"] / result["capacity"]["sync_samples_per_s"]
+        for m in result["modes"].values():
+            m["speedup_over_sync"] = m["samples_per_s"] / sync["samples_per_s"]
+    result["machine_at_end"] = machine_load()
+    (out / "pipeline.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "pipeline.png")
+    print(json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,116 @@
+"""What every child process shares: its config, its event channel to the controller, stop commands.
+
+A component process is started as ``python -m asyncrl.fleet.child ROLE NAME RUN_DIR``; it builds a
+``ProcessContext`` which reads the resolved config and the endpoints from the run directory,
+serves its Prometheus metrics, and connects to the controller's event (PUSH) and control (SUB)
+sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from asyncrl.config import RunConfig, load_run_config
+from asyncrl.observability.metrics import serve_metrics, write_metrics_snapshot
+from asyncrl.observability.procmem import tree_peak_rss_bytes
+from asyncrl.rundir.ledger import LedgerWriter
+from asyncrl.wire import security
+from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.sockets import StreamSender, Subscriber
+
+log = logging.getLogger(__name__)
+
+
+class ProcessContext:
+    def __init__(
+        self,
+        role: str,
+        name: str,
+        run_dir: str | Path | None,
+        cfg: RunConfig | None = None,
+        endpoints: Endpoints | None = None,
+    ):
+        """Read config and endpoints from ``run_dir``, or take them as given (a process that joined
+        a run by address has no run directory: its metrics port is then not written down)."""
+        self.role = role
+        self.name = name
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.cfg: RunConfig = cfg if cfg is not None else load_run_config(self.run_dir / "config.yaml")
+        self.endpoints = endpoints if endpoints is not None else Endpoints.load(self.run_dir)
+        security.configure(self.cfg.security)  # before the first socket: CURVE and size limits
+        self.metrics_port = serve_metrics(self.run_dir, name)
+        self.events = StreamSender(self.endpoints.events, name=f"{name}.events", hwm=10_000)
+        self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
+        self._stop = False
+        self._go = False
+        self._commands: list[dict] = []
+        self.started = time.monotonic()
+        self.ledger = LedgerWriter(self.run_dir, name)
+        """This process's lines of the run's group ledger (``asyncrl.rundir.ledger``)."""
+        resume = os.environ.get("ASYNCRL_RESUME", "")
+        self.resume_dir: Path | None = Path(resume) if resume else None
+        """The checkpoint this process starts from (set by the controller on a resume), or None."""
+
+    def emit(self, type: str, **fields) -> None:
+        """Send an event to the controller (blocks at most 10 s if it is not reading). A ``final``
+        report carries the process's peak RSS (its live descendants included) as ``peak_rss_bytes``."""
+        if type == "final":
+            fields.setdefault("peak_rss_bytes", tree_peak_rss_bytes())
+        try:
+            self.events.send("event", {"source": self.name, "role": self.role, "type": type, **fields}, timeout=10)
+        except TimeoutError:
+            log.warning("%s: controller did not take event %r within 10 s", self.name, type)
+
+    def report(self, kind: str, body: dict) -> None:
+        """Send the controller a message of its own ``wire`` kind (e.g. ``eval_result``), with
+        this process's name as ``source``; blocks at most 10 s, like ``emit``."""
+        try:
+            self.events.send(kind, {"source": self.name, "role": self.role, **body}, timeout=10)
+        except TimeoutError:
+            log.warning("%s: controller did not take a %r within 10 s", self.name, kind)
+
+    def stop_requested(self) -> bool:
+        """True once the controller said stop to this role (or to everyone); never blocks."""
+        self._poll_control()
+        return self._stop
+
+    def go_given(self) -> bool:
+        """True once the controller said go (every process is ready); never blocks."""
+        self._poll_control()
+        return self._go
+
+    def commands(self) -> list[dict]:
+        """Other commands addressed to this role (checkpoint, requeue...), oldest first; never blocks.
+        The controller repeats a command until it sees its effect, so handlers must be idempotent."""
+        self._poll_control()
+        out, self._commands = self._commands, []
+        return out
+
+    def _poll_control(self) -> None:
+        for _kind, body in self.control.recv_latest():
+            if self.role not in body.get("roles", [self.role]):
+                continue
+            if body.get("command") == "stop":
+                self._stop = True
+            elif body.get("command") == "go":
+                self._go = True
+            elif len(self._commands) < 1000:  # a flood of commands is bounded, not buffered
+                self._commands.append(body)
+
+    def close(self) -> None:
+        if self.run_dir is not None:
+            write_metrics_snapshot(self.run_dir, self.name)
+        self.ledger.close()
+        self.events.close()
+        self.control.close()
+
+
+def configure_process() -> None:
+    """Per-process settings that matter on a shared CPU box: one math thread, quiet libraries."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

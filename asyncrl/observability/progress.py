@@ -1,0 +1,80 @@
+"""The controller's one hook for progress: every event in, the console and the loggers out.
+
+``RunProgress(cfg, run_dir)`` builds the console (``run.console``) and the step loggers
+(``logging``: TensorBoard, W&B); the controller calls ``watch(fleet)`` once its processes exist,
+``update(ev)`` for every event it receives (after it has stamped step events with ``t``), and
+``close(summary)`` at the end (also on failure, with no summary).
+
+The controller is a process like the others: it serves ``/metrics`` and ``/health`` too
+(``RUN_DIR/metrics/controller.port``, in the scrape config), with the last learner version it
+heard of as ``asyncrl_policy_version{component="controller"}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.observability.console import RunConsole
+from asyncrl.observability.loggers import StepLoggers
+from asyncrl.observability.metrics import (
+    EVAL_EXACT_MATCH,
+    EVAL_VERSION,
+    POLICY_VERSION,
+    serve_metrics,
+    stop_metrics,
+    write_metrics_snapshot,
+)
+
+
+class RunProgress:
+    def __init__(self, cfg, run_dir: Path, out=None):
+        self.console = RunConsole(cfg.run.console, cfg.learner.total_steps, cfg.run.name, out=out)
+        self.run_dir = Path(run_dir)
+        self.loggers = StepLoggers(cfg.logging, self.run_dir, cfg.run.name, cfg.model_dump(mode="json"))
+        self.metrics_port = serve_metrics(self.run_dir, "controller")
+        self.closed = False
+
+    def watch(self, fleet, eval_before: float | None = None) -> None:
+        """The fleet whose processes the console follows, and the held-out score before RL."""
+        self.console.watch(fleet)
+        self.console.set_eval(before=eval_before)
+
+    def set_state(self, name: str, state: str) -> None:
+        """A process state no event reports (e.g. 'restarting' while the controller restarts it)."""
+        self.console.components.set(name, state)
+
+    def update(self, ev: dict) -> None:
+        self.console.update(ev)
+        if ev.get("type") == "step":
+            POLICY_VERSION.set(ev["version"])
+            row = self.console.steps.last or {}
+            perf = {f"perf/{k}": row[k] for k in ("tokens_per_s", "samples_per_s") if row.get(k) is not None}
+            self.loggers.log_step(ev, perf)
+
+    def eval(self, record: dict) -> None:
+        """An evaluation finished (``asyncrl.tasks.heldout``): the console's before/after, TensorBoard's
+        ``eval/exact_match`` at the version it was asked at, the controller's Prometheus gauges."""
+        score = record.get("exact_match")
+        if score is None:
+            return
+        if record["label"] == "before":
+            self.console.set_eval(before=score)
+        elif record["label"] == "after":
+            self.console.set_eval(after=score)
+        EVAL_EXACT_MATCH.set(score)
+        EVAL_VERSION.set(record["version"])
+        if record["label"] not in ("before", "after"):  # those two: with the summary (log_summary)
+            self.loggers.log_scalars({"eval/exact_match": score}, record["version"])
+
+    def close(self, summary: dict | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if summary is not None:
+                self.loggers.log_summary(summary)
+        finally:
+            self.loggers.close()
+            self.console.close(summary)
+            write_metrics_snapshot(self.run_dir, "controller")
+            stop_metrics("controller")

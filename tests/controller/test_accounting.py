@@ -1,0 +1,45 @@
+from asyncrl.controller.accounting import summarize
+
+
+def finals(trained, trained_with_reuse=None, sampled=None, resampled=0):
+    learner = {"role": "learner", "trained": trained, "version": 3, "staleness_hist": {}, "busy_s": 1.0, "wall_s": 2.0}
+    if trained_with_reuse is not None:
+        learner["trained_with_reuse"] = trained_with_reuse
+    return {
+        "generator-0": {
+            "role": "generator",
+            "generated": 40,
+            "dropped": {},
+            "held": 0,
+            "tokens": 100,
+            "busy_s": 1.0,
+            "wall_s": 2.0,
+        },
+        "reward-0": {"role": "reward", "received": 40, "forwarded": 40, "held": 0},
+        "buffer": {
+            "role": "buffer",
+            "inserted": 40,
+            "sampled": trained if sampled is None else sampled,
+            "resampled": resampled,
+            "dropped": {"stale": 8},
+            "held": 40 - 8 - trained,
+            "held_groups": 1,
+        },
+        "learner": learner,
+    }
+
+
+def test_use_once_ledger_reconciles_as_before():
+    summary = summarize(finals(trained=24), wall_s=1.0, eval_before=0.0, eval_after=0.0)
+    assert summary["reconciles"] and summary["trained_with_reuse"] == 24
+    assert all(v == 0 for v in summary["unaccounted_by_link"].values())
+
+
+def test_reused_samples_count_once_in_the_ledger_and_repeats_reconcile_beside_it():
+    summary = summarize(
+        finals(trained=24, trained_with_reuse=40, resampled=16), wall_s=1.0, eval_before=0.0, eval_after=0.0
+    )
+    assert summary["reconciles"] and summary["trained"] == 24 and summary["trained_with_reuse"] == 40
+    assert all(v == 0 for v in summary["unaccounted_by_link"].values())
+    lost_repeat = summarize(finals(trained=24, trained_with_reuse=36, resampled=16), 1.0, 0.0, 0.0)
+    assert lost_repeat["unaccounted_by_link"]["buffer->learner (with reuse)"] == 4

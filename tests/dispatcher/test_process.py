@@ -1,0 +1,74 @@
+import pytest
+
+from asyncrl.dispatcher.process import Admission, PromptCursor
+from asyncrl.tasks.prompts import Prompt
+
+
+def test_admission_follows_the_staleness_budget():
+    a = Admission(batch_groups=4, max_staleness=1)
+    assert a.capacity() == 8  # (1 + 0 + 1) * 4
+    a.dispatched = 8
+    assert a.capacity() == 0
+    a.update(version=1, dropped_groups=0)
+    assert a.capacity() == 4  # (1 + 1 + 1) * 4 - 8
+    a.update(version=1, dropped_groups=2)
+    assert a.capacity() == 6  # dropped groups free their slots
+    a.update(version=0, dropped_groups=2)  # the version never moves backwards
+    assert a.capacity() == 6
+    a.update(version=1, dropped_groups=1)  # a buffer restarted empty counts from 0: one more drop
+    assert a.capacity() == 7
+
+
+def test_after_a_restore_the_first_buffer_report_is_a_baseline():
+    a = Admission(batch_groups=4, max_staleness=1)
+    a.dropped = 10  # restored from the dispatcher's checkpoint, written after the buffer's
+    a.update(version=2, dropped_groups=7)  # the restored buffer's snapshot count
+    assert a.dropped == 10
+    a.update(version=2, dropped_groups=9)
+    assert a.dropped == 12
+
+
+def test_groups_go_out_again_only_to_generators_with_recent_weights():
+    a = Admission(batch_groups=4, max_staleness=2)
+    a.update(version=10, dropped_groups=0)
+    assert a.may_sample(8) and not a.may_sample(7) and not a.may_sample(0)
+    assert Admission(batch_groups=4, max_staleness=None).may_sample(0)
+
+
+def test_admission_counts_from_the_version_the_generator_serves():
+    a = Admission(batch_groups=4, max_staleness=1)
+    a.update(version=3, dropped_groups=0)
+    a.dispatched = 12
+    assert a.capacity() == 8  # (1 + 3 + 1) * 4 - 12
+    assert a.capacity(version=2) == 4  # a generator still on version 2 may run less far ahead
+    assert a.capacity(version=9) == 8  # no generator serves a version the learner has not made
+
+
+def test_a_generator_behind_a_used_up_budget_is_told_to_reload():
+    a = Admission(batch_groups=4, max_staleness=0)  # synchronous: one batch per version
+    a.dispatched = 4
+    assert not a.behind(0)  # the learner has not moved: waiting is right
+    a.update(version=1, dropped_groups=0)
+    assert a.behind(0) and a.capacity(0) == 0 and a.capacity(1) == 4
+    assert not a.behind(1)
+
+
+def test_no_staleness_bound_means_no_admission_limit():
+    assert Admission(batch_groups=4, max_staleness=None).capacity() > 10**6
+
+
+def test_admission_rejects_a_bad_batch_size():
+    with pytest.raises(ValueError, match=r"batch_groups \(0\) must be >= 1"):
+        Admission(batch_groups=0, max_staleness=1)
+
+
+def test_cursor_covers_every_prompt_each_epoch_in_a_seeded_order():
+    prompts = [Prompt(f"p{i}", f"{i}", "0", "addition") for i in range(5)]
+    c = PromptCursor(prompts, seed=3, epochs=2)
+    first = c.take(5)
+    second = c.take(5)
+    assert sorted(p.prompt_uid for p in first) == sorted(p.prompt_uid for p in prompts)
+    assert sorted(p.prompt_uid for p in second) == sorted(p.prompt_uid for p in prompts)
+    assert c.take(1) == []  # two epochs done
+    again = PromptCursor(prompts, seed=3, epochs=2).take(5)
+    assert [p.prompt_uid for p in again] == [p.prompt_uid for p in first]

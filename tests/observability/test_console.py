@@ -1,0 +1,128 @@
+"""The console modes, the component states and the live panel."""
+
+import io
+import json
+import types
+
+import pytest
+from rich.console import Console
+
+from asyncrl.observability.console import ComponentStates, RunConsole, step_line
+
+
+def step(version, t, **extra):
+    return {
+        "type": "step",
+        "source": "learner",
+        "role": "learner",
+        "version": version,
+        "t": t,
+        "loss": 0.01,
+        "reward": 0.5,
+        "accuracy": 0.25,
+        "samples": 16,
+        "tokens": 320,
+        "wait_s": 0.1,
+        "step_s": 0.2,
+        "staleness_mean": 1.5,
+        "staleness_max": 3,
+        **extra,
+    }
+
+
+EVENTS = [
+    {"type": "ready", "source": "buffer", "role": "buffer"},
+    {"type": "ready", "source": "generator-0", "role": "generator", "version": 0},
+    {"type": "version", "source": "generator-0", "role": "generator", "version": 2, "apply_s": 0.01},
+    step(1, 2.0),
+    step(2, 4.0),
+]
+
+
+class TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_plain_prints_one_line_per_step_with_accuracy_and_tokens_per_s():
+    out = io.StringIO()
+    console = RunConsole("plain", total_steps=10, out=out)
+    for ev in EVENTS:
+        console.update(ev)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("step    1/10") and "acc 0.250" in lines[0] and "staleness 1.50/3" in lines[0]
+    assert "160 tok/s" in lines[0]  # 320 tokens in the 2 s since go
+    assert "160 tok/s" in lines[1]  # 320 tokens between t=2 and t=4
+
+
+def test_jsonl_is_one_json_object_per_step_with_component_states():
+    out = io.StringIO()
+    console = RunConsole("jsonl", total_steps=10, out=out)
+    for ev in EVENTS:
+        console.update(ev)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["version"] for r in records] == [1, 2] and all(r["type"] == "step" for r in records)
+    assert records[-1]["tokens_per_s"] == 160 and records[-1]["samples_per_s"] == 8
+    assert records[-1]["components"] == {"buffer": "ready", "generator-0": "serving v2", "learner": "at v2"}
+
+
+def test_quiet_prints_nothing_and_live_falls_back_to_plain_off_a_terminal():
+    out = io.StringIO()
+    quiet = RunConsole("quiet", total_steps=10, out=out)
+    for ev in EVENTS:
+        quiet.update(ev)
+    assert out.getvalue() == ""
+    assert RunConsole("live", total_steps=10, out=io.StringIO()).mode == "plain"
+
+
+def test_bad_mode_names_the_key_and_the_choices():
+    with pytest.raises(ValueError, match=r"run.console \('fancy'\) must be one of"):
+        RunConsole("fancy", total_steps=1)
+
+
+def test_states_follow_events_restarts_and_exits():
+    proc = lambda rc: types.SimpleNamespace(returncode=rc)  # noqa: E731
+    fleet = types.SimpleNamespace(
+        procs={"generator-0": proc(None), "reward-0": proc(None), "dispatcher": proc(None)},
+        starts={"generator-0": 1, "reward-0": 1, "dispatcher": 1},
+    )
+    states = ComponentStates()
+    states.fleet = fleet
+    assert states.snapshot() == {"generator-0": "starting", "reward-0": "starting", "dispatcher": "starting"}
+    for ev in EVENTS[:3]:
+        states.update(ev)
+    states.update({"type": "ready", "source": "reward-0", "role": "reward"})
+    fleet.procs["dispatcher"] = proc(-9)  # killed, no final report
+    fleet.starts["reward-0"] = 2  # started again after a death: restarting until it is ready
+    snap = states.snapshot()
+    assert snap["generator-0"] == "serving v2" and snap["reward-0"] == "restarting"
+    assert snap["dispatcher"] == "exited (-9)"
+    states.update({"type": "ready", "source": "reward-0", "role": "reward"})
+    states.update({"type": "final", "source": "generator-0", "role": "generator"})
+    snap = states.snapshot()
+    assert snap["reward-0"] == "ready" and snap["generator-0"] == "stopped"
+
+
+def test_live_panel_shows_step_numbers_eval_and_processes():
+    console = RunConsole("live", total_steps=10, run_name="demo", out=TTY())
+    assert console.mode == "live"
+    try:
+        for ev in EVENTS:
+            console.update(ev)
+        console.set_eval(before=0.125)
+        screen = io.StringIO()
+        Console(file=screen, width=160).print(console.render())
+        text = screen.getvalue()
+    finally:
+        console.close({"eval_before": 0.125, "eval_after": 0.5})
+    for expected in ("demo", "step 2/10", "reward 0.500", "accuracy 0.250", "tokens/s 160", "before RL 0.125"):
+        assert expected in text, expected
+    assert "generator-0" in text and "serving v2" in text and "at v2" in text
+
+
+def test_step_line_without_optional_fields():
+    row = step(3, 1.0)
+    row.pop("accuracy"), row.pop("tokens")
+    line = step_line({**row, "tokens_per_s": None}, 5)
+    assert "acc" not in line and "tok/s" not in line and line.startswith("step    3/5")

@@ -1,0 +1,73 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncrl.observability.procmem import (
+    MemoryWatch,
+    descendants,
+    peak_rss_bytes,
+    tree_peak_rss_bytes,
+    tree_rss_bytes,
+)
+
+
+def own_rss_bytes() -> int:
+    """This process's current RSS alone (tree_rss_bytes adds any children a test left running)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return 1024 * int(line.split()[1])
+    raise AssertionError("no VmRSS line in /proc/self/status")
+
+
+def test_peak_rss_holds_what_the_process_touched():
+    before = own_rss_bytes()
+    block = bytearray(64 << 20)  # 64 MiB, written so that the pages are resident
+    block[::4096] = b"x" * len(block[::4096])
+    now = own_rss_bytes()
+    assert now >= before + (60 << 20)
+    assert peak_rss_bytes() >= now  # the high-water mark is at least where we are
+    assert tree_rss_bytes(os.getpid()) >= now
+    del block
+
+
+def test_tree_counts_a_live_child_and_its_peak():
+    # The child touches 80 MiB, frees it, says so, then waits: its current RSS falls, its peak stays.
+    code = (
+        "import sys; b = bytearray(80 << 20); b[::4096] = b'x' * len(b[::4096]); del b; "
+        "print('freed', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"freed"
+        assert child.pid in descendants(os.getpid())
+        assert peak_rss_bytes(child.pid) > 80 << 20
+        assert tree_peak_rss_bytes() >= peak_rss_bytes() + peak_rss_bytes(child.pid)
+        assert tree_rss_bytes(child.pid) < peak_rss_bytes(child.pid) - (60 << 20)
+    finally:
+        child.communicate(b"")
+    assert tree_rss_bytes(child.pid) is None  # gone
+
+
+def test_memory_watch_keeps_the_peak_total_and_the_lowest_available():
+    clock = [0.0]
+    watch = MemoryWatch(every_s=1.0, clock=lambda: clock[0])
+    watch.sample({"self": os.getpid()})
+    first = watch.summary()
+    assert first["peak_rss_total_bytes"] >= first["rss_at_peak_bytes"]["self"] > 0
+    assert first["min_mem_available_bytes"] > 0
+    block = bytearray(64 << 20)
+    block[::4096] = b"x" * len(block[::4096])
+    watch.sample({"self": os.getpid()})  # within every_s: not sampled
+    assert watch.summary()["peak_rss_total_bytes"] == first["peak_rss_total_bytes"]
+    clock[0] = 1.5
+    watch.sample({"self": os.getpid()})
+    assert watch.summary()["peak_rss_total_bytes"] >= first["peak_rss_total_bytes"] + (60 << 20)
+    del block
+
+
+def test_memory_watch_refuses_a_zero_interval():
+    with pytest.raises(ValueError, match=r"every_s \(0\) must be > 0"):
+        MemoryWatch(every_s=0)

@@ -1,0 +1,124 @@
+"""The controller's side of held-out evaluation: rounds, windows, timeouts, scores."""
+
+import pytest
+
+from asyncrl.tasks.heldout import EvalConfig, EvalRound, HeldOutEvaluator
+from asyncrl.tasks.prompts import Prompt
+from asyncrl.wire.schema import WireError, decode, encode
+
+PROMPTS = [Prompt(str(i), f"{i}+1=", str(i + 1), "addition") for i in range(10)]
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class Sender:
+    """Takes what it is offered while ``room`` lasts (a PUSH with generators connected)."""
+
+    def __init__(self, room=100):
+        self.room, self.sent = room, []
+
+    def offer(self, body):
+        if self.room <= 0:
+            return False
+        self.room -= 1
+        # through the real codec: what a generator would receive
+        self.sent.append(decode(encode("eval_request", body))[1])
+        return True
+
+
+def answer(request, right=True, version=3, generator="generator-0"):
+    texts = [str(int(p[:-3]) + (1 if right else 2)) for p in request["prompts"]]
+    body = {"round": request["round"], "chunk": request["chunk"], "generator": generator, "version": version}
+    body.update(texts=texts, seconds=0.5, queued_s=0.1)
+    return decode(encode("eval_result", body))[1]
+
+
+def evaluator(clock, sender, **cfg):
+    cfg = EvalConfig(**{"num_prompts": 10, "chunk_prompts": 4, "max_new_tokens": 4, **cfg})
+    return HeldOutEvaluator(cfg, PROMPTS, sender, clock=clock)
+
+
+def test_a_round_is_scored_over_every_prompt_with_the_versions_that_answered():
+    clock, sender = Clock(), Sender()
+    ev = evaluator(clock, sender)
+    assert ev.start("v4", 4)
+    ev.poll(num_generators=2)
+    assert [r["chunk"] for r in sender.sent] == [0, 1]  # one request per generator at a time
+    assert ev.answer(answer(sender.sent[0], right=True, version=4)) is None
+    ev.poll(num_generators=2)
+    assert [r["chunk"] for r in sender.sent] == [0, 1, 2]  # the window moved on
+    assert ev.answer(answer(sender.sent[1], right=False, version=5, generator="generator-1")) is None
+    record = ev.answer(answer(sender.sent[2], right=True, version=5))
+    # chunks of 4, 4 and 2 prompts: 4 + 2 right of 10
+    assert record["exact_match"] == pytest.approx(0.6)
+    assert record["version"] == 4 and record["versions"] == [4, 5]
+    assert record["generators"] == {"generator-0": 6, "generator-1": 4}
+    assert record["failed"] is None and ev.current is None
+
+
+def test_late_or_repeated_answers_are_ignored():
+    clock, sender = Clock(), Sender()
+    ev = evaluator(clock, sender, chunk_prompts=10)
+    ev.start("before", 0)
+    ev.poll(1)
+    first = answer(sender.sent[0], right=False)
+    ev.answer({**first, "round": "v2"})  # a round that has ended
+    record = ev.answer(first)
+    assert record["exact_match"] == 0.0
+    assert ev.answer(first) is None  # no round open any more
+
+
+def test_a_request_past_its_timeout_is_offered_again_then_the_round_fails():
+    clock, sender = Clock(), Sender()
+    ev = evaluator(clock, sender, timeout_floor_s=10, timeout_factor=2, initial_s_per_token=1.0, max_retries=1)
+    assert ev.timeout_s() == 10 + 2 * 4 * 1.0  # floor + factor x max_new_tokens x s/token
+    ev.start("v2", 2)
+    ev.poll(1)
+    clock.now = 18.5
+    ev.poll(1)
+    assert [r["chunk"] for r in sender.sent] == [0, 0]  # offered again
+    clock.now = 37.5
+    record = ev.poll(1)
+    assert record["exact_match"] is None and "request 0 unanswered 2 times" in record["failed"]
+    assert ev.current is None
+
+
+def test_the_timeout_grows_with_the_measured_speed():
+    clock, sender = Clock(), Sender()
+    ev = evaluator(clock, sender, chunk_prompts=10, timeout_floor_s=10, timeout_factor=2, initial_s_per_token=0.01)
+    ev.start("v2", 2)
+    ev.poll(1)
+    clock.now = 40.0  # 40 s for 4 tokens: 10 s per token, far slower than assumed
+    ev.answer(answer(sender.sent[0]))
+    assert ev.s_per_token == 10.0
+    assert ev.timeout_s() == 10 + 2 * 4 * 10.0
+
+
+def test_one_round_at_a_time_and_no_offer_without_a_taker():
+    clock, sender = Clock(), Sender(room=0)
+    ev = evaluator(clock, sender)
+    assert ev.start("v2", 2)
+    assert not ev.start("v4", 4)  # skipped, said so
+    ev.poll(2)
+    assert sender.sent == [] and ev.current.todo == [0, 1, 2]  # kept for the next poll
+
+
+def test_answers_must_match_their_request():
+    round_ = EvalRound("v2", 2, PROMPTS, chunk_prompts=4, max_new_tokens=4)
+    assert round_.answer({"chunk": 0, "version": 2, "generator": "g", "texts": ["1"], "seconds": 0}) is None
+    assert 0 not in round_.correct
+    with pytest.raises(ValueError, match=r"prompts \(0 given\)"):
+        EvalRound("v2", 2, [], chunk_prompts=4, max_new_tokens=4)
+
+
+def test_the_wire_refuses_malformed_eval_messages():
+    good = {"round": "v2", "chunk": 0, "version": 2, "prompts": ["1+1="], "max_new_tokens": 4, "sent_at": 1.0}
+    assert decode(encode("eval_request", good))[1]["prompts"] == ["1+1="]
+    for bad in ({**good, "prompts": [1]}, {**good, "chunk": "0"}, {k: v for k, v in good.items() if k != "round"}):
+        with pytest.raises(WireError, match="bad_fields"):
+            decode(encode("eval_request", bad))

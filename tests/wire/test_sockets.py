@@ -1,0 +1,100 @@
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from asyncrl.observability.metrics import REGISTRY
+from asyncrl.wire import schema as wire
+from asyncrl.wire import security
+from asyncrl.wire.security import SecurityConfig
+from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, Subscriber
+from tests.factories import make_group
+
+
+def test_push_pull_carries_groups_and_skips_bad_frames():
+    rx = StreamReceiver("tcp://127.0.0.1:*", name="test.rx")
+    tx = StreamSender(rx.address, name="test.tx")
+    tx.send_frame(b"not msgpack")
+    tx.send_frame(msgpack.packb({"schema": 999, "kind": "group"}))
+    tx.send_frame(wire.encode_group(make_group("good")))
+    kind, body = rx.recv(timeout=5)
+    assert kind == "group" and body["group"].group_id == "good"
+    assert rx.rejected == 2
+    assert rx.recv(timeout=0.05) is None
+    tx.close()
+    rx.close()
+
+
+def test_send_times_out_when_no_receiver_takes_frames():
+    tx = StreamSender("tcp://127.0.0.1:1", name="test.nobody")  # connects lazily; no peer ever
+    with pytest.raises(TimeoutError):
+        tx.send("event", {"x": 1}, timeout=0.2)
+    tx.close()
+
+
+def test_oversized_frames_are_refused_by_the_socket_and_counted():
+    rx = StreamReceiver("tcp://127.0.0.1:*", name="test.small", max_message_bytes=1024)
+    tx = StreamSender(rx.address, name="test.big")
+    tx.send("event", {"blob": b"x" * 4096})
+    assert rx.recv(timeout=0.5) is None  # ZeroMQ cut the peer instead of buffering 4 KiB
+    # The cut is seen on the socket's monitor once the sender has reconnected by itself.
+    deadline = time.monotonic() + 10
+    while rx.rejected == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rx.rejected == 1
+    assert (
+        REGISTRY.get_sample_value("asyncrl_rejected_frames_total", {"socket": "test.small", "reason": "oversized"}) == 1
+    )
+    tx.send("event", {"fits": True})  # the receiver, and the reconnected sender, keep going
+    assert rx.recv(timeout=5) == ("event", {"fits": True}) and rx.rejected == 1
+    tx.close()
+    rx.close()
+
+
+def test_the_limit_comes_from_the_security_settings_per_kind_of_socket():
+    security.configure(SecurityConfig(max_message_bytes={"stream": 2048, "reply": 4096}))
+    try:
+        rx = StreamReceiver("tcp://127.0.0.1:*", name="test.limit.rx")
+        client = RequestClient("tcp://127.0.0.1:1", name="test.limit.client")
+        assert rx.sock.getsockopt(zmq.MAXMSGSIZE) == rx.max_message_bytes == 2048
+        assert client.sock.getsockopt(zmq.MAXMSGSIZE) == 4096
+        big = wire.encode("event", {"blob": b"x" * 3000})
+        assert rx._decode(big) is None and rx.rejected == 1  # the decode-time check agrees with ZeroMQ's
+        rx.close()
+        client.close()
+    finally:
+        security.reset()
+
+
+def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
+    server = ReplyServer("tcp://127.0.0.1:*", name="test.server")
+    client = RequestClient(server.address, name="test.client")
+    assert client.request("want_prompts", {"max_prompts": 1}, timeout=0.2) is None  # unanswered: times out
+    who, _kind, body = server.recv(timeout=1)
+    server.reply(who, "prompts", {"prompts": ["late"]}, body["request_id"])
+    kind, reply = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
+    assert kind == "prompts" and reply["prompts"] == ["late"] and reply["request_id"] == 1
+    who, _kind, body = server.recv(timeout=1)
+    server.reply(who, "prompts", {"prompts": ["fresh"]}, body["request_id"])
+    kind, reply = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
+    assert reply["prompts"] == ["fresh"] and reply["request_id"] == 2
+    who, _kind, body = server.recv(timeout=1)  # request 3 timed out on the client side ...
+    server.reply(who, "prompts", {"prompts": ["last"]}, body["request_id"])
+    kind, reply = client.receive(timeout=5)  # ... and its answer is still collected
+    assert reply["prompts"] == ["last"] and reply["request_id"] == 3
+    client.close()
+    server.close()
+
+
+def test_publisher_reaches_subscribers_that_joined():
+    pub = Publisher("tcp://127.0.0.1:*", name="test.pub")
+    sub = Subscriber(pub.address, name="test.sub")
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:  # a slow joiner misses early messages: repeat
+        pub.send("weights", {"policy_version": 3, "path": "/x"})
+        got = sub.recv(timeout=0.05)
+    assert got == ("weights", {"policy_version": 3, "path": "/x"})
+    pub.close()
+    sub.close()

@@ -1,0 +1,38 @@
+import zmq
+
+from asyncrl.wire.socketwatch import CUT_WINDOW_S, _Watched
+
+OK, GONE = zmq.Event.HANDSHAKE_SUCCEEDED, zmq.Event.DISCONNECTED
+
+
+def watched(curve=False, cuts=True):
+    seen = []
+    return _Watched("test.watched", curve, cuts, lambda reason, detail: seen.append(reason)), seen
+
+
+def test_a_cut_connection_that_comes_back_at_once_is_counted_as_oversized():
+    w, seen = watched()
+    for event, t in ((OK, 0.0), (GONE, 10.0), (OK, 10.0 + CUT_WINDOW_S / 2)):
+        w.handle(event, t)
+    assert seen == ["oversized"]
+
+
+def test_a_peer_that_leaves_is_not_counted_even_if_another_joins_later():
+    w, seen = watched()
+    for event, t in ((OK, 0.0), (GONE, 10.0), (OK, 10.0 + 2 * CUT_WINDOW_S), (OK, 11.0 + 2 * CUT_WINDOW_S)):
+        w.handle(event, t)
+    assert seen == []
+
+
+def test_a_refused_handshake_is_not_mistaken_for_a_cut():
+    w, seen = watched()
+    for event, t in ((zmq.Event.HANDSHAKE_FAILED_PROTOCOL, 1.0), (GONE, 1.0), (OK, 1.1)):
+        w.handle(event, t)
+    assert seen == ["bad_handshake"]  # a peer that does not speak ZMTP, on a plain socket
+
+
+def test_a_socket_that_only_sends_counts_no_cuts():
+    w, seen = watched(cuts=False)
+    for event, t in ((OK, 0.0), (GONE, 1.0), (OK, 1.1)):
+        w.handle(event, t)
+    assert seen == []
