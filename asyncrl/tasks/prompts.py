@@ -45,7 +45,7 @@ from asyncrl.tasks.sources import (
 
 GSM8K_TEMPLATE = "Question: {question}\nAnswer:"
 ADDITION_SIZE = 100 * 100  # every (a, b) with 0 <= a, b <= 99
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # asyncrl/tasks/prompts.py -> the checkout
 GSM8K_FILES = {"train": "data/gsm8k/train.jsonl.gz", "test": "data/gsm8k/test.jsonl.gz"}
 """GSM8K as shipped in the repository (MIT; data/gsm8k/README.md), relative to its root."""
 
