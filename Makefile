@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup demo test test-fast test-gpu clean
+.PHONY: setup demo test test-fast test-gpu docs clean
 setup:
 	@bash scripts/setup.sh
 
@@ -20,5 +20,9 @@ test-fast: setup
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu $(ARGS)
 
+# The documentation site (docs/, mkdocs.yml) into site/; strict: a broken link or an unknown config key fails.
+docs: setup
+	$(PY) -m mkdocs build --strict -d site
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site
