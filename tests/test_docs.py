@@ -55,6 +55,13 @@ def test_site_builds_strict_with_the_generated_references(site):
         assert f"asyncrl {command}" in cli_page, command
     assert "configs/demo.yaml" in (site / "reference" / "recipes" / "index.html").read_text()
     assert (site / "benchmarks" / "index.html").is_file()
+    metrics_page = (site / "reference" / "metrics" / "index.html").read_text()
+    for metric in (
+        "asyncrl_auth_failures_total{socket}",
+        "asyncrl_buffer_priority",
+        "asyncrl_policy_version{component}",
+    ):
+        assert metric in metrics_page, metric  # every metric of the registry, not only the main ones
 
 
 @pytest.fixture(scope="module")

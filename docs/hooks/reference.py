@@ -5,7 +5,8 @@ Generated at build time (never committed, so they cannot go stale):
 - ``reference/config.md``: every config key, its type, default and doc (``configref``);
 - ``reference/cli.md``: every ``asyncrl`` command's ``--help`` (``cliref``);
 - ``reference/recipes.md``: the recipes in ``configs/``, each with its header comment;
-- ``benchmarks.md``: ``bench/README.md``, the measured figures, as one page of the site.
+- ``benchmarks.md``: ``bench/README.md``, the measured figures, as one page of the site;
+- in ``reference/metrics.md``, the table of every metric, from the processes' registry (``metricsref``).
 
 Every page, README.md too, is checked (``checks``): config keys, YAML config blocks, repository
 paths and module names must exist. Problems are logged as warnings, so ``mkdocs build --strict``
@@ -22,6 +23,7 @@ from pathlib import Path
 import checks
 import cliref
 import configref
+import metricsref
 from mkdocs.structure.files import File
 
 log = logging.getLogger("mkdocs.hooks.reference")
@@ -103,9 +105,14 @@ def problems(markdown: str) -> list[str]:
     return found
 
 
+EVERY_METRIC = "<!-- every metric: generated from the registry when the site is built -->"
+
+
 def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri in ("reference/config.md", "reference/cli.md"):
         return markdown  # generated from the code itself
+    if EVERY_METRIC in markdown:
+        markdown = markdown.replace(EVERY_METRIC, metricsref.render())
     for problem in problems(markdown):
         log.warning(f"{page.file.src_uri}: {problem}")
     return markdown
