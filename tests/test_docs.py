@@ -108,10 +108,12 @@ def test_a_moved_path_or_module_is_caught(checks):
     )
     assert checks.missing_repo_paths(page, REPO_ROOT) == []
     moved = "`asyncrl/controller/gone.py`, `asyncrl.weights.gone`, `bench/gone.py`"
+    moved += "\n\n```text\nasyncrl/dispatcher/process.py  asyncrl/gone/process.py  (configs/demo.yaml)\n```\n"
     assert checks.missing_repo_paths(moved, REPO_ROOT) == [
         "asyncrl/controller/gone.py",
         "asyncrl.weights.gone",
         "bench/gone.py",
+        "asyncrl/gone/process.py",
     ]
 
 

@@ -29,6 +29,9 @@ FILE_SUFFIXES = {
 }  # fmt: skip
 REPO_PATH = re.compile(r"^(asyncrl|configs|bench|tests|scripts|docs|data)/[\w./-]*$")
 MODULE = re.compile(r"^asyncrl(\.\w+)+$")
+# In code blocks (commands, the README's map): paths into the package, and the recipes and scripts
+# commands run; not what commands write (bench/results/..., runs/...), which need not exist yet.
+BLOCK_PATH = re.compile(r"(?<![\w./-])(asyncrl/[\w./-]*[\w/]|(?:configs|bench)/[\w/-]+\.(?:py|yaml|sh))(?![\w*])")
 
 
 def split_code(markdown: str) -> tuple[list[tuple[str, str]], list[str]]:
@@ -106,8 +109,10 @@ def module_exists(name: str, root: Path) -> bool:
 
 
 def missing_repo_paths(markdown: str, root: Path) -> list[str]:
-    """Repository paths and ``asyncrl.*`` module names in inline code that the checkout lacks."""
-    _, spans = split_code(markdown)
+    """Repository paths and ``asyncrl.*`` module names in inline code, and paths into ``asyncrl/``,
+    ``configs/`` and ``bench/`` in code blocks, that the checkout lacks."""
+    blocks, spans = split_code(markdown)
+    spans = spans + [m.group(1) for _, body in blocks for m in BLOCK_PATH.finditer(body)]
     missing = []
     for span in spans:
         if REPO_PATH.match(span):
