@@ -28,7 +28,8 @@ from pathlib import Path
 
 from control_plane import make_group, through_sockets
 
-from asyncrl.benchmarks.pipeline import CONTROL_PLANE, capacities, run_measured
+from asyncrl.benchmarks.measured_run import CONTROL_PLANE, run_measured
+from asyncrl.benchmarks.pipeline import capacities
 from asyncrl.benchmarks.steady_state import machine_load
 from asyncrl.config import load_config
 
@@ -38,7 +39,7 @@ def point_overrides(generators: int, max_processes: int, seconds: float, per_gen
     per_process = math.ceil(generators / max_processes)
     batch_groups = 4 * generators  # one step is ~0.7 s of the fleet's output at every scale
     step_s = batch_groups * n / (generators * per_generator_samples_s)
-    steps = max(10, 2 + math.ceil(seconds / step_s))  # + the warm-up steps (pipeline_bench.warmup_steps)
+    steps = max(10, 2 + math.ceil(seconds / step_s))  # + the warm-up steps (measured_run.warmup_steps)
     return [
         f"run.num_generators={generators}",
         f"simulation.generator.engines_per_process={per_process}",

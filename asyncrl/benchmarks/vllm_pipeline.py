@@ -8,7 +8,7 @@ order) and sampling settings:
   broadcast) with a simulated learner fast enough never to be the bottleneck. The learner
   publishes the model's real tensors (``simulation.learner.weights_from``), so each generator
   really receives and loads every broadcast. Tokens/s is response tokens trained per second over
-  the steady state (``pipeline_bench.run_measured``).
+  the steady state (``asyncrl.benchmarks.measured_run``).
 - **alone**: the same number of vLLM engines, each in its own process started with the
   generators' environment, calling ``generate`` back to back on the same prompts, k at a time,
   with the same seeds, no weight updates and nothing else running; once before and once after
@@ -111,7 +111,7 @@ def run_alone(cfg: RunConfig, model_dir: Path, calls: int, work: Path) -> dict:
 
 
 def run_vllm_bench(recipe: str, overrides: list[str], out: Path) -> dict:
-    from asyncrl.benchmarks.pipeline import run_measured
+    from asyncrl.benchmarks.measured_run import run_measured
     from asyncrl.models.tiny import build_tiny_model
 
     cfg = load_config(recipe, overrides)

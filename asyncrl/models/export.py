@@ -16,6 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
+from asyncrl.configbase import load_yaml
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
@@ -49,12 +51,12 @@ def save_checkpoint_weights(learner_dir: Path, model_dir: Path, out_file: Path) 
 
 def starting_model_dir(run_dir: Path) -> Path:
     """The model the run trained from: the warm start, the built tiny model, or ``model.path``."""
-    from asyncrl.config import load_run_config
-
     for candidate in (run_dir / "model" / "warm", run_dir / "model" / "base"):
         if (candidate / "config.json").exists():
             return candidate
-    path = load_run_config(run_dir / "config.yaml").model.path
+    # The run wrote its config.yaml once it had validated it; only model.path is needed here, so
+    # the file is read as YAML rather than as a RunConfig, which this layer does not import.
+    path = (load_yaml(run_dir / "config.yaml").get("model") or {}).get("path")
     if path is None:
         raise FileNotFoundError(f"{run_dir}: no starting model (model/warm, model/base or model.path)")
     return Path(path)

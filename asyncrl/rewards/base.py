@@ -21,6 +21,9 @@ so does its group, since the buffer stores groups atomically.
 
 Every sample records which rewards scored it and what they gave (``Sample.reward_parts``) and how
 long each took (``Sample.reward_seconds``); ``Group.meta['rewards']`` lists the reward names.
+
+The kinds of reward (``rules``, ``judge``, ``model``) implement this interface; which kinds exist
+and how a config entry builds one is ``asyncrl.rewards.registry``, so this module imports none.
 """
 
 from __future__ import annotations
@@ -29,12 +32,10 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from asyncrl.configbase import Config
 from asyncrl.observability.metrics import REWARD_LATENCY, REWARD_UNSCORED
 from asyncrl.wire.schema import Group, Sample
 
@@ -85,65 +86,6 @@ class SyncReward:
 
     async def close(self) -> None:
         pass
-
-
-RewardKind = Literal["exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model"]
-
-
-class RewardSpec(Config):
-    """One reward of the run: its kind, weight and options (validated by the kind's options class)."""
-
-    kind: RewardKind = "exact_match"
-    """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF)."""
-    name: str | None = None
-    """Name in metrics and ``Sample.reward_parts``; defaults to the kind."""
-    weight: float = 1.0
-    """Weight w_i of this reward in ``reward = Σ w_i r_i``."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Options of the kind, e.g. ``{url: ..., concurrency: 32}``; see the kind's ``...Config`` class."""
-
-    @model_validator(mode="after")
-    def check_options(self) -> RewardSpec:
-        """Options of the HTTP and model kinds are checked when the config is read, not at first use."""
-        if self.kind in ("http_json", "openai_judge"):
-            from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
-
-            (JsonScorerConfig if self.kind == "http_json" else JudgeConfig)(**self.options)
-        elif self.kind == "reward_model":
-            from asyncrl.rewards.model import RewardModelConfig
-
-            RewardModelConfig(**self.options)
-        return self
-
-    @property
-    def label(self) -> str:
-        return self.name or self.kind
-
-
-def build_reward(spec: RewardSpec) -> Reward:
-    """The reward object a spec describes (imports only what that kind needs)."""
-    if spec.kind in ("exact_match", "format", "math_verify"):
-        from asyncrl.rewards import rules
-
-        cls = {
-            "exact_match": rules.ExactMatchReward,
-            "format": rules.FormatReward,
-            "math_verify": rules.MathVerifyReward,
-        }
-        return cls[spec.kind](spec.label, **spec.options)
-    if spec.kind == "http_json":
-        from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward
-
-        return JsonScorerReward(spec.label, JsonScorerConfig(**spec.options))
-    if spec.kind == "openai_judge":
-        from asyncrl.rewards.judge import JudgeConfig, OpenAIJudgeReward
-
-        return OpenAIJudgeReward(spec.label, JudgeConfig(**spec.options))
-    if spec.kind == "reward_model":
-        from asyncrl.rewards.model import RewardModel, RewardModelConfig
-
-        return RewardModel(spec.label, RewardModelConfig(**spec.options))
-    raise ValueError(f"kind ({spec.kind!r}) must be one of {RewardKind.__args__}")
 
 
 async def score_with(group: Group, rewards: list[tuple[Reward, float]]) -> Group:

@@ -48,7 +48,8 @@ from pydantic import Field
 
 from asyncrl.configbase import Config
 from asyncrl.observability.metrics import REWARD_QUEUE_DEPTH, REWARD_SECONDS, SAMPLES
-from asyncrl.rewards.base import Reward, RewardSpec, build_reward, score_greedy_baseline, score_with
+from asyncrl.rewards.base import Reward, score_greedy_baseline, score_with
+from asyncrl.rewards.registry import RewardSpec, build_reward
 from asyncrl.wire.schema import Group, encode, encode_group, group_to_dict
 from asyncrl.wire.sockets import ReplyServer, RequestClient, StreamReceiver, StreamSender
 
@@ -62,7 +63,7 @@ class RewardConfig(Config):
     drain_s: float = Field(1.0, gt=0)
     """On stop, seconds of silence on the input after which the worker has drained and exits."""
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(kind="exact_match")])
-    """The rewards and their weights: reward = Σ weight_i · reward_i (see ``rewards.base``)."""
+    """The rewards and their weights: reward = Σ weight_i · reward_i (see ``rewards.base``; kinds in ``rewards.registry``)."""
     concurrency: int = Field(64, ge=1)
     """Groups scored at once by one worker."""
     queue_groups: int = Field(256, ge=1)

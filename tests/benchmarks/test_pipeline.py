@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from asyncrl.benchmarks.pipeline import capacities, mode_overrides, warmup_steps
+from asyncrl.benchmarks.measured_run import warmup_steps
+from asyncrl.benchmarks.pipeline import capacities, mode_overrides
 from asyncrl.config import load_config
 from asyncrl.generators.mock_engine import MockEngine
 from asyncrl.learner.mock_trainer import MockTrainer

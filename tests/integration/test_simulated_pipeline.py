@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from asyncrl.benchmarks.pipeline import capacities, run_measured
+from asyncrl.benchmarks.measured_run import run_measured
+from asyncrl.benchmarks.pipeline import capacities
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.rewards.base import RewardSpec, SyncReward, Unscored, combine, score_with
+from asyncrl.rewards.base import SyncReward, Unscored, combine, score_with
 from asyncrl.rewards.process import RewardConfig
+from asyncrl.rewards.registry import RewardSpec, build_reward
 from asyncrl.rewards.rules import FormatReward
 from asyncrl.wire import schema as wire
 from tests.factories import make_group
@@ -94,7 +95,7 @@ def test_the_config_checks_reward_options_when_read():
 
 
 def test_the_greedy_baseline_is_scored_with_the_same_rewards():
-    from asyncrl.rewards.base import build_reward, score_greedy_baseline
+    from asyncrl.rewards.base import score_greedy_baseline
 
     rewards = [(build_reward(RewardSpec(kind="exact_match")), 1.0)]
     g = make_group(n=2)  # texts "0", "1"; answer "3"

@@ -4,8 +4,9 @@ import asyncio
 
 import pytest
 
-from asyncrl.rewards.base import RewardSpec, build_reward, score_with
+from asyncrl.rewards.base import score_with
 from asyncrl.rewards.model import build_tiny_reward_model
+from asyncrl.rewards.registry import RewardSpec, build_reward
 from tests.factories import make_group
 
 
