@@ -41,24 +41,24 @@ def killer(controller, kills: int, seed: int, gap_s: tuple[float, float], log: l
         if stop.wait(rng.uniform(*gap_s)):
             return
         fleet = getattr(controller, "fleet", None)
-        if fleet is None or not controller.training or controller.learner_done is not None:
+        if fleet is None or not controller.supervisor.training or controller.progress.learner_done is not None:
             continue
         role = TARGETS[len(log) % len(TARGETS)] if len(log) < len(TARGETS) else rng.choice(TARGETS)
         dead = fleet.dead()
-        names = [n for n in fleet.names(role) if n not in dead and n not in controller.restart_due]
+        names = [n for n in fleet.names(role) if n not in dead and n not in controller.supervisor.restart_due]
         if not names:
             continue
         name = rng.choice(names)
-        steps_before = controller.steps_seen
+        steps_before = controller.progress.steps_seen
         try:
             os.kill(fleet.pid(name), signal.SIGKILL)
         except ProcessLookupError:
             continue
-        log.append({"name": name, "t": round(time.monotonic() - controller.go_at, 2), "step": steps_before})
+        log.append({"name": name, "t": round(time.monotonic() - controller.progress.go_at, 2), "step": steps_before})
         # Recovered: the learner stepped again after the kill and nothing waits for a restart.
         deadline = time.monotonic() + 600
         while not stop.is_set() and time.monotonic() < deadline:
-            if controller.steps_seen > steps_before + 1 and not controller.restart_due:
+            if controller.progress.steps_seen > steps_before + 1 and not controller.supervisor.restart_due:
                 break
             time.sleep(0.2)
 
@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     from asyncrl.config import load_config
-    from asyncrl.controller.process import Controller, RunError
+    from asyncrl.controller.errors import RunError
+    from asyncrl.controller.process import Controller
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     recipe = ROOT / ("configs/bench_pipeline.yaml" if args.simulated else "configs/demo.yaml")
@@ -135,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         "error": error,
         "kills": kills,
         "num_kills": len(kills),
-        "restarts": len(controller.deaths) - controller.restores,
-        "restores": controller.restores,
-        "checkpoints": controller.checkpoints,
+        "restarts": len(controller.supervisor.deaths) - controller.supervisor.restores,
+        "restores": controller.supervisor.restores,
+        "checkpoints": controller.checkpoints.committed if controller.checkpoints is not None else [],
         "eval_before": summary.get("eval_before"),
         "eval_after": summary.get("eval_after"),
         "wall_s": round(time.monotonic() - start, 1),

@@ -87,7 +87,7 @@ def test_config_errors_name_the_key_the_value_and_the_rule(capsys, override, exp
 
 def test_config_is_saved_resolved_in_the_run_directory(tmp_path):
     from asyncrl.config import load_run_config
-    from asyncrl.controller.process import prepare_run_dir
+    from asyncrl.controller.preparation import prepare_run_dir
 
     cfg = load_config("configs/demo.yaml", [f"run.root={tmp_path}", "run.name=saved", "learner.total_steps=7"])
     run_dir = prepare_run_dir(cfg)

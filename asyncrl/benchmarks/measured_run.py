@@ -29,7 +29,8 @@ def run_measured(cfg: RunConfig) -> dict:
     are the same in every mode and would blur the comparison; the fill is reported (``fill_s``:
     from "go" to the first step)."""
     from asyncrl.benchmarks.steady_state import SteadyStateMonitor
-    from asyncrl.controller.process import Controller, RunError
+    from asyncrl.controller.errors import RunError
+    from asyncrl.controller.process import Controller
 
     warm = warmup_steps(cfg)
     if cfg.learner.total_steps < warm + 2:

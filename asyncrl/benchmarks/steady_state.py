@@ -95,10 +95,10 @@ class SteadyStateMonitor:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._read_cpu()
-            if self.cpu_go is None and self.controller.steps_seen >= self.start_step:
+            if self.cpu_go is None and self.controller.progress.steps_seen >= self.start_step:
                 self.cpu_go = dict(self.last)
                 self.busy_go = self._read_busy()
-            if self.cpu_done is None and self.controller.done_at:
+            if self.cpu_done is None and self.controller.progress.done_at:
                 self.cpu_done = dict(self.last)
                 self.busy_done = self._read_busy()
                 return

@@ -80,7 +80,7 @@ def generate_alone(cfg: RunConfig, model_dir: str, calls: int, gen_index: int = 
 
 def run_alone(cfg: RunConfig, model_dir: Path, calls: int, work: Path) -> dict:
     """``generate_alone`` in one process per generator, with the generators' environment."""
-    from asyncrl.controller.process import child_env
+    from asyncrl.controller.preparation import child_env
 
     work.mkdir(parents=True, exist_ok=True)
     (work / "config.yaml").write_text(dump_config(cfg))

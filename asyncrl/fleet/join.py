@@ -75,7 +75,7 @@ def run_joined_generator(connect: str, name: str, model: str | None, overrides: 
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
     if run_dir is not None:
-        from asyncrl.controller.process import write_scrape_config
+        from asyncrl.observability.scrape import write_scrape_config
 
         write_scrape_config(run_dir)  # Prometheus scrapes the newcomer too
     try:

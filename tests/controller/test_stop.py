@@ -2,8 +2,11 @@
 
 import logging
 
-import asyncrl.controller.process as controller_module
-from asyncrl.controller.process import Controller
+import asyncrl.controller.stopping as stopping_module
+from asyncrl.controller.commands import CommandSender
+from asyncrl.controller.events import EventPump
+from asyncrl.controller.reports import ProcessReports
+from asyncrl.controller.stopping import Stopper
 from asyncrl.controller.watchdog import StallWatch
 
 
@@ -35,20 +38,12 @@ class Control:
         self.sent.append(body)
 
 
-class Progress:
-    def update(self, ev):
-        pass
-
-
-def stopping_controller(events):
-    """A controller between training and summary: only what ``_stop`` touches."""
-    c = object.__new__(Controller)
-    c.fleet, c.events, c.control, c.progress = Fleet(), Events(events), Control(), Progress()
-    c.finals, c.joined, c.last_event, c.last_event_at = {}, {}, {}, {}
-    c._supervise = c._resend = lambda: None
-    c.watch = StallWatch(factor=5, floor_s=120, cap_s=3600, first_s=900)
-    c.heldout = None
-    return c
+def stopper(events):
+    """The stop of a run between training and summary, over scripted events (no duties, no routing)."""
+    fleet, reports, receiver = Fleet(), ProcessReports(), Events(events)
+    pump = EventPump(receiver, fleet, reports, route=lambda ev: None)
+    watch = StallWatch(factor=5, floor_s=120, cap_s=3600, first_s=900)
+    return Stopper(fleet, CommandSender(Control()), pump, reports, watch), reports, receiver
 
 
 def event(source, type, **fields):
@@ -56,7 +51,7 @@ def event(source, type, **fields):
 
 
 def test_the_stop_waits_for_a_joined_workers_final_report():
-    c = stopping_controller(
+    stop, reports, receiver = stopper(
         [
             event("reward-hot", "ready"),  # joined mid-run: not one of the fleet's
             event("reward-0", "final", received=4),
@@ -64,15 +59,15 @@ def test_the_stop_waits_for_a_joined_workers_final_report():
             event("reward-hot", "final", received=2),
         ]
     )
-    c._stop(["reward"])
-    assert set(c.finals) == {"reward-0", "reward-hot"} and c.joined == {"reward-hot": "reward"}
-    assert not c.events.events
+    stop.stop(["reward"])
+    assert set(reports.finals) == {"reward-0", "reward-hot"} and reports.joined == {"reward-hot": "reward"}
+    assert not receiver.events
 
 
 def test_a_joined_worker_that_never_reports_is_waited_for_only_so_long(monkeypatch, caplog):
-    monkeypatch.setattr(controller_module, "JOINED_STOP_S", 0.3)
-    c = stopping_controller([event("reward-hot", "ready"), event("reward-0", "final", received=4)])
+    monkeypatch.setattr(stopping_module, "JOINED_STOP_S", 0.3)
+    stop, reports, _ = stopper([event("reward-hot", "ready"), event("reward-0", "final", received=4)])
     with caplog.at_level(logging.WARNING, logger="asyncrl"):
-        c._stop(["reward"])
-    assert set(c.finals) == {"reward-0"}
+        stop.stop(["reward"])
+    assert set(reports.finals) == {"reward-0"}
     assert "reward-hot joined the run and sent no final report within 0 s" in caplog.text

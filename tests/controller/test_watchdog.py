@@ -89,7 +89,7 @@ def test_bad_bounds_are_refused_by_name():
 
 
 def test_start_up_is_given_time_per_gib_of_weights(tmp_path):
-    from asyncrl.controller.process import startup_bound
+    from asyncrl.controller.preparation import startup_bound
 
     cfg = load_config(None, ["run.startup_timeout_s=300", "run.startup_s_per_gib=60"])
     assert startup_bound(cfg, tmp_path / "none") == 300  # a simulated run: no weights

@@ -9,7 +9,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncrl.config import load_config
-from asyncrl.controller.process import Controller, evaluate
+from asyncrl.controller.preparation import evaluate
+from asyncrl.controller.process import Controller
 
 
 @pytest.mark.slow

@@ -114,7 +114,7 @@ def test_a_run_survives_losing_a_node_with_its_generators_and_reward_worker(tmp_
         lost: dict = {}
 
         def lose_the_reward_workers_node_at_step_4():
-            while controller.steps_seen < 4 or not controller.training:
+            while controller.progress.steps_seen < 4 or not controller.supervisor.training:
                 time.sleep(0.05)
             fleet = controller.fleet
             lost["node_id"] = node_id = fleet.node("reward-0")["node_id"]

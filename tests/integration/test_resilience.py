@@ -25,7 +25,11 @@ SIMULATED = [
 def kill_at_steps(controller, plan, killed):
     """SIGKILL the named process once the learner has taken that many steps (of this history)."""
     for step, name in plan:
-        while controller.steps_seen < step or not controller.training or controller.restart_due:
+        while (
+            controller.progress.steps_seen < step
+            or not controller.supervisor.training
+            or controller.supervisor.restart_due
+        ):
             time.sleep(0.05)
         os.kill(controller.fleet.pid(name), signal.SIGKILL)
         killed.append(name)

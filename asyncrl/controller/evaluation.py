@@ -1,0 +1,94 @@
+"""Held-out evaluation as the controller runs it: rounds by the generators' engines
+(``asyncrl.tasks.heldout``) at start, every ``eval.every_versions`` versions and at the end, and
+the record of each in ``evals.jsonl``. A round before or after RL blocks the run (its seconds
+are kept apart from the RL wall time); a periodic one runs beside training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from asyncrl.observability.progress import RunProgress
+from asyncrl.tasks.heldout import EvalConfig, HeldOutEvaluator
+
+log = logging.getLogger("asyncrl")
+
+NextEvent = Callable[..., "dict | None"]
+"""``EventPump.next``: waits for and routes the next event."""
+
+
+class Evaluations:
+    """Owns the evaluator (None: the generators do not evaluate), every round's record, the
+    scores before and after RL, and the seconds the run stood still for them."""
+
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        total_steps: int,
+        run_dir: Path,
+        console: RunProgress,
+        heldout: HeldOutEvaluator | None,
+        before: float | None = None,
+    ):
+        self.cfg = cfg
+        self.total_steps = total_steps
+        self.run_dir = run_dir
+        self.console = console
+        self.heldout = heldout
+        self.before = before
+        self.after: float | None = None
+        self.records: list[dict] = []
+        self.blocking_s = 0.0
+        """Seconds the RL phase stood still for ``before`` / ``after``."""
+
+    def poll(self, num_generators: int) -> None:
+        """Offer requests and time out late ones (a duty of the event loop)."""
+        if self.heldout is not None:
+            self._record(self.heldout.poll(num_generators))
+
+    def answer(self, body: dict) -> None:
+        """A generator's ``eval_result``."""
+        if self.heldout is not None:
+            self._record(self.heldout.answer(body))
+
+    def on_step(self, ev: dict) -> None:
+        """Start the periodic round a learner step makes due (the last step's is ``after``)."""
+        every = self.cfg.every_versions
+        if self.heldout is not None and every and ev["version"] % every == 0:
+            if ev["version"] < self.total_steps:
+                self.heldout.start(f"v{ev['version']}", ev["version"])
+
+    def run_round(self, label: str, version: int, next_event: NextEvent) -> dict:
+        """Run an evaluation round to its end (each request bounded by its timeout, so the wait
+        is too) and return its record; a periodic round still running is let finish first."""
+        start = time.monotonic()
+        while self.heldout.current is not None:
+            next_event(None, f"eval {self.heldout.current.label} to finish before eval {label}")
+        self.heldout.start(label, version)
+        done = len(self.records)
+        while len(self.records) == done:
+            next_event(None, f"the generators' answers to eval {label}", wait=0.2)
+        self.blocking_s += time.monotonic() - start
+        return self.records[-1]
+
+    def _record(self, record: dict | None) -> None:
+        if record is None:
+            return
+        self.records.append(record)
+        with open(self.run_dir / "evals.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.console.eval(record)
+        if record["exact_match"] is not None:
+            log.info(
+                "held-out exact match %s (version %d, served %s): %.3f over %d prompts in %.1f s",
+                record["label"],
+                record["version"],
+                record["versions"],
+                record["exact_match"],
+                record["num_prompts"],
+                record["wall_s"],
+            )

@@ -1,0 +1,232 @@
+"""The phases of a run, in dataflow order: start every component and say go, train until the
+learner's last step under the stall watchdog, stop stage by stage so nothing is lost; and the
+restore of the whole run from its last checkpoint when supervision asks for it.
+
+Start: every process reports ready, the generators score the held-out set with the weights they
+serve (``eval_before``), then the controller says go and the dispatcher starts handing out
+prompts. Stop: the dispatcher stops, every generator finishes the batch it is sampling and loads
+the final weights (so each reports serving the final version) and scores the held-out set
+(``eval_after``), the generators stop, then the reward workers drain their input, then the
+buffer takes the rest and reconciles, then the learner exits. Each stage reports its final
+counters, from which ``asyncrl.controller.accounting.summarize`` checks that every sample is
+accounted for.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+from asyncrl.config import RunConfig
+from asyncrl.controller.checkpointing import CheckpointCoordinator, restore_point
+from asyncrl.controller.commands import CommandSender
+from asyncrl.controller.errors import RunError
+from asyncrl.controller.evaluation import Evaluations
+from asyncrl.controller.events import EventPump
+from asyncrl.controller.preparation import startup_bound
+from asyncrl.controller.reports import ProcessReports, TrainingProgress
+from asyncrl.controller.stopping import Stopper
+from asyncrl.controller.supervision import Supervisor
+from asyncrl.controller.watchdog import StallWatch
+from asyncrl.generators.multiplex import generator_process_names
+from asyncrl.observability.scrape import write_scrape_config
+from asyncrl.rundir.ledger import LedgerWriter
+from asyncrl.weights.timeline import PublicationTimeline
+from asyncrl.wire.endpoints import free_ports
+
+log = logging.getLogger("asyncrl")
+
+GO_REPEATS = 10
+"""Times the first "go" is sent, 10 ms apart: PUB drops it for a subscriber not yet connected."""
+GO_EVERY_S = 1.0
+"""While training, "go" is sent again this often: a restarted process waits for go, too."""
+
+
+class Lifecycle:
+    """Starts, trains, stops and restores the run's processes; owns no state of its own but the
+    parts it drives."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        fleet,
+        commands: CommandSender,
+        pump: EventPump,
+        reports: ProcessReports,
+        progress: TrainingProgress,
+        supervisor: Supervisor,
+        checkpoints: CheckpointCoordinator,
+        evaluations: Evaluations,
+        watch: StallWatch,
+        timeline: PublicationTimeline,
+        ledger: LedgerWriter,
+    ):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.fleet = fleet
+        self.commands = commands
+        self.pump = pump
+        self.reports = reports
+        self.progress = progress
+        self.supervisor = supervisor
+        self.checkpoints = checkpoints
+        self.evaluations = evaluations
+        self.watch = watch
+        self.timeline = timeline
+        self.ledger = ledger
+        self.stopper = Stopper(fleet, commands, pump, reports, watch)
+
+    def start_all(self, checkpoint: Path | None, evaluate_first: bool = False) -> None:
+        """Start every component (from ``checkpoint`` when given) and say go once all are ready;
+        with ``evaluate_first``, the generators first score the held-out set with the weights
+        they serve (``eval_before``)."""
+        cfg, fleet = self.cfg, self.fleet
+        env = {"ASYNCRL_RESUME": str(checkpoint) if checkpoint is not None else ""}
+        fleet.start("buffer", "buffer", env)
+        fleet.start("reward", "reward-0", env)
+        fleet.start("dispatcher", "dispatcher", env)
+        if cfg.algorithm.kl.enabled and cfg.algorithm.kl.reference == "process":
+            fleet.start("reference", "reference", env)
+        fleet.start(
+            "learner",
+            "learner",
+            {
+                **env,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_ports(1)[0]),
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1",
+            },
+        )
+        for name in generator_process_names(cfg):  # several simulated engines may share one
+            fleet.start("generator", name, env)
+        ready = set()
+        deadline = time.monotonic() + startup_bound(cfg, fleet.model_dir)
+        while len(ready) < len(fleet.procs):
+            ev = self.pump.next(deadline, "every process to report ready")
+            if ev and ev["type"] == "ready":
+                ready.add(ev["source"])
+        log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
+        write_scrape_config(self.run_dir)
+        if evaluate_first:
+            record = self.evaluations.run_round("before", 0, self.pump.next)
+            self.evaluations.before = record["exact_match"]
+        for _ in range(GO_REPEATS):
+            self.commands.broadcast({"command": "go"})
+            time.sleep(0.01)
+        self.progress.go_at = time.monotonic()
+
+    def train(self) -> None:
+        """Until the learner's last step (and the checkpoint it may be writing), with the stall
+        watchdog of ``asyncrl.controller.watchdog``: its bound grows with the slowest interval between steps."""
+        self.supervisor.training = True
+        last_go = time.monotonic()
+        self.watch.progress(measure=False)  # from go: the first interval is the first step's
+        warned = False
+        while self.progress.learner_done is None or self.checkpoints.pending is not None:
+            ev = self.pump.next(None, "the learner's next step")
+            if ev and ev["type"] in ("step", "ready", "checkpoint_part"):
+                # a restarted process's "ready" restarts the clock but measures no step
+                self.watch.progress(measure=ev["type"] != "ready" and ev.get("role") == "learner")
+                warned = False
+            state = self.watch.state()
+            if state == "stalled":
+                self.log_waits(self.watch.waited())
+                raise RunError(
+                    f"timed out waiting for the learner's next step: none for {self.watch.waited():.0f} s, "
+                    f"past the stall bound of {self.watch.bound():.0f} s ({self.bound_rule()})"
+                )
+            if state == "warn" and not warned:
+                warned = True  # the watchdog: say what everyone waits for long before giving up
+                self.log_waits(self.watch.waited())
+            if time.monotonic() - last_go > GO_EVERY_S:
+                self.commands.broadcast({"command": "go"})
+                last_go = time.monotonic()
+        self.supervisor.training = False
+
+    def stop_in_order(self) -> None:
+        """Stop stage by stage in dataflow order, each one's final reports in before the next."""
+        self.stopper.stop(["dispatcher"])
+        self.stopper.await_final_weights(self.progress, self.timeline)
+        if self.evaluations.heldout is not None and self.cfg.eval.after:  # every generator serves the final weights
+            record = self.evaluations.run_round("after", self.progress.final_version(), self.pump.next)
+            self.evaluations.after = record["exact_match"]
+        for roles in (["generator"], ["reward"], ["buffer"], ["learner"], ["reference"]):
+            self.stopper.stop(roles)
+
+    def restore_point(self) -> Path | None:
+        """The checkpoint to start from (``asyncrl.controller.checkpointing.restore_point``)."""
+        return restore_point(self.run_dir, self.ledger)
+
+    def restore(self, why: str) -> None:
+        """Stop every process and start them all again from the last checkpoint."""
+        log.error("%s: restoring the whole run from its last checkpoint", why)
+        self.fleet.terminate()
+        self.supervisor.on_restore()
+        self.reports.finals.clear()
+        self.progress.generator_versions.clear()
+        self.progress.learner_done = None
+        self.commands.forget()
+        self.checkpoints.abandon()
+        self.start_all(self.restore_point())
+
+    def bound_rule(self) -> str:
+        """The stall bound's rule, with the figures it is computed from."""
+        run, slowest = self.cfg.run, self.watch.slowest
+        measured = "no step measured yet" if slowest is None else f"the slowest interval so far {slowest:.0f} s"
+        return (
+            f"{run.stall_factor:g} x {measured}, within [{run.stall_timeout_s:g}, {run.stall_cap_s:g}] s: "
+            "run.stall_factor, run.stall_timeout_s, run.stall_cap_s"
+        )
+
+    def log_waits(self, stalled_s: float) -> None:
+        """The watchdog's report: each process's last word and what it waits for."""
+        log.warning(
+            "no learner step for %.0f s (the run stops at %.0f s: %s); each process's last word:",
+            stalled_s,
+            self.watch.bound(),
+            self.bound_rule(),
+        )
+        now, dead = time.monotonic(), self.fleet.dead()
+        for name in sorted(self.fleet.procs):
+            ev = self.reports.last_event.get(name)
+            alive = name not in dead
+            said = f"{ev['type']} {now - self.reports.last_event_at[name]:.0f} s ago" if ev else "nothing yet"
+            log.warning("  %s (%s): %s%s", name, "alive" if alive else "exited", said, waits_for(ev))
+
+    def dump_state(self) -> None:
+        log.error("run aborted; last event of each process:")
+        for name in sorted(self.fleet.procs):
+            log.error("  %s: %s", name, self.reports.last_event.get(name, "(nothing received)"))
+
+
+def waits_for(ev: dict | None) -> str:
+    """What a process waits for, read from its last event."""
+    if ev is None:
+        return " (starting)"
+    waits = {
+        "step": " (learner: waiting for its next batch from the buffer)",
+        "version": " (generator: sampling, or waiting for prompts within the staleness budget)",
+        "ready": " (waiting for work)",
+        "checkpoint_part": " (writing or waiting on a checkpoint)",
+    }
+    return waits.get(ev["type"], "")
+
+
+def stop_on_sigterm():
+    """Make SIGTERM (a service manager's stop, ``kill PID``) stop the run as Ctrl-C does: the
+    processes are stopped and the run's state dumped, instead of the controller vanishing and
+    leaving its children behind. Returns what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signals reach the main thread only; its owner decides
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)

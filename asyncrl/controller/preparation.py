@@ -1,0 +1,109 @@
+"""What the controller prepares before any component starts: the run directory, the model RL
+starts from, the environment every child gets, and how long they all have to start."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from asyncrl.config import RunConfig, dump_config
+from asyncrl.controller.errors import RunError
+
+log = logging.getLogger("asyncrl")
+
+
+def prepare_run_dir(cfg: RunConfig) -> Path:
+    """A fresh ``run.root/run.name`` holding the resolved config (an existing one is replaced
+    only with ``run.overwrite``)."""
+    run_dir = Path(cfg.run.root) / cfg.run.name
+    if run_dir.exists():
+        if not cfg.run.overwrite:
+            raise RunError(f"run directory {run_dir} exists and run.overwrite is false")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return run_dir.resolve()
+
+
+def resume_run_dir(cfg: RunConfig) -> Path:
+    """The existing run directory to resume; its resolved config is rewritten with ``cfg``."""
+    run_dir = (Path(cfg.run.root) / cfg.run.name).resolve()
+    if not (run_dir / "config.yaml").exists():
+        raise RunError(f"cannot resume {run_dir}: it has no config.yaml (is it a run directory?)")
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / "summary.json").unlink(missing_ok=True)  # written again when the resumed run ends
+    return run_dir
+
+
+def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
+    """The policy RL starts from: a given model, or the tiny model built here, warm-started by SFT."""
+    from asyncrl.models.sft import run_sft
+    from asyncrl.models.tiny import build_tiny_model
+    from asyncrl.tasks.prompts import load_run_prompts
+
+    if cfg.model.path is not None:
+        base = Path(cfg.model.path)
+    else:
+        base = build_tiny_model(cfg.model.tiny.model_copy(update={"seed": cfg.run.seed}), run_dir / "model" / "base")
+        log.info("built the tiny model in %s", base)
+    if not cfg.model.warm_start:
+        return base
+    warm = run_dir / "model" / "warm"
+    stats = run_sft(base, load_run_prompts(cfg, "train", base), cfg.sft, warm)
+    log.info("SFT warm start: %d steps, final loss %.3f, %.1f s", stats["steps"], stats["final_loss"], stats["seconds"])
+    return warm
+
+
+def held_out_prompts(cfg: RunConfig, model_dir: Path) -> list:
+    """The first ``eval.num_prompts`` of the task's test split, rendered and measured as the
+    engines take them (``asyncrl.tasks.prompts.load_run_prompts``): what every evaluation scores."""
+    from asyncrl.tasks.prompts import load_run_prompts
+
+    return load_run_prompts(cfg, "test", model_dir)[: cfg.eval.num_prompts]
+
+
+def evaluate(cfg: RunConfig, model_dir: Path) -> float:
+    """``eval.engine: hf``: Hugging Face greedy decoding on this CPU in float32 (small models only)."""
+    from asyncrl.models.hf_eval import evaluate_exact_match
+
+    return evaluate_exact_match(
+        model_dir, None, held_out_prompts(cfg, model_dir), max_new_tokens=cfg.eval.max_new_tokens
+    )
+
+
+def child_env(run_dir: Path) -> dict[str, str]:
+    """Environment of every component: one math thread each, offline, temp files in the run."""
+    tmp = run_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TORCHDYNAMO_DISABLE="1",  # vLLM's CPU backend otherwise spends 15-20 s in g++ at start
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",  # the engine in the generator's own process: 8 s, 1 GiB
+        VLLM_CPU_OMP_THREADS_BIND="nobind",  # two engines on one box must not pin to the same core
+        DS_ACCELERATOR="cpu" if not _has_cuda() else env.get("DS_ACCELERATOR", "cuda"),
+        TMPDIR=str(tmp),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def startup_bound(cfg: RunConfig, model_dir: Path) -> float:
+    """Seconds every process has to report ready: ``run.startup_timeout_s`` plus
+    ``run.startup_s_per_gib`` per GiB of the model's weight files (none for a simulated run)."""
+    weights = 0
+    if model_dir.is_dir():
+        weights = sum(p.stat().st_size for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+    return cfg.run.startup_timeout_s + cfg.run.startup_s_per_gib * weights / (1 << 30)

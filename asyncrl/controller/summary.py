@@ -1,0 +1,76 @@
+"""``summary.json``: what a run did, from the final reports of its processes
+(``asyncrl.controller.accounting``), its ledger (``asyncrl.rundir.ledger``), its evaluations,
+deaths, restores and checkpoints, and its memory and time figures.
+
+``reconciles`` is the run's verdict: the ledger shows no sample lost or trained twice, and, for a
+run that stopped cleanly and was neither resumed nor had a process die, the per-process counters
+agree too (counters cannot count what a killed process held; the ledger can, by id).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from asyncrl.controller.accounting import summarize
+from asyncrl.controller.evaluation import Evaluations
+from asyncrl.controller.reports import TrainingProgress
+from asyncrl.controller.supervision import Supervisor
+from asyncrl.observability.procmem import MemoryWatch, peak_rss_bytes
+from asyncrl.rundir.ledger import reconcile_ledger
+from asyncrl.weights.timeline import PublicationTimeline, describe
+
+
+def write_summary(
+    run_dir: Path,
+    samples_per_group: int,
+    finals: dict[str, dict],
+    progress: TrainingProgress,
+    evaluations: Evaluations,
+    supervisor: Supervisor,
+    checkpoints: list[int],
+    resumed: bool,
+    *,
+    rl_wall_s: float,
+    controller_cpu_s: float,
+    total_wall_s: float,
+    resources: dict,
+) -> dict:
+    """Build the summary, write ``RUN_DIR/summary.json`` and return it. ``rl_wall_s``: the RL
+    phase without the evaluations that blocked it; ``resources``: ``resource_figures``."""
+    summary = summarize(finals, rl_wall_s, evaluations.before, evaluations.after)
+    summary["evals"] = evaluations.records
+    summary["eval_prompts_answered"] = sum(
+        f.get("eval_prompts", 0) for f in finals.values() if f["role"] == "generator"
+    )
+    summary["controller_cpu_s"] = controller_cpu_s
+    summary["train_wall_s"] = progress.done_at - progress.go_at  # steady state: from go to the last step
+    summary["total_wall_s"] = total_wall_s
+    summary["generator_versions"] = progress.generator_versions
+    summary["checkpoints"] = checkpoints
+    summary["deaths"] = supervisor.deaths
+    summary["restores"] = supervisor.restores
+    summary["ledger"] = reconcile_ledger(run_dir, samples_per_group)
+    summary.update(resources)
+    summary["counters_reconcile"] = summary["reconciles"]
+    ledger_ok = summary["ledger"]["lost"] == 0 and summary["ledger"]["trained_twice"] == 0
+    clean = not supervisor.deaths and not resumed
+    summary["reconciles"] = ledger_ok and (summary["counters_reconcile"] or not clean)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def resource_figures(
+    finals: dict[str, dict], memory: MemoryWatch, progress: TrainingProgress, timeline: PublicationTimeline
+) -> dict:
+    """Memory and time figures of ``summary.json``: each process's peak RSS (its final report;
+    the controller's own read here), the run's sampled total, learner step times, and the
+    publication-to-served time of every version (``asyncrl.weights.timeline``)."""
+    peaks = {name: f.get("peak_rss_bytes") for name, f in sorted(finals.items())}
+    peaks["controller"] = peak_rss_bytes()  # itself alone: its descendants are the processes above
+    return {
+        "peak_rss_bytes": peaks,
+        **memory.summary(),
+        "learner_step_s": describe(progress.step_seconds),
+        "publication_to_served": timeline.summary(),
+    }

@@ -1,0 +1,95 @@
+"""What the controller does when a component process dies, by the rules of
+``asyncrl.fleet.supervision``: restart a stateless one after its backoff and have the dispatcher
+hand out again what it may have held, or have the whole run restored from its last checkpoint.
+
+Supervision acts only while the run trains (``training``); a death during start-up or the stop
+is an error, and so is one past ``supervision.max_restarts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncrl.controller.errors import RunError
+from asyncrl.controller.reports import ProcessReports, TrainingProgress
+from asyncrl.fleet.supervision import Backoff, SupervisionConfig
+
+if TYPE_CHECKING:
+    from asyncrl.controller.commands import CommandSender
+    from asyncrl.fleet.local import ProcessFleet
+    from asyncrl.fleet.ray_cluster import RayFleet
+
+log = logging.getLogger("asyncrl")
+
+RESTORED_ROLES = ("learner", "dispatcher")
+"""Roles whose death restores the whole run: their state is in checkpoints only."""
+REQUEUE_SCOPE = {"generator": "generator", "reward": "in_flight", "buffer": "buffered"}
+"""What the dispatcher hands out again when a process of the role dies (its ``requeue`` scope)."""
+
+
+class Supervisor:
+    """Owns the restarts scheduled, each component's backoff, the deaths seen and the restores."""
+
+    def __init__(self, cfg: SupervisionConfig, run_dir: Path, reports: ProcessReports, progress: TrainingProgress):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.reports = reports
+        self.progress = progress
+        self.backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)
+        self.training = False
+        """True from go to the learner's last step: supervision acts; otherwise a death is an error."""
+        self.restart_due: dict[str, float] = {}
+        """Name -> monotonic time of its scheduled restart."""
+        self.deaths: list[dict] = []
+        self.restores = 0
+
+    def check(self, fleet: ProcessFleet | RayFleet, commands: CommandSender) -> str | None:
+        """Act on deaths: schedule restarts (and requeues), start what is due. Returns why the
+        whole run must be restored from its last checkpoint, or None."""
+        dead = {n: rc for n, rc in fleet.dead().items() if n not in self.reports.finals and n not in self.restart_due}
+        for name, rc in dead.items():
+            role = fleet.roles[name]
+            self.deaths.append(
+                {"name": name, "role": role, "exit_code": rc, "t": time.monotonic() - self.progress.go_at}
+            )
+            if not self.training or not self.cfg.restart:
+                raise RunError(f"process {name} died (exit code {rc}); see {self.run_dir / 'logs' / (name + '.log')}")
+            if self.backoff.count(name) >= self.cfg.max_restarts:
+                raise RunError(
+                    f"process {name} died (exit code {rc}) after {self.cfg.max_restarts} restarts: giving up"
+                )
+            if role in RESTORED_ROLES:
+                if not self.cfg.restore_on_crash:
+                    raise RunError(f"{name} died (exit code {rc}) and supervision.restore_on_crash is off")
+                self.backoff.next(name)
+                return f"{name} died (exit code {rc})"
+            delay = self.backoff.next(name)
+            log.warning("%s died (exit code %d): restarting it in %.1f s", name, rc, delay)
+            self.restart_due[name] = time.monotonic() + delay
+            self.progress.generator_versions.pop(name, None)
+            scope = REQUEUE_SCOPE.get(role)
+            if scope is not None:
+                extra = {"generator": name} if role == "generator" else {}
+                ack = f"requeue@{name}@{time.monotonic()}"
+                commands.send("dispatcher", "requeue", scope=scope, ack=ack, **extra)
+        now = time.monotonic()
+        for name, due in list(self.restart_due.items()):
+            if now >= due:
+                del self.restart_due[name]
+                fleet.restart(name, {"ASYNCRL_RESUME": ""})  # stateless, or the buffer started empty
+        return None
+
+    def on_error(self, ev: dict) -> None:
+        """A process reported a failure: while supervision acts, its exit is what counts;
+        otherwise the run stops."""
+        if not (self.training and self.cfg.restart):
+            raise RunError(f"{ev['source']} failed: {ev['error']}")
+        log.error("%s failed: %s", ev["source"], ev["error"])
+
+    def on_restore(self) -> None:
+        """The whole run restarts from a checkpoint: no restart is due any more."""
+        self.restores += 1
+        self.restart_due.clear()
