@@ -1,0 +1,124 @@
+"""The learner's side of its conversation with the buffer: ask for a batch, report what was trained.
+
+Each request (``want_batch``) asks for ``learner.batch_groups`` groups and states the learner's
+version (the buffer drops groups too stale for it). It carries back what the previous step did:
+the groups just trained (``trained``, which the buffer passes on to the dispatcher) and, when
+the buffer samples by priority, their new priorities (``priority_updates``: each group's mean
+|advantage|); both are sent once, with the first request that gets a reply.
+
+The reply carries each group's importance weight (``is_weights``), which scales that group's
+loss (all 1 unless the buffer samples by priority with β > 0). Unless the buffer may hand a
+group out more than once (``buffer.max_times_sampled != 1``), a group trained before (a copy
+dispatched again after a failure) is taken out of the batch, counted as dropped (``duplicate``)
+and written to the ledger, so it is never trained twice, across resumes too (``trained_ids`` is
+part of the learner's checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from asyncrl.learner.totals import Counters
+from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter
+from asyncrl.wire.schema import Group
+from asyncrl.wire.sockets import RequestClient
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    """One batch from the buffer, ready to train."""
+
+    groups: list[Group]
+    """The groups to train, in the buffer's order, copies of groups trained before taken out."""
+    is_weights: list[float] | None
+    """One importance weight per group of ``groups``; None: all 1."""
+    group_keys: list | None
+    """The buffer's keys of the groups it handed out, for ``priority_updates``; None unless it
+    samples by priority."""
+    wait_s: float
+    """Seconds the request that brought it waited for the reply."""
+
+
+class BatchRequester:
+    """Asks the buffer for batches over ``client`` and tells it which groups were trained.
+
+    ``counters.dropped`` and the ledger record the copies taken out; ``trained_ids`` is every group
+    trained in the run's history (restored from a checkpoint on a resume).
+    """
+
+    def __init__(
+        self, client: RequestClient, cfg: RunConfig, ledger: LedgerWriter, counters: Counters, trained_ids: GroupIdSet
+    ):
+        self.client = client
+        self.cfg = cfg
+        self.ledger = ledger
+        self.counters = counters
+        self.trained_ids = trained_ids
+        self.reuse = cfg.buffer.max_times_sampled != 1
+        """Whether the buffer may hand a group out more than once (then copies are not dropped)."""
+        self._priority_updates: dict | None = None
+        self._just_trained: dict | None = None  # the last step's groups, reported to the dispatcher via the buffer
+
+    def receive(self, version: int) -> Batch | None:
+        """Ask once for a batch for policy ``version``: waits at most ``learner.batch_timeout_s``
+        for the buffer's reply. None when it timed out, was empty, or held only copies of groups
+        trained before (then ask again)."""
+        learner = self.cfg.learner
+        wait_start = time.monotonic()
+        request = {"num_groups": learner.batch_groups, "policy_version": version, "timeout_s": learner.batch_timeout_s}
+        if self._priority_updates is not None:
+            request["priority_updates"] = self._priority_updates
+        if self._just_trained is not None:
+            request["trained"] = self._just_trained
+        reply = self.client.request("want_batch", request, timeout=learner.batch_timeout_s)
+        if reply is not None:
+            self._priority_updates = self._just_trained = None  # delivered with that request
+        groups = reply[1]["groups"] if reply is not None else []
+        if groups and not self.reuse:
+            # A group trained before (a copy dispatched again after a failure) is not trained twice.
+            copies = [g for g in groups if g.group_id in self.trained_ids]
+            if copies:
+                groups = [g for g in groups if g.group_id not in self.trained_ids]
+                self.counters.dropped["duplicate"] += sum(len(g.samples) for g in copies)
+                self.ledger.write("dropped", [g.group_id for g in copies], reason="duplicate")
+                if not groups:
+                    return None
+        if not groups:
+            log.info("learner: waiting for a batch of %d groups at version %d", learner.batch_groups, version)
+            return None
+        is_weights = reply[1].get("is_weights")
+        if is_weights is not None and len(is_weights) != len(groups):  # some copies were taken out
+            keep = {g.group_id for g in groups}
+            is_weights = [w for g, w in zip(reply[1]["groups"], is_weights) if g.group_id in keep]
+        return Batch(groups, is_weights, reply[1].get("group_keys"), time.monotonic() - wait_start)
+
+    def trained(self, batch: Batch, version: int, priorities: list[float] | None = None) -> None:
+        """Record that ``batch`` was trained, giving policy ``version``: in ``trained_ids`` and the
+        ledger, and for the next request (with the groups' new ``priorities``, if any)."""
+        for g in batch.groups:
+            self.trained_ids.add(g.group_id)
+        self._just_trained = {"version": version, "group_ids": [g.group_id for g in batch.groups]}
+        self.ledger.write("trained", self._just_trained["group_ids"], version=version)
+        if priorities is not None and batch.group_keys is not None:
+            self._priority_updates = {"group_keys": batch.group_keys, "priorities": priorities}
+
+    def take_late(self) -> int:
+        """After the last step: take a batch that still arrives (a reply to a request that timed
+        out), waiting at most 0.1 s, and hold it, untrained, rather than lose it in the socket;
+        written to the ledger as ``held``. Returns its samples (0 when none came)."""
+        late = self.client.receive(timeout=0.1)
+        if late is None or late[0] != "batch":
+            return 0
+        self.ledger.write("held", [g.group_id for g in late[1]["groups"]])
+        return sum(len(g.samples) for g in late[1]["groups"])
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,72 @@
+"""The learner's part of a checkpoint: the trainer's state, the running totals, the groups trained.
+
+A checkpoint (``asyncrl.rundir.checkpoints``) is written in parts, one per role, into a staging
+directory; the learner's part is ``learner/`` in it:
+
+- the trainer's own state (``trainer.save_state``: DeepSpeed's checkpoint of the policy and the
+  critic, the version, the optimizer updates taken, the KL coefficient, the RNG states);
+- ``trained_ids.bin``: every group trained in the run's history, so a group dispatched again
+  after a failure is not trained twice across a resume;
+- ``learner_state.json``: the version and the ``Counters``, so a resumed run's totals continue.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncrl.learner.totals import Counters
+from asyncrl.rundir.checkpoints import staging_dir
+from asyncrl.rundir.ledger import GroupIdSet
+
+if TYPE_CHECKING:
+    from asyncrl.learner.context import LearnerContext
+
+
+def save_learner_part(trainer, counters: Counters, trained_ids: GroupIdSet, out: Path) -> None:
+    """Write the learner's part of a checkpoint into ``out`` (created if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    trainer.save_state(out)
+    (out / "trained_ids.bin").write_bytes(trained_ids.to_bytes())
+    state = {
+        "trained": counters.trained,
+        "trained_with_reuse": counters.trained_with_reuse,
+        "trained_tokens": counters.trained_tokens,
+        "busy_s": counters.busy_s,
+        "staleness_hist": {str(k): v for k, v in counters.staleness_hist.items()},
+        "dropped": dict(counters.dropped),
+    }
+    (out / "learner_state.json").write_text(json.dumps({"version": trainer.version, "counters": state}))
+
+
+def load_learner_part(trainer, counters: Counters, src: Path) -> GroupIdSet:
+    """Restore what ``save_learner_part`` wrote into ``trainer`` and ``counters``; return the
+    groups trained so far. The trainer's version and the saved one must agree."""
+    trainer.load_state(src)
+    state = json.loads((src / "learner_state.json").read_text())
+    if int(state["version"]) != trainer.version:
+        raise ValueError(f"{src}: learner_state.json says version {state['version']}, the trainer {trainer.version}")
+    saved = state["counters"]
+    counters.trained = saved["trained"]
+    counters.trained_with_reuse = saved["trained_with_reuse"]
+    counters.trained_tokens = saved["trained_tokens"]
+    counters.busy_s = saved["busy_s"]
+    counters.staleness_hist = Counter({int(k): v for k, v in saved["staleness_hist"].items()})
+    counters.dropped = Counter(saved["dropped"])
+    return GroupIdSet.from_bytes((src / "trained_ids.bin").read_bytes())
+
+
+def checkpoint_if_due(ctx: LearnerContext, trainer, counters: Counters, trained_ids: GroupIdSet) -> None:
+    """Save the learner's part into the staging directory of the trainer's version every
+    ``checkpoint.every_steps`` steps, and at the last step (so a finished run can be resumed to
+    train longer); report it as a ``checkpoint_part`` event."""
+    cfg = ctx.cfg
+    every = cfg.checkpoint.every_steps
+    if not every or (trainer.version % every != 0 and trainer.version != cfg.learner.total_steps):
+        return
+    start = time.monotonic()
+    save_learner_part(trainer, counters, trained_ids, staging_dir(ctx.run_dir, trainer.version) / "learner")
+    ctx.emit("checkpoint_part", part="learner", version=trainer.version, seconds=time.monotonic() - start)

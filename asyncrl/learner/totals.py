@@ -1,0 +1,92 @@
+"""The learner's running totals: samples and tokens trained, staleness, end-to-end latency.
+
+``Counters`` are saved in each checkpoint (``asyncrl.learner.checkpoint_io``) so a resumed run's
+totals continue; ``count_first_time`` tells a sample trained for the first time from one the
+buffer handed out again (``buffer.max_times_sampled != 1``); ``Reservoir`` keeps the per-sample
+latency of a run of any length in fixed memory. All of them end in the learner's ``final`` report.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asyncrl.wire.schema import Group
+
+
+@dataclass
+class Counters:
+    """The learner's running totals; saved in checkpoints so a resumed run's totals continue."""
+
+    trained: int = 0
+    """Samples trained at least once."""
+    trained_with_reuse: int = 0
+    """Every time a sample was trained."""
+    trained_tokens: int = 0
+    """Response tokens of every batch trained."""
+    busy_s: float = 0.0
+    """Seconds spent in ``train_step``."""
+    staleness_hist: Counter = field(default_factory=Counter)
+    """Samples trained, by staleness (learner version at the update - the sample's policy_version)."""
+    dropped: Counter = field(default_factory=Counter)
+    """Samples not trained here, by reason (``duplicate``: a copy of a group already trained)."""
+
+    def add_step(self, groups: list[Group], stats: dict, first_time: int) -> None:
+        """Count one learner step on ``groups``: ``stats`` is its ``train_step`` result,
+        ``first_time`` how many of its samples were trained for the first time."""
+        self.busy_s += stats["seconds"]
+        self.trained += first_time
+        self.trained_with_reuse += sum(len(g.samples) for g in groups)
+        self.trained_tokens += sum(g.num_tokens for g in groups)
+        for s in stats["staleness"]:
+            self.staleness_hist[int(s)] += 1
+
+
+def count_first_time(groups: list[Group], seen: dict[int, set[str]], version: int, max_staleness: int | None) -> int:
+    """Samples of ``groups`` never trained before, by uid; forgets uids whose group is past the
+    staleness bound (the buffer has dropped it, it cannot come back), so memory stays bounded.
+
+    ``seen`` maps a policy_version to the uids trained from it, and is updated in place."""
+    new = 0
+    for g in groups:
+        uids = seen.setdefault(g.policy_version, set())
+        for s in g.samples:
+            if s.uid not in uids:
+                uids.add(s.uid)
+                new += 1
+    if max_staleness is not None:
+        for v in [v for v in seen if version - v > max_staleness + 1]:
+            del seen[v]
+    return new
+
+
+class Reservoir:
+    """A uniform sample of at most ``size`` values of a stream (Vitter's algorithm R): percentiles
+    over a run of any length in memory allocated once, so a long run's footprint never moves."""
+
+    def __init__(self, size: int, seed: int = 0):
+        self.size, self.seen = size, 0
+        self._kept = np.empty(size, dtype=np.float64)
+        self._rng = np.random.default_rng(seed)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._kept[: min(self.seen, self.size)]
+
+    def extend(self, values) -> None:
+        for v in values:
+            if self.seen < self.size:
+                self._kept[self.seen] = v
+            elif (j := int(self._rng.integers(self.seen + 1))) < self.size:
+                self._kept[j] = v
+            self.seen += 1
+
+
+def latency_summary(latencies) -> dict:
+    """Mean and percentiles of the per-sample end-to-end latency (sampling start -> trained)."""
+    if len(latencies) == 0:
+        return {}
+    arr = np.asarray(latencies)
+    return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95))}

@@ -1,0 +1,78 @@
+"""The learner's weights out: when to publish (``weights.schedule``) and publishing them.
+
+The learner publishes when the ``BroadcastSchedule`` says so (every ``learner.broadcast_every``
+steps by default; see ``asyncrl.weights.schedule``), bucket by bucket through the
+``weights.transport`` publisher, with the learner's probe logprobs attached when
+``weights.probe`` is on, and reports each publication as a ``broadcast`` event. Between
+publications it keeps announcing the current version, so a generator that joins late hears it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from asyncrl.observability.metrics import WEIGHT_BROADCAST_SECONDS, WEIGHT_BYTES
+from asyncrl.weights import BroadcastSchedule, make_publisher
+from asyncrl.weights.timeline import TimedBuckets
+
+if TYPE_CHECKING:
+    from asyncrl.learner.context import LearnerContext
+
+
+class WeightsOut:
+    """The publisher for the run's transport and the schedule that says when to use it."""
+
+    def __init__(self, ctx: LearnerContext):
+        cfg = ctx.cfg
+        self.ctx = ctx
+        self.wcfg = cfg.weights
+        self.publisher = make_publisher(
+            self.wcfg,
+            ctx.endpoints.weights,
+            ctx.endpoints.weights_stream,
+            ctx.run_dir,
+            num_subscribers=cfg.run.num_generators,
+        )
+        self.schedule = BroadcastSchedule(
+            self.wcfg, cfg.learner.broadcast_every, cfg.buffer.max_staleness, cfg.learner.total_steps
+        )
+
+    def announce(self) -> None:
+        """Announce the last version published (cheap; call it on every pass of a loop)."""
+        self.publisher.announce()
+
+    def publish_if_due(self, trainer) -> None:
+        """Publish the trainer's weights if the schedule says its version is due."""
+        if self.schedule.due(trainer.version):
+            self.publish(trainer)
+
+    def publish(self, trainer) -> dict:
+        """Publish the trainer's weights now (and tell the schedule)."""
+        stats = publish_weights(trainer, self.publisher, self.wcfg, self.ctx)
+        self.schedule.published(trainer.version)
+        return stats
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+def publish_weights(trainer, publisher, wcfg, ctx: LearnerContext) -> dict:
+    """Publish the trainer's weights bucket by bucket, with its probe; record and report it."""
+    published_at = time.time()  # wall clock: the controller compares it with each generator's served_at
+    probe = trainer.probe() if wcfg.probe else None
+    probe_s = time.time() - published_at
+    buckets = TimedBuckets(trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))))
+    stats = publisher.publish(buckets, trainer.version, meta={"probe": probe} if probe is not None else None)
+    WEIGHT_BROADCAST_SECONDS.observe(stats["seconds"])
+    WEIGHT_BYTES.inc(stats["bytes"])
+    ctx.emit(
+        "broadcast",
+        version=trainer.version,
+        transport=publisher.transport,
+        published_at=published_at,
+        gather_s=buckets.seconds,
+        probe_s=probe_s,
+        **stats,
+    )
+    return stats
