@@ -1,6 +1,7 @@
-"""The file transport: one safetensors file per version (``asyncrl.weights.file_writer``) behind the
-publisher/subscriber interface. It keeps a whole-model copy in the learner while writing; use
-it to debug, or where generators share a filesystem but not a host."""
+"""The file transport: one safetensors file per version (``asyncrl.weights.file_writer``), announced
+as ``{policy_version, path, ...meta}`` and repeated every second (``asyncrl.weights.announcer``).
+It keeps a whole-model copy in the learner while writing; use it to debug, or where generators
+share a filesystem but not a host. Only the newest ``keep`` versions stay on disk."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.weights.file_writer import WeightPublisher
+from asyncrl.weights.announcer import VersionAnnouncer
+from asyncrl.weights.file_writer import prune_versions, write_weights
 from asyncrl.weights.update import WeightUpdate
 from asyncrl.wire.sockets import Subscriber
 
@@ -19,18 +21,21 @@ class FileWeightPublisher:
     transport = "file"
 
     def __init__(self, address: str, root: Path, keep: int = 3):
-        self._pub = WeightPublisher(address, root, keep)
-        self.address = self._pub.pub.address
+        if keep < 1:
+            raise ValueError(f"keep ({keep}) must be >= 1")
+        self.root = Path(root)
+        self.keep = keep
+        self.announcer = VersionAnnouncer(address, name="learner.weights")
+        self.address = self.announcer.address
 
     def publish(
         self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int, meta: dict | None = None
     ) -> dict:
         start = time.perf_counter()
         state = {name: t.detach().to("cpu").clone() for named in buckets for name, t in named}
-        self._pub.publish(state, version)
-        if meta:
-            self._pub.latest.update(meta)
-            self._pub.announce(force=True)
+        path = write_weights(state, self.root, version)
+        self.announcer.set({"policy_version": version, "path": str(path), **(meta or {})})
+        prune_versions(self.root, self.keep)
         return {
             "bytes": sum(t.numel() * t.element_size() for t in state.values()),
             "buckets": 1,
@@ -38,13 +43,13 @@ class FileWeightPublisher:
         }
 
     def announce(self, force: bool = False) -> None:
-        self._pub.announce(force)
+        self.announcer.announce(force)
 
     def poll(self) -> None:
         pass
 
     def close(self) -> None:
-        self._pub.close()
+        self.announcer.close()
 
 
 class FileWeightSubscriber:

@@ -1,23 +1,18 @@
-"""Publishing weights to the generators: write a version to disk, announce it over PUB.
+"""Weights on disk for the file transport: one safetensors file per version.
 
-Transport for now: a safetensors file in ``RUN_DIR/weights/v{version:06d}/`` written to a temporary
-directory and renamed (a generator never sees half a file), announced as
-``{"policy_version", "path"}`` on the learner's publisher. The announcement is repeated every
-second, because a PUB socket drops everything sent before a subscriber joined; generators ignore
-versions they already serve. Only the newest ``keep`` versions stay on disk.
+``write_weights`` writes ``RUN_DIR/weights/v{version:06d}/model.safetensors`` into a temporary
+directory and renames it (a generator never sees half a file); ``prune_versions`` keeps only the
+newest few. ``asyncrl.weights.file`` announces each version.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-
-from asyncrl.wire.sockets import Publisher
 
 
 def write_weights(state_dict: dict[str, torch.Tensor], root: Path, version: int) -> Path:
@@ -34,36 +29,8 @@ def write_weights(state_dict: dict[str, torch.Tensor], root: Path, version: int)
     return final
 
 
-class WeightPublisher:
-    """Writes versions and announces the newest one to every generator, repeatedly."""
-
-    def __init__(self, address: str, root: Path, keep: int = 3):
-        if keep < 1:
-            raise ValueError(f"keep ({keep}) must be >= 1")
-        self.root = root
-        self.keep = keep
-        self.pub = Publisher(address, name="learner.weights")
-        self.latest: dict | None = None
-        self._last_sent = 0.0
-
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> Path:
-        path = write_weights(state_dict, self.root, version)
-        self.latest = {"policy_version": version, "path": str(path)}
-        self.announce(force=True)
-        self._prune()
-        return path
-
-    def announce(self, force: bool = False) -> None:
-        """Repeat the newest announcement (at most once a second unless forced)."""
-        now = time.monotonic()
-        if self.latest is not None and (force or now - self._last_sent > 1.0):
-            self.pub.send("weights", self.latest)
-            self._last_sent = now
-
-    def _prune(self) -> None:
-        versions = sorted(p for p in self.root.glob("v*") if p.is_dir())
-        for old in versions[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def close(self) -> None:
-        self.pub.close()
+def prune_versions(root: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` version folders under ``root``."""
+    versions = sorted(p for p in root.glob("v*") if p.is_dir())
+    for old in versions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

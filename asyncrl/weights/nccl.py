@@ -37,9 +37,10 @@ from urllib.parse import urlparse
 
 import torch
 
+from asyncrl.weights.announcer import VersionAnnouncer
 from asyncrl.weights.buckets import device_checksum, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
-from asyncrl.wire.sockets import Publisher, Subscriber
+from asyncrl.wire.sockets import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +129,14 @@ class NcclWeightPublisher:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.device = torch.device(device)
-        self.pub = Publisher(address, name=name)
-        self.address = self.pub.address
+        self.announcer = VersionAnnouncer(address, name=name)
+        self.address = self.announcer.address
         host = urlparse(self.address).hostname or "127.0.0.1"
         self.store = torch.distributed.TCPStore(
             host, 0, None, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
         )
         self.store_address = f"{host}:{self.store.port}"
         self.group = None  # formed at the first publish, when the generators join
-        self.latest: dict | None = None
-        self._last_sent = 0.0
         self._spare: list[torch.Tensor] = []  # device buffers whose broadcast is done: reused
 
     def publish(
@@ -145,14 +144,15 @@ class NcclWeightPublisher:
     ) -> dict:
         """Announce, then broadcast every bucket (consumed one at a time); returns {bytes, buckets, seconds}."""
         start = time.perf_counter()
-        self.latest = {
-            "policy_version": version,
-            "transport": self.transport,
-            "store": self.store_address,
-            "world_size": self.world_size,
-            **(meta or {}),
-        }
-        self.announce(force=True)
+        self.announcer.set(
+            {
+                "policy_version": version,
+                "transport": self.transport,
+                "store": self.store_address,
+                "world_size": self.world_size,
+                **(meta or {}),
+            }
+        )
         if self.group is None:
             try:
                 self.group = make_group(self.backend, self.store, 0, self.world_size, self.timeout_s)
@@ -217,16 +217,13 @@ class NcclWeightPublisher:
 
     def announce(self, force: bool = False) -> None:
         """Repeat the newest announcement (at most once a second unless forced)."""
-        now = time.monotonic()
-        if self.latest is not None and (force or now - self._last_sent > 1.0):
-            self.pub.send("weights", self.latest)
-            self._last_sent = now
+        self.announcer.announce(force)
 
     def poll(self) -> None:
         pass
 
     def close(self) -> None:
-        self.pub.close()
+        self.announcer.close()
         self.group = None
 
 

@@ -62,6 +62,7 @@ from pathlib import Path
 import torch
 import zmq
 
+from asyncrl.weights.announcer import VersionAnnouncer
 from asyncrl.weights.buckets import (
     HASHES,
     checksum,
@@ -75,7 +76,7 @@ from asyncrl.weights.buckets import (
 )
 from asyncrl.weights.mappings import MappingCache
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
-from asyncrl.wire.sockets import Publisher, StreamReceiver, StreamSender, Subscriber
+from asyncrl.wire.sockets import StreamReceiver, StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -212,14 +213,12 @@ class ShmWeightPublisher:
         # exception, a failed test): shared memory must not outlive the learner. Only a SIGKILL
         # leaves it behind (``/dev/shm/asyncrl-weights-PID-*``): the next publisher removes it.
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
-        self.pub = Publisher(address, name=name)
-        self.address = self.pub.address
+        self.announcer = VersionAnnouncer(address, name=name)
+        self.address = self.announcer.address
         self.acks = StreamReceiver("tcp://127.0.0.1:0", name=f"{name}.acks", bind=True)
-        self.latest: dict | None = None
         self.versions: dict[int, float | None] = {}  # version -> time superseded (None: newest)
         self.acked: dict[str, int] = {}  # subscriber -> newest version it acked
         self.errors: list[dict] = []  # error reports from subscribers, newest last
-        self._last_sent = 0.0
         self._free: list[Path] = []  # directories of versions every subscriber is done with
         self._recycled: Path | None = None
         self._maps: dict[Path, dict[str, mmap.mmap]] = {}  # version directory -> its files' mappings
@@ -290,15 +289,16 @@ class ShmWeightPublisher:
             if superseded is None:
                 self.versions[v] = now
         self.versions[version] = None
-        self.latest = {
-            "policy_version": version,
-            "transport": self.transport,
-            "dir": str(final),
-            "buckets": entries,
-            "ack": self.acks.address,
-            **(meta or {}),
-        }
-        self.announce(force=True)
+        self.announcer.set(
+            {
+                "policy_version": version,
+                "transport": self.transport,
+                "dir": str(final),
+                "buckets": entries,
+                "ack": self.acks.address,
+                **(meta or {}),
+            }
+        )
         self.poll()
         return {"bytes": total, "buckets": len(entries), "seconds": time.perf_counter() - start}
 
@@ -308,8 +308,8 @@ class ShmWeightPublisher:
         while announced < len(entries) and all(p.done() for p in sums[announced]):
             entry = entries[announced]
             entry["crc"] = sum(p.result() for p in sums[announced]) & 0xFFFFFFFFFFFFFFFF
-            self.pub.send(
-                "weights", {"policy_version": version, "part": announced, "dir": str(folder), "bucket": entry}
+            self.announcer.send_once(
+                {"policy_version": version, "part": announced, "dir": str(folder), "bucket": entry}
             )
             announced += 1
         return announced
@@ -328,10 +328,7 @@ class ShmWeightPublisher:
 
     def announce(self, force: bool = False) -> None:
         """Repeat the newest announcement (at most once a second unless forced); collect acks."""
-        now = time.monotonic()
-        if self.latest is not None and (force or now - self._last_sent > 1.0):
-            self.pub.send("weights", self.latest)
-            self._last_sent = now
+        self.announcer.announce(force)
         self.poll()
 
     def poll(self) -> None:
@@ -383,7 +380,7 @@ class ShmWeightPublisher:
         self._summer.shutdown(wait=True)
         for folder in list(self._maps):
             self._close_maps(folder)
-        self.pub.close()
+        self.announcer.close()
         self.acks.close()
         self._cleanup()
         os.close(self._lock)

@@ -82,7 +82,7 @@ def test_a_subscriber_reads_recycled_files_through_its_kept_mappings():
     # From the third version on the learner writes into the files of the version before last,
     # and the subscriber maps them no more: two versions' files are mapped, no others.
     assert sub._maps.reused >= 3 * 3
-    files_per_version = len(pub.latest["buckets"])
+    files_per_version = len(pub.announcer.latest["buckets"])
     assert len(sub._maps) == 2 * files_per_version
     pub.close()
     sub.close()
