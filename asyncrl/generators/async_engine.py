@@ -36,9 +36,11 @@ from asyncrl.generators.engine import (
     Completion,
     EngineConfig,
     SamplingConfig,
-    derive_seed,
+    ScoreRequest,
     engine_args,
+    greedy_params,
     read_weight_names,
+    sampling_params,
     to_completions,
     tokens_prompts,
 )
@@ -157,34 +159,19 @@ class AsyncVLLMEngine:
     def generate(self, prompts: list[str], sampling: SamplingConfig, seed: int | None = None) -> list[list[Completion]]:
         """Sample ``sampling.n`` answers per prompt (see ``VLLMEngine.generate``); a sample that
         spans a weight update carries its ``version_segments``."""
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         requests = self.tokenize_prompts(prompts)
-        params = [
-            SamplingParams(
-                n=sampling.n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_tokens=sampling.max_tokens,
-                logprobs=0,
-                seed=None if seed is None else derive_seed(seed, index),
-                output_kind=RequestOutputKind.FINAL_ONLY,  # one message per request, every sample in it
-            )
-            for index in range(len(prompts))
-        ]
+        # FINAL_ONLY: one message per request, every sample in it
+        params = sampling_params(sampling, len(prompts), seed, output_kind=RequestOutputKind.FINAL_ONLY)
         outputs = self._call(self._many(requests, params), f"{len(prompts)} prompts to be sampled")
         return [to_completions(output) for output in outputs]
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
         """Argmax-decode each prompt; returns the answer texts in prompt order."""
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+        params = greedy_params(max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
         requests = self.tokenize_prompts(prompts)
         outputs = self._call(self._many(requests, [params] * len(requests)), f"{len(prompts)} greedy answers")
         return [output.outputs[0].text for output in outputs]
@@ -195,23 +182,11 @@ class AsyncVLLMEngine:
 
     def score(self, prompt: str, continuation_ids: list[int]) -> np.ndarray:
         """Temperature-1 logprobs of ``continuation_ids`` after ``prompt`` (the probe; see ``VLLMEngine.score``)."""
-        from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if not continuation_ids:
-            raise ValueError("continuation_ids must not be empty")
-        prompt_ids = list(self.tokenizer.encode(prompt))
-        token_ids = prompt_ids + [int(t) for t in continuation_ids]
-        if not prompt_ids or len(token_ids) >= self.cfg.max_model_len:
-            raise ValueError(
-                f"prompt + continuation ({len(token_ids)} tokens) must be non-empty and shorter than max_model_len ({self.cfg.max_model_len})"
-            )
-        params = SamplingParams(
-            n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY
-        )
-        output = self._call(self._one(TokensPrompt(prompt_token_ids=token_ids), params), "the probe to be scored")
-        per_position = output.prompt_logprobs[len(prompt_ids) :]
-        return np.array([lp[t].logprob for t, lp in zip(continuation_ids, per_position)], dtype=np.float32)
+        request = ScoreRequest(self.tokenizer, prompt, continuation_ids, self.cfg.max_model_len)
+        params = request.params(output_kind=RequestOutputKind.FINAL_ONLY)
+        return request.logprobs(self._call(self._one(request.prompt(), params), "the probe to be scored"))
 
     # -----------------------------------------------------------------------------------------
     # weights

@@ -199,32 +199,13 @@ class VLLMEngine:
         ``(seed, prompt index)`` because vLLM gives a prompt's n children ``seed + child index``,
         so a shared seed would make every prompt's samples use the same noise.
         """
-        from vllm import SamplingParams
-
         requests = self.tokenize_prompts(prompts)
-        params = [
-            SamplingParams(
-                n=sampling.n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_tokens=sampling.max_tokens,
-                logprobs=0,  # only the sampled token's logprob
-                seed=None if seed is None else derive_seed(seed, index),
-            )
-            for index in range(len(prompts))
-        ]
-        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        outputs = self._llm.generate(requests, sampling_params(sampling, len(prompts), seed), use_tqdm=False)
         return [to_completions(output) for output in outputs]
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
         """Argmax-decode each prompt (for evaluation); returns the answer texts in prompt order."""
-        from vllm import SamplingParams
-
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
-        outputs = self._llm.generate(self.tokenize_prompts(prompts), params, use_tqdm=False)
+        outputs = self._llm.generate(self.tokenize_prompts(prompts), greedy_params(max_tokens), use_tqdm=False)
         return [output.outputs[0].text for output in outputs]
 
     def tokenize_prompts(self, prompts: list[str]) -> list[dict]:
@@ -238,24 +219,9 @@ class VLLMEngine:
     def score(self, prompt: str, continuation_ids: list[int]) -> np.ndarray:
         """(len(continuation_ids),) float32 temperature-1 logprobs the engine gives ``continuation_ids``
         after ``prompt``: a probe that the loaded weights are the ones we think."""
-        from vllm import SamplingParams, TokensPrompt
-
-        if not continuation_ids:
-            raise ValueError("continuation_ids must not be empty")
-        prompt_ids = list(self.tokenizer.encode(prompt))
-        if not prompt_ids:
-            raise ValueError(f"prompt ({prompt!r}) must encode to at least one token")
-        token_ids = prompt_ids + [int(t) for t in continuation_ids]
-        if len(token_ids) >= self.cfg.max_model_len:
-            raise ValueError(
-                f"prompt + continuation ({len(token_ids)} tokens) must be shorter than max_model_len ({self.cfg.max_model_len})"
-            )
-        # Prompt logprobs skip the sampler, so they are the model's own (temperature 1) whatever
-        # the logprobs mode; max_tokens=1 because vLLM must sample at least one token.
-        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
-        (output,) = self._llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
-        per_position = output.prompt_logprobs[len(prompt_ids) :]
-        return np.array([lp[t].logprob for t, lp in zip(continuation_ids, per_position)], dtype=np.float32)
+        request = ScoreRequest(self.tokenizer, prompt, continuation_ids, self.cfg.max_model_len)
+        (output,) = self._llm.generate([request.prompt()], request.params(), use_tqdm=False)
+        return request.logprobs(output)
 
     # -----------------------------------------------------------------------------------------
     # weights
@@ -321,6 +287,71 @@ def check_prompts(prompts: list[str]) -> None:
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"prompts[{index}] ({prompt!r}) must be a non-empty str")
+
+
+def sampling_params(sampling: SamplingConfig, num_prompts: int, seed: int | None, **extra) -> list:
+    """One vLLM ``SamplingParams`` per prompt: ``sampling``'s settings, the sampled token's logprob
+    only, and a seed per prompt derived from ``seed`` (None: unseeded). ``extra`` goes to every
+    one (the async engine asks for ``output_kind``)."""
+    from vllm import SamplingParams
+
+    return [
+        SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=sampling.max_tokens,
+            logprobs=0,  # only the sampled token's logprob
+            seed=None if seed is None else derive_seed(seed, index),
+            **extra,
+        )
+        for index in range(num_prompts)
+    ]
+
+
+def greedy_params(max_tokens: int, **extra):
+    """vLLM ``SamplingParams`` of argmax decoding up to ``max_tokens`` (for evaluation)."""
+    from vllm import SamplingParams
+
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
+    return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, **extra)
+
+
+class ScoreRequest:
+    """The probe's request: the temperature-1 logprobs an engine gives ``continuation_ids`` after
+    ``prompt``, checked to fit before anything runs (a ValueError naming the rule)."""
+
+    def __init__(self, tokenizer, prompt: str, continuation_ids: list[int], max_model_len: int):
+        if not continuation_ids:
+            raise ValueError("continuation_ids must not be empty")
+        self.prompt_ids = list(tokenizer.encode(prompt))
+        if not self.prompt_ids:
+            raise ValueError(f"prompt ({prompt!r}) must encode to at least one token")
+        self.continuation_ids = [int(t) for t in continuation_ids]
+        self.token_ids = self.prompt_ids + self.continuation_ids
+        if len(self.token_ids) >= max_model_len:
+            raise ValueError(
+                f"prompt + continuation ({len(self.token_ids)} tokens) must be shorter than max_model_len ({max_model_len})"
+            )
+
+    def prompt(self):
+        from vllm import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=self.token_ids)
+
+    def params(self, **extra):
+        """Prompt logprobs skip the sampler, so they are the model's own (temperature 1) whatever
+        the logprobs mode; max_tokens=1 because vLLM must sample at least one token."""
+        from vllm import SamplingParams
+
+        return SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, **extra)
+
+    def logprobs(self, output) -> np.ndarray:
+        """(len(continuation_ids),) float32 logprobs out of the engine's ``RequestOutput``."""
+        per_position = output.prompt_logprobs[len(self.prompt_ids) :]
+        return np.array([lp[t].logprob for t, lp in zip(self.continuation_ids, per_position)], dtype=np.float32)
 
 
 def derive_seed(seed: int, index: int) -> int:
