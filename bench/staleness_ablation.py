@@ -45,7 +45,7 @@ from asyncrl.learner.advantages import grpo_advantages  # noqa: E402
 from asyncrl.learner.batch import collate, token_logprobs  # noqa: E402
 from asyncrl.learner.config import AlgorithmConfig  # noqa: E402
 from asyncrl.learner.losses import compute_policy_loss  # noqa: E402
-from asyncrl.models.hf_eval import evaluate_exact_match, left_padded  # noqa: E402
+from asyncrl.models.hf_eval import decode_with_cache, evaluate_exact_match  # noqa: E402
 from asyncrl.models.sft import SFTConfig, run_sft  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.tasks.answers import score_answer  # noqa: E402
@@ -70,32 +70,16 @@ def sample_groups(
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     prompt_ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     rows = [ids for ids in prompt_ids for _ in range(n)]
-    input_ids, attention_mask = left_padded(rows, pad)  # (B, P)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    finished = torch.zeros(len(rows), dtype=torch.bool)
-    tokens, logps, alive = [], [], []
-    past = None
-    for _ in range(max_tokens):
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past,
-            use_cache=True,
-        )
-        past = out.past_key_values
-        logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # (B, V)
-        next_ids = torch.multinomial(logprobs.exp(), 1, generator=gen).squeeze(1)  # (B,)
-        alive.append(~finished)
-        tokens.append(next_ids)
+    logps = []
+
+    def sample(logits: torch.Tensor) -> torch.Tensor:  # (B, V) -> (B,), its logprob kept
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        next_ids = torch.multinomial(logprobs.exp(), 1, generator=gen).squeeze(1)
         logps.append(logprobs.gather(1, next_ids[:, None]).squeeze(1))
-        finished = finished | (next_ids == eos)
-        if finished.all():
-            break
-        input_ids = next_ids[:, None]
-        position_ids = position_ids[:, -1:] + 1
-        attention_mask = torch.cat([attention_mask, torch.ones_like(input_ids)], dim=1)
-    tokens_t, logps_t, alive_t = torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(alive, 1)  # (B, T)
+        return next_ids
+
+    tokens_t, alive_t = decode_with_cache(model, rows, max_tokens, eos, pad, sample)  # (B, T)
+    logps_t = torch.stack(logps, 1)  # (B, T)
     groups = []
     for g, prompt in enumerate(prompts):
         samples = []

@@ -8,6 +8,7 @@ tiny model: 500 addition prompts take well under a second of decoding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,15 +35,27 @@ def left_padded(token_lists: list[list[int]], pad_id: int) -> tuple[torch.Tensor
 
 
 @torch.no_grad()
-def greedy_generate(
-    model: PreTrainedModel, prompt_ids: list[list[int]], max_new_tokens: int, eos_id: int, pad_id: int
-) -> list[list[int]]:
-    """Greedy continuations (without the eos) of each prompt, at most max_new_tokens each."""
-    input_ids, attention_mask = left_padded(prompt_ids, pad_id)  # [B, P]
+def decode_with_cache(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode every prompt token by token with a KV cache, left-padded in one batch.
+
+    ``pick`` maps the last position's logits (B, V) to the next token ids (B,): argmax for greedy
+    decoding, a draw for sampling (it may record what it needs, e.g. the token's logprob). A row
+    that has produced ``eos_id`` is fed ``pad_id`` from then on; decoding stops once every row
+    has. Returns (tokens, alive), each (B, T): alive is False after a row's eos (the eos itself
+    is alive)."""
+    input_ids, attention_mask = left_padded(prompt_ids, pad_id)  # (B, P)
     # Positions count real tokens only, so a left-padded row sees the same positions as unpadded.
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-    finished = torch.zeros(len(prompt_ids), dtype=torch.bool)  # [B]
-    generated: list[torch.Tensor] = []
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+    finished = torch.zeros(len(prompt_ids), dtype=torch.bool)  # (B,)
+    tokens: list[torch.Tensor] = []
+    alive: list[torch.Tensor] = []
     past = None
     for _ in range(max_new_tokens):
         out = model(
@@ -53,19 +66,28 @@ def greedy_generate(
             use_cache=True,
         )
         past = out.past_key_values
-        next_ids = out.logits[:, -1, :].argmax(-1)  # [B]
+        next_ids = pick(out.logits[:, -1, :])  # (B,)
         next_ids = torch.where(finished, torch.full_like(next_ids, pad_id), next_ids)
-        generated.append(next_ids)
-        finished |= next_ids == eos_id
+        alive.append(~finished)
+        tokens.append(next_ids)
+        finished = finished | (next_ids == eos_id)
         if finished.all():
             break
-        input_ids = next_ids[:, None]  # [B, 1]
-        position_ids = position_ids[:, -1:] + 1  # [B, 1]
+        input_ids = next_ids[:, None]  # (B, 1)
+        position_ids = position_ids[:, -1:] + 1  # (B, 1)
         attention_mask = torch.cat([attention_mask, torch.ones_like(input_ids)], dim=1)
-    if not generated:
-        return [[] for _ in prompt_ids]
-    tokens = torch.stack(generated, dim=1).tolist()  # [B, T]
-    return [row[: row.index(eos_id)] if eos_id in row else row for row in tokens]
+    if not tokens:
+        empty = torch.zeros((len(prompt_ids), 0), dtype=torch.long)
+        return empty, empty.bool()
+    return torch.stack(tokens, dim=1), torch.stack(alive, dim=1)
+
+
+def greedy_generate(
+    model: PreTrainedModel, prompt_ids: list[list[int]], max_new_tokens: int, eos_id: int, pad_id: int
+) -> list[list[int]]:
+    """Greedy continuations (without the eos) of each prompt, at most max_new_tokens each."""
+    tokens, _ = decode_with_cache(model, prompt_ids, max_new_tokens, eos_id, pad_id, lambda logits: logits.argmax(-1))
+    return [row[: row.index(eos_id)] if eos_id in row else row for row in tokens.tolist()]
 
 
 def generate_responses(
