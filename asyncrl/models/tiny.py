@@ -62,17 +62,14 @@ class TinyModelConfig(Config):
         return self
 
 
-def build_tiny_model(cfg: TinyModelConfig, out_dir: str | Path) -> Path:
-    """Write tokenizer + randomly initialised float32 weights to ``out_dir`` and return it."""
-    import torch  # lazily: reading a config must not load torch and transformers
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen2_config(cfg: TinyModelConfig, vocab_size: int | None = None, **extra):
+    """The transformers ``Qwen2Config`` of ``cfg``'s shape, in float32. ``vocab_size`` overrides
+    ``cfg.vocab_size`` (the builder passes its tokenizer's length); ``extra`` sets other fields
+    (special token ids). Built on the meta device it counts a shape's parameters for free."""
+    from transformers import Qwen2Config
 
-    from asyncrl.models.char_tokenizer import build_char_tokenizer
-
-    out = Path(out_dir)
-    tokenizer = build_char_tokenizer(out, cfg.vocab_size)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    return Qwen2Config(
+        vocab_size=vocab_size if vocab_size is not None else (cfg.vocab_size or CHAR_VOCAB_SIZE),
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
@@ -80,10 +77,26 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: str | Path) -> Path:
         intermediate_size=cfg.intermediate_size,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=cfg.tie_word_embeddings,
+        dtype="float32",
+        **extra,
+    )
+
+
+def build_tiny_model(cfg: TinyModelConfig, out_dir: str | Path) -> Path:
+    """Write tokenizer + randomly initialised float32 weights to ``out_dir`` and return it."""
+    import torch  # lazily: reading a config must not load torch and transformers
+    from transformers import Qwen2ForCausalLM
+
+    from asyncrl.models.char_tokenizer import build_char_tokenizer
+
+    out = Path(out_dir)
+    tokenizer = build_char_tokenizer(out, cfg.vocab_size)
+    config = qwen2_config(
+        cfg,
+        vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
-        dtype="float32",
     )
     # A private generator state: building a model must not depend on, or disturb, global RNG use.
     with torch.random.fork_rng(devices=[]):

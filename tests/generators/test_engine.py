@@ -23,6 +23,7 @@ import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
 from asyncrl.generators.engine import Completion, EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from tests.factories import vllm_engine  # noqa: E402
 
 PROMPTS = ["1+2=", "34+5=", "hello", "7*8=", "a"]
@@ -30,46 +31,7 @@ ATOL = 1e-3
 
 
 def build_model(out_dir: Path, seed: int) -> Path:
-    """The project's tiny model when available, else an equivalent one built here."""
-    try:
-        from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
-    except ImportError:
-        return build_fallback_model(out_dir, seed)
     return Path(build_tiny_model(TinyModelConfig(seed=seed), out_dir))
-
-
-def build_fallback_model(out_dir: Path, seed: int) -> Path:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    chars = ["<pad>", "<eos>", "<unk>", *[chr(c) for c in range(32, 127)], "\n"]
-    backend = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        clean_up_tokenization_spaces=False,
-    )
-    tok.save_pretrained(out_dir)
-    config = Qwen2Config(
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=512,
-        max_position_embeddings=64,
-        vocab_size=len(chars),
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    Qwen2ForCausalLM(config).save_pretrained(out_dir)
-    return out_dir
 
 
 def load_hf(model_dir: Path):

@@ -22,6 +22,7 @@ from asyncrl.learner.advantages import grpo_advantages  # noqa: E402
 from asyncrl.learner.batch import collate, token_logprobs  # noqa: E402
 from asyncrl.learner.losses import decoupled_ppo_loss  # noqa: E402
 from asyncrl.learner.trainer import PolicyTrainer, TrainerConfig  # noqa: E402
+from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.wire.schema import Group, Sample  # noqa: E402
 
 LR = 1e-3
@@ -31,26 +32,7 @@ GRAD_CLIP = 0.5  # the test batch's gradient norm is ~1, so clipping is exercise
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
-    try:
-        from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
-
-        return build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128), out)
-    except ImportError:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        torch.manual_seed(0)
-        config = Qwen2Config(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            vocab_size=32,
-            max_position_embeddings=64,
-            tie_word_embeddings=False,
-        )
-        Qwen2ForCausalLM(config).save_pretrained(out)
-        return out
+    return build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128), out)
 
 
 def make_groups(vocab_size, policy_version=0, num_groups=4, group_size=4, seed=0):

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
+from asyncrl.models.tiny import TinyModelConfig, build_tiny_model, qwen2_config
 
 
 def test_builds_a_reloadable_checkpoint(tmp_path):
@@ -51,22 +51,13 @@ def test_padded_vocabulary_and_tied_embeddings(tmp_path):
 
 def test_qwen2_5_0_5b_shape_has_its_parameter_count():
     """The rehearsal recipe's shape is Qwen2.5-0.5B's 494 M parameters (built on the meta device: no memory)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     from asyncrl.config import load_config
 
     tiny = load_config("configs/rehearsal_0_5b.yaml").model.tiny
-    config = Qwen2Config(
-        vocab_size=tiny.vocab_size,
-        hidden_size=tiny.hidden_size,
-        num_hidden_layers=tiny.num_layers,
-        num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_kv_heads,
-        intermediate_size=tiny.intermediate_size,
-        tie_word_embeddings=tiny.tie_word_embeddings,
-    )
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(config)
+        model = Qwen2ForCausalLM(qwen2_config(tiny))
     assert sum(p.numel() for p in model.parameters()) == 494_032_768
 
 
