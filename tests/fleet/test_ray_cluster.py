@@ -20,6 +20,8 @@ from asyncrl.fleet.ray_cluster import ActorLost, FleetError, RayFleet
 from asyncrl.wire.endpoints import Endpoints
 from tests.raycluster import local_cluster
 
+pytestmark = pytest.mark.slow  # a three-node Ray cluster (~1 min)
+
 STAND_IN = (
     "import os, sys, time; print('settings', os.environ.get('ASYNCRL_TEST'), os.environ.get('MASTER_ADDR'), "
     "os.environ.get('DS_ACCELERATOR'), flush=True); time.sleep(float(os.environ.get('SLEEP_S', 600))); "

@@ -29,6 +29,8 @@ from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.wire.schema import decode, encode_group  # noqa: E402
 
+pytestmark = pytest.mark.slow  # vLLM engines (~30 s)
+
 PROMPT = "12+34="
 LONG = SamplingConfig(n=8, temperature=1.0, max_tokens=48)
 

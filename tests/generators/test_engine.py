@@ -26,6 +26,8 @@ from asyncrl.generators.engine import Completion, EngineConfig, SamplingConfig  
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from tests.factories import vllm_engine  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a vLLM engine
+
 PROMPTS = ["1+2=", "34+5=", "hello", "7*8=", "a"]
 ATOL = 1e-3
 

@@ -17,6 +17,8 @@ from asyncrl.wire.sockets import RequestClient, StreamSender
 from tests.factories import make_group
 from tests.integration.harness import Harness
 
+pytestmark = pytest.mark.slow  # real reward worker and buffer processes
+
 LIMIT = 64 << 10  # the stream limit of this run: groups of the test are < 1 KiB
 
 

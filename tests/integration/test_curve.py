@@ -18,6 +18,8 @@ from tests.factories import make_group
 from tests.integration.harness import Harness
 from tests.integration.test_bad_input import metric
 
+pytestmark = pytest.mark.slow  # a real buffer process
+
 
 @pytest.fixture
 def curve_run(tmp_path):

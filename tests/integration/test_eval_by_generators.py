@@ -12,8 +12,9 @@ from asyncrl.config import load_config
 from asyncrl.controller.preparation import evaluate
 from asyncrl.controller.process import Controller
 
+pytestmark = pytest.mark.slow  # vLLM generators and a DeepSpeed learner in real processes
 
-@pytest.mark.slow
+
 def test_generators_evaluate_before_during_and_after_training(tmp_path):
     cfg = load_config(
         "configs/demo.yaml",

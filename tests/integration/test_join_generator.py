@@ -8,10 +8,13 @@ import sys
 import threading
 import time
 
+import pytest
 import yaml
 
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
+
+pytestmark = pytest.mark.slow  # a whole run of real processes (~30 s)
 
 
 def test_a_generator_joins_a_running_run_and_is_accounted_for(tmp_path):

@@ -10,8 +10,9 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
 
+pytestmark = pytest.mark.slow  # a whole training run
 
-@pytest.mark.slow
+
 def test_demo_recipe_gains_ten_points_of_exact_match(tmp_path):
     cfg = load_config("configs/demo.yaml", [f"run.root={tmp_path}", "run.name=demo", "run.console=quiet"])
     summary = Controller(cfg).run()

@@ -9,8 +9,9 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
 
+pytestmark = pytest.mark.slow  # vLLM generators and a DeepSpeed learner in real processes
 
-@pytest.mark.slow
+
 def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
     cfg = load_config(
         "configs/demo.yaml",
@@ -67,7 +68,6 @@ def test_pipeline_trains_broadcasts_and_accounts_for_every_sample(tmp_path):
     assert "asyncrl_buffer_items" in metrics["buffer"]
 
 
-@pytest.mark.slow
 def test_pipeline_with_several_updates_per_batch_a_schedule_and_truncation_masked(tmp_path):
     """The real learner loop with 2 epochs x 2 mini-batches per step, cosine decay after a warm-up
     and truncated answers masked: one version per step, the learning rate of each step's last

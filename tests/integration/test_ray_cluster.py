@@ -16,6 +16,8 @@ from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
 from tests.raycluster import local_cluster
 
+pytestmark = pytest.mark.slow  # Ray clusters running whole runs (~2 min)
+
 PLACED = [
     "launcher.kind=ray",
     "placement.buffer={num_cpus: 0.5, labels: {pool: main}}",
@@ -138,7 +140,6 @@ def test_a_run_survives_losing_a_node_with_its_generators_and_reward_worker(tmp_
         assert [r["node_id"] for r in starts[name]] == [lost["node_id"], spare], starts[name]
 
 
-@pytest.mark.slow
 def test_real_vllm_generators_and_a_deepspeed_learner_on_two_nodes(tmp_path):
     with local_cluster(
         head_cpus=4, head_labels={"pool": "main"}, nodes=[{"num_cpus": 2, "labels": {"pool": "gen"}}]

@@ -8,9 +8,13 @@ import signal
 import threading
 import time
 
+import pytest
+
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
+
+pytestmark = pytest.mark.slow  # whole runs of real processes, killed and restarted (~80 s)
 
 SIMULATED = [
     "sampling.max_tokens=64",

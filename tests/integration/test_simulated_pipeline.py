@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -19,6 +20,7 @@ from asyncrl.observability.inspect_run import inspect_run
 from asyncrl.observability.plot import staleness_histogram
 
 
+@pytest.mark.slow  # real processes
 def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tmp_path, capsys):
     cfg = load_config(
         "configs/bench_pipeline.yaml",
@@ -118,6 +120,7 @@ def find_promtool() -> str:
     return found
 
 
+@pytest.mark.slow  # real processes
 def test_truncated_answers_dropped_at_the_buffer_are_counted_and_reconcile(tmp_path):
     """``algorithm.truncation.mode: drop`` through the real processes: groups holding an answer cut
     at ``sampling.max_tokens`` (the simulated lengths reach it often) are dropped by the buffer
@@ -147,6 +150,7 @@ def test_capacities_come_from_the_timing_models():
     assert cap["ideal_samples_per_s"] == min(cap["generation_samples_per_s"], cap["training_samples_per_s"])
 
 
+@pytest.mark.slow  # real processes
 def test_several_simulated_engines_share_a_process_and_the_steady_state_is_measured(tmp_path):
     cfg = load_config(
         "configs/bench_scale.yaml",

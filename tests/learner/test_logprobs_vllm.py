@@ -25,6 +25,8 @@ from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.wire.schema import Group, Sample  # noqa: E402
 from tests.factories import vllm_engine  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a vLLM engine
+
 PROMPTS = ["1+2=", "34+5=", "hello", "7*8=", "a"]
 TEMPERATURE = 0.8
 

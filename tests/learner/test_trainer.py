@@ -593,6 +593,8 @@ import copy  # noqa: E402
 
 from asyncrl.learner.truncation import overlong_penalty  # noqa: E402
 
+pytestmark = pytest.mark.slow  # DeepSpeed engines at every ZeRO stage
+
 
 def with_truncated(groups, cut=((0, 1), (1, 0), (1, 3), (3, 2))):
     """A copy of ``groups`` whose samples ``(group, index)`` in ``cut`` stopped at the length limit."""

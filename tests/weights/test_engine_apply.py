@@ -25,6 +25,8 @@ from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa:
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
 from asyncrl.weights.update import WeightSyncError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a vLLM engine
+
 TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
 
 

@@ -7,13 +7,15 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
 
+pytestmark = pytest.mark.slow  # whole runs of real processes, one per transport
+
 
 @pytest.mark.parametrize(
     "transport, schedule, apply_mode",
     [
         ("zmq", "staleness", "between_requests"),
         ("shm", "every_k", "in_flight"),  # a background thread swaps while the engine samples
-        pytest.param("file", "every_s", "between_requests", marks=pytest.mark.slow),
+        ("file", "every_s", "between_requests"),
     ],
 )
 def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule, apply_mode):

@@ -2,7 +2,7 @@
 
 import multiprocessing as mp
 import os
-import time
+import threading
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
 from asyncrl.wire import schema as wire
+from tests.waits import WAIT_S, has_message, wait_subscribed, wait_until
 
 TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
 
@@ -28,13 +29,29 @@ def _state(seed=0, big=1000):
     }
 
 
-def _receive(sub, served=0, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        update = sub.newest(served, timeout=0.2)
-        if update is not None:
-            return update
-    raise AssertionError("no update arrived")
+# What a stream subscriber skips: the tail of a version that began before it joined.
+STREAM_PROBE = wire.encode("weights_end", {"policy_version": 0, "num_buckets": 0, "bytes": 0})
+
+
+def _receive(sub, pub=None, served=0, timeout=WAIT_S):
+    """The next version above ``served``; ``pub`` repeats its announcement meanwhile (at most once
+    a second, as the learner's idle loop does), so a subscriber that joined late still hears it."""
+    return wait_until(
+        lambda: sub.newest(served, timeout=0.2),
+        f"{sub.name} to receive a version above {served}",
+        timeout,
+        interval=0,
+        tick=None if pub is None else pub.announce,
+    )
+
+
+def _subscribed(pub_sock, subs):
+    """Probe a stream publisher's socket until every subscriber has heard it (see ``wait_subscribed``)."""
+    wait_subscribed(
+        lambda: pub_sock.send(STREAM_PROBE),
+        lambda: all(has_message(sub.sock) for sub in subs),
+        f"{[sub.name for sub in subs]} to be subscribed to {pub_sock.getsockopt_string(zmq.LAST_ENDPOINT)}",
+    )
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
@@ -42,12 +59,13 @@ def test_round_trip_is_bit_identical_to_every_subscriber(transport):
     Pub, Sub = TRANSPORTS[transport]
     pub = Pub("tcp://127.0.0.1:0")
     subs = [Sub(pub.address, name=f"g{i}") for i in range(2)]
-    time.sleep(0.3)  # slow joiners
+    if transport == "zmq":  # shared memory repeats its announcement instead (in _receive)
+        _subscribed(pub.sock, subs)
     sd = _state()
     stats = pub.publish(state_dict_buckets(sd, 64 << 10), 7, meta={"probe": {"prompt": "x"}})
     assert stats["buckets"] >= 3 and stats["bytes"] >= sum(t.numel() * t.element_size() for t in sd.values())
     for sub in subs:
-        update = _receive(sub)
+        update = _receive(sub, pub)
         assert update.version == 7 and update.meta["probe"] == {"prompt": "x"}
         got = dict(update.tensors)
         assert list(got) == list(sd)
@@ -60,35 +78,26 @@ def test_round_trip_is_bit_identical_to_every_subscriber(transport):
         sub.close()
 
 
-def _until(cond, pub, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        pub.announce()
-        time.sleep(0.02)
-    return cond()
-
-
 def test_shm_keeps_a_version_until_every_subscriber_is_past_it():
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     g0, g1 = (ShmWeightSubscriber(pub.address, name=n) for n in ("g0", "g1"))
-    time.sleep(0.3)
     pub.publish(state_dict_buckets(_state(), 1 << 20), 1)
-    _receive(g0).done()
-    _receive(g1).done()
-    assert _until(lambda: pub.acked == {"g0": 1, "g1": 1}, pub)
+    _receive(g0, pub).done()
+    _receive(g1, pub).done()
+    wait_until(lambda: pub.acked == {"g0": 1, "g1": 1}, "both acks of version 1", tick=pub.announce)
     pub.publish(state_dict_buckets(_state(1), 1 << 20), 2)
-    _receive(g0, served=1).done()
-    held = _receive(g1, served=1)  # g1 is still loading version 2
-    assert _until(lambda: pub.acked["g0"] == 2, pub)
+    _receive(g0, pub, served=1).done()
+    held = _receive(g1, pub, served=1)  # g1 is still loading version 2
+    wait_until(lambda: pub.acked["g0"] == 2, "g0's ack of version 2", tick=pub.announce)
     pub.publish(state_dict_buckets(_state(2), 1 << 20), 3)
     pub.announce()
     assert not (pub.dir / "v000001").exists()  # everyone is past it
     assert (pub.dir / "v000002").exists()  # g1 is still reading it
     held.done()
-    update = _receive(g1, served=2)
+    update = _receive(g1, pub, served=2)
     assert update.version == 3
     update.done()
-    assert _until(lambda: not (pub.dir / "v000002").exists(), pub)
+    wait_until(lambda: not (pub.dir / "v000002").exists(), "version 2 to be removed", tick=pub.announce)
     assert (pub.dir / "v000003").exists()
     pub.close()
     g0.close()
@@ -104,10 +113,8 @@ def test_shm_checksum_catches_a_corrupted_bucket_and_reports_it():
     data[100] ^= 0xFF
     path.write_bytes(bytes(data))
     sub = ShmWeightSubscriber(pub.address, name="g0")  # joins after the corruption (it checks on arrival)
-    time.sleep(0.3)
-    pub.announce(force=True)
     with pytest.raises(WeightSyncError, match="version 3 bucket b00001: sum64 checksum mismatch"):
-        _receive(sub)
+        _receive(sub, pub)  # hears a repeat of the announcement
     pub.close()
     sub.close()
 
@@ -117,7 +124,7 @@ def test_zmq_checksum_catches_a_corrupted_bucket():
     pub = ctx.socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="g0", timeout_s=2)
-    time.sleep(0.3)
+    _subscribed(pub, [sub])
     pub.send(wire.encode("weights_begin", {"policy_version": 1}))
     header = {"policy_version": 1, "index": 0, "crc": 12345, "nbytes": 8, "tensors": [["w", "float32", [2], 0, 8]]}
     pub.send_multipart([wire.encode("weights_bucket", header), b"\0" * 8])
@@ -132,7 +139,7 @@ def test_zmq_timeout_names_what_it_waited_for():
     pub = ctx.socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="gen-3.weights", timeout_s=0.5)
-    time.sleep(0.3)
+    _subscribed(pub, [sub])
     pub.send(wire.encode("weights_begin", {"policy_version": 9}))  # ... and the learner goes silent
     with pytest.raises(
         TimeoutError, match=r"gen-3.weights: waited 0.5 s for bucket 0 \(or the end\) of version 9 from tcp://"
@@ -142,41 +149,47 @@ def test_zmq_timeout_names_what_it_waited_for():
     sub.close()
 
 
-def _dying_subscriber(address, ready):
+def _dying_subscriber(address, heard):
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.setsockopt(zmq.RCVHWM, 2)
     sock.setsockopt(zmq.RCVBUF, 1 << 16)
+    sock.setsockopt(zmq.RCVTIMEO, 120_000)  # every wait bounded: a failed test leaves no process behind
     sock.connect(address)
-    ready.set()
-    sock.recv_multipart()  # weights_begin
+    while sock.recv_multipart() == [STREAM_PROBE]:  # the test's probes, until weights_begin
+        heard.set()
     sock.recv_multipart()  # bucket 0
     os._exit(0)  # dies mid-broadcast, without closing anything
 
 
 def test_a_subscriber_that_dies_mid_broadcast_does_not_block_the_others():
-    pub = ZmqWeightPublisher("tcp://127.0.0.1:0", send_timeout_s=20)
-    ready = mp.get_context("spawn").Event()
-    proc = mp.get_context("spawn").Process(target=_dying_subscriber, args=(pub.address, ready))
+    # A publish held up by the dead subscriber would wait send_timeout_s per bucket (and count a
+    # stall); the bound on its time is half of that, far above a loaded machine's 32 MiB copy.
+    pub = ZmqWeightPublisher("tcp://127.0.0.1:0", send_timeout_s=60)
+    heard = mp.get_context("spawn").Event()
+    proc = mp.get_context("spawn").Process(target=_dying_subscriber, args=(pub.address, heard))
     proc.start()
-    live = ZmqWeightSubscriber(pub.address, name="live", timeout_s=10)
-    assert ready.wait(60)
-    time.sleep(0.5)
+    live = ZmqWeightSubscriber(pub.address, name="live", timeout_s=60)
+    wait_subscribed(
+        lambda: pub.sock.send(STREAM_PROBE),
+        lambda: heard.is_set() and has_message(live.sock),
+        "the dying subscriber (a spawned process) and the live one to be subscribed",
+        timeout=120,
+    )
     sd = {f"w{i}": torch.full((1 << 18,), float(i)) for i in range(32)}  # 32 MiB in 1 MiB buckets
-    import threading
 
     got = {}
 
     def consume():
-        got["update"] = _receive(live, timeout=30)
+        got["update"] = _receive(live, timeout=120)
 
     t = threading.Thread(target=consume)
     t.start()
     stats = pub.publish(state_dict_buckets(sd, 1 << 20), 1)
-    t.join(30)
-    proc.join(10)
+    t.join(120)
+    proc.join(120)
     assert proc.exitcode == 0
-    assert stats["seconds"] < 10 and pub.stalled == 0, stats
+    assert stats["seconds"] < 30 and pub.stalled == 0, stats
     assert all(torch.equal(dict(got["update"].tensors)[k], v) for k, v in sd.items())
     pub.close()
     live.close()
@@ -187,7 +200,7 @@ def test_zmq_copies_a_transient_bucket_into_at_most_two_packing_buffers():
 
     pub = ZmqWeightPublisher("tcp://127.0.0.1:0")
     sub = ZmqWeightSubscriber(pub.address, name="g0", timeout_s=10)
-    time.sleep(0.3)
+    _subscribed(pub.sock, [sub])
     sd = {f"w{i}": torch.full((1 << 16,), float(i)) for i in range(8)}  # 256 KiB each
     expected = {k: v.clone() for k, v in sd.items()}
 
@@ -228,10 +241,11 @@ def test_a_state_dict_on_the_gpu_arrives_bit_identical(transport):
     Pub, Sub = TRANSPORTS[transport]
     pub = Pub("tcp://127.0.0.1:0")
     sub = Sub(pub.address, name="g0")
-    time.sleep(0.3)
+    if transport == "zmq":
+        _subscribed(pub.sock, [sub])
     sd = {k: v.cuda() for k, v in _state().items()}
     stats = pub.publish(state_dict_buckets(sd, 64 << 10), 1)
-    update = _receive(sub)
+    update = _receive(sub, pub)
     got = dict(update.tensors)
     assert stats["buckets"] >= 3 and list(got) == list(sd)
     for name, t in sd.items():
