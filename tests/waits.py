@@ -13,6 +13,8 @@ from typing import TypeVar
 
 import zmq
 
+from asyncrl.wire import schema as wire
+
 T = TypeVar("T")
 
 WAIT_S = 30.0
@@ -48,3 +50,29 @@ def wait_subscribed(send_probe: Callable[[], None], subscribed: Callable[[], boo
     version they never began) until each has received it. The probes left queued are read and
     ignored by the subscribers as in a run."""
     wait_until(subscribed, what, timeout, tick=send_probe)
+
+
+def receive_version(sub, pub=None, served: int = 0, timeout: float = WAIT_S):
+    """A weight subscriber's next version above ``served``. ``pub`` (if given) repeats its
+    announcement meanwhile, at most once a second as the learner's idle loop does, so that a
+    subscriber that joined after the first announcement still hears it."""
+    return wait_until(
+        lambda: sub.newest(served, timeout=0.2),
+        f"{sub.name} to receive a version above {served}",
+        timeout,
+        interval=0,
+        tick=None if pub is None else pub.announce,
+    )
+
+
+# What a stream subscriber (``ZmqWeightSubscriber``) skips: the tail of a version begun before it joined.
+STREAM_PROBE = wire.encode("weights_end", {"policy_version": 0, "num_buckets": 0, "bytes": 0})
+
+
+def stream_subscribed(pub_sock: zmq.Socket, subs) -> None:
+    """Probe a weight stream's PUB socket until every subscriber in ``subs`` has heard it."""
+    wait_subscribed(
+        lambda: pub_sock.send(STREAM_PROBE),
+        lambda: all(has_message(sub.sock) for sub in subs),
+        f"{[sub.name for sub in subs]} to be subscribed to {pub_sock.getsockopt_string(zmq.LAST_ENDPOINT)}",
+    )

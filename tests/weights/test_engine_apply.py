@@ -10,7 +10,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -24,6 +23,7 @@ from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
 from asyncrl.weights.update import WeightSyncError  # noqa: E402
+from tests.waits import stream_subscribed, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a vLLM engine
 
@@ -63,12 +63,15 @@ def engine(models):
     e.close()
 
 
-def _apply(engine, sub, ctx, timeout=5.0):
-    deadline = time.monotonic() + timeout
+def _apply(engine, sub, pub, ctx):
+    """Apply the next version as the generator loop does; ``pub`` repeats its announcement meanwhile."""
     version = engine.version
-    while engine.version == version and time.monotonic() < deadline:
+
+    def applied():
         apply_newest_weights(engine, sub, ctx, probe_atol=1e-3)
-        time.sleep(0.05)
+        return engine.version != version
+
+    wait_until(applied, f"{sub.name} to apply a version above {version}", interval=0.05, tick=pub.announce)
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
@@ -77,12 +80,13 @@ def test_apply_between_requests_serves_the_published_weights(engine, learner, tr
     Pub, Sub = TRANSPORTS[transport]
     pub, sub, ctx = Pub("tcp://127.0.0.1:0"), None, Ctx()
     sub = Sub(pub.address, name="gen-0.weights")
-    time.sleep(0.3)
+    if transport == "zmq":  # shared memory repeats its announcement instead (in _apply)
+        stream_subscribed(pub.sock, [sub])
     probe = learner_probe(model, tok)
     before = engine.score(probe["prompt"], probe["continuation_ids"])
     version = engine.version + 1
     pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
-    _apply(engine, sub, ctx)
+    _apply(engine, sub, pub, ctx)
     assert engine.version == version
     ((kind, ev),) = ctx.events
     assert kind == "version" and ev["version"] == version and ev["probe_diff"] <= 1e-3 and ev["bytes"] > 0
@@ -95,7 +99,6 @@ def test_probe_catches_a_deliberately_corrupted_bucket(engine, learner):
     model, tok = learner
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
-    time.sleep(0.3)
     probe = learner_probe(model, tok)
 
     def corrupted():  # a learner-side bug: right checksum, wrong numbers
@@ -105,11 +108,8 @@ def test_probe_catches_a_deliberately_corrupted_bucket(engine, learner):
     version = engine.version + 1
     pub.publish(corrupted(), version, meta={"probe": probe})
     with pytest.raises(WeightSyncError, match=f"probe after applying version {version}: .* > atol 0.001"):
-        _apply(engine, sub, Ctx())
-    deadline = time.monotonic() + 5
-    while not pub.errors and time.monotonic() < deadline:
-        pub.announce()
-        time.sleep(0.05)
+        _apply(engine, sub, pub, Ctx())
+    wait_until(lambda: pub.errors, "the subscriber's error report", tick=pub.announce)
     assert pub.errors and pub.errors[0]["subscriber"] == "gen-0.weights" and "probe" in pub.errors[0]["error"]
     pub.close()
     sub.close()

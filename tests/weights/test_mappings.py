@@ -2,7 +2,6 @@
 once no recent version uses them, and never showing stale bytes."""
 
 import os
-import time
 
 import pytest
 import torch
@@ -10,7 +9,8 @@ import torch
 from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.mappings import MappingCache
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
-from tests.weights.test_transports import _receive, _state, _until
+from tests.waits import receive_version, wait_until
+from tests.weights.test_transports import _state
 
 
 def _file(path, data: bytes):
@@ -67,18 +67,17 @@ def test_keep_must_be_positive():
 def test_a_subscriber_reads_recycled_files_through_its_kept_mappings():
     pub = ShmWeightPublisher("tcp://127.0.0.1:0", max_versions=2)
     sub = ShmWeightSubscriber(pub.address, name="g0")
-    time.sleep(0.3)
     for version in range(1, 6):
         sd = _state(seed=version)
         pub.publish(state_dict_buckets(sd, 64 << 10), version)
-        update = _receive(sub, served=version - 1)
+        update = receive_version(sub, pub, served=version - 1)
         got = dict(update.tensors)
         assert update.version == version
         for name, t in sd.items():
             assert torch.equal(got[name], t), (version, name)
         del got
         update.done()
-        assert _until(lambda v=version: pub.acked.get("g0") == v, pub)
+        wait_until(lambda v=version: pub.acked.get("g0") == v, f"g0's ack of version {version}", tick=pub.announce)
     # From the third version on the learner writes into the files of the version before last,
     # and the subscriber maps them no more: two versions' files are mapped, no others.
     assert sub._maps.reused >= 3 * 3

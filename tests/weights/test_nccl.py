@@ -2,16 +2,19 @@
 GPUs with NCCL itself (marked ``gpu``: it fails, never skips, where CUDA is missing)."""
 
 import multiprocessing as mp
+import queue as queues
 import threading
 import time
 
 import pytest
 import torch
+import zmq
 
 from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.config import WeightSyncConfig
 from asyncrl.weights.nccl import NcclWeightPublisher, NcclWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
+from tests.waits import has_message, wait_subscribed
 
 
 def _state(seed=0):
@@ -24,6 +27,19 @@ def _state(seed=0):
     }
 
 
+def _probe(pub):
+    """An announcement subscribers ignore: a repeat of version 0, which they serve from the start."""
+    pub.announcer.send_once({"policy_version": 0})
+
+
+def _subscribed(pub, subs):
+    """Probe until every subscriber has heard the learner (``wait_subscribed``): the first
+    announcement must reach them, since forming the group blocks the learner until they join."""
+    wait_subscribed(
+        lambda: _probe(pub), lambda: all(has_message(s.sub.sock) for s in subs), "the subscribers to be subscribed"
+    )
+
+
 def _take(sub, served, out, key, timeout=30.0):
     deadline = time.monotonic() + timeout
     try:
@@ -33,6 +49,7 @@ def _take(sub, served, out, key, timeout=30.0):
                 out[key] = (update.version, {n: t.clone() for n, t in update.tensors}, update.meta)
                 update.done()
                 return
+        out[key] = AssertionError(f"{sub.name}: waited {timeout:.0f} s for a version above {served}")
     except BaseException as e:  # handed to the test thread
         out[key] = e
 
@@ -51,7 +68,7 @@ def _publish_to(pub, subs, sd, version, served):
 def test_collective_round_trip_over_gloo_is_bit_identical_for_every_version():
     pub = NcclWeightPublisher("tcp://127.0.0.1:0", num_subscribers=2, backend="gloo", timeout_s=30)
     subs = [NcclWeightSubscriber(pub.address, rank=r, name=f"g{r}", backend="gloo", timeout_s=30) for r in (1, 2)]
-    time.sleep(0.3)
+    _subscribed(pub, subs)
     for version in (1, 2):  # the second reuses the group formed by the first
         sd = _state(version)
         stats, out = _publish_to(pub, subs, sd, version, served=version - 1)
@@ -102,7 +119,9 @@ def test_nccl_without_cuda_is_a_config_error_naming_the_key(monkeypatch):
 def _gpu_subscriber(address, rank, queue):
     torch.cuda.set_device(rank)
     sub = NcclWeightSubscriber(address, rank=rank, name=f"gen-{rank}", timeout_s=60)
-    queue.put("ready")
+    # Subscribed once the learner's probe arrives (it stays queued: newest() ignores it).
+    heard = sub.sub.sock.poll(120_000, zmq.POLLIN)
+    queue.put("subscribed" if heard else f"gen-{rank}: waited 120 s for the learner's probe")
     out = {}
     _take(sub, 0, out, "u", timeout=120)
     result = out.get("u")
@@ -127,8 +146,19 @@ def test_nccl_round_trip_between_gpus_is_bit_identical():
     procs = [ctx.Process(target=_gpu_subscriber, args=(pub.address, r, queue)) for r in range(1, ranks + 1)]
     for p in procs:
         p.start()
-    assert [queue.get(timeout=120) for _ in procs] == ["ready"] * ranks
-    time.sleep(0.5)  # the SUB sockets connect (the announcement is repeated while the learner waits anyway)
+    heard = []
+
+    def every_one_heard():
+        try:
+            while len(heard) < ranks:
+                heard.append(queue.get(timeout=0.05))
+        except queues.Empty:
+            return False
+        return True
+
+    # Spawned processes importing torch and CUDA: a generous bound.
+    wait_subscribed(lambda: _probe(pub), every_one_heard, f"{ranks} GPU subscribers to be subscribed", timeout=240)
+    assert heard == ["subscribed"] * ranks
     stats = pub.publish(state_dict_buckets(sd, 64 << 10), 1)
     results = [queue.get(timeout=120) for _ in procs]
     for p in procs:

@@ -11,20 +11,12 @@ from asyncrl.weights import shm
 from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
-from tests.waits import WAIT_S, wait_until
+from tests.waits import receive_version
 
 
 def _state(seed=0):
     g = torch.Generator().manual_seed(seed)
     return {f"layer{i}.weight": torch.randn(128, 64, generator=g) for i in range(6)}
-
-
-def _receive(sub, pub, timeout=WAIT_S):
-    """The first version; ``pub`` repeats its announcement meanwhile (at most once a second, as the
-    learner's idle loop does), so a subscriber that joined after it was first sent still hears it."""
-    return wait_until(
-        lambda: sub.newest(0, timeout=0.2), f"{sub.name} to receive a version", timeout, interval=0, tick=pub.announce
-    )
 
 
 @pytest.fixture
@@ -47,7 +39,7 @@ def test_four_subscribers_read_each_bucket_once_between_them(counted_checks):
     sd = _state()
     stats = pub.publish(state_dict_buckets(sd, 64 << 10), 1)
     for sub in subs:
-        update = _receive(sub, pub)
+        update = receive_version(sub, pub)
         got = dict(update.tensors)
         assert all(torch.equal(got[k], v) for k, v in sd.items())
         update.done()
@@ -69,7 +61,7 @@ def test_a_bad_verdict_fails_every_subscriber_that_reads_it(counted_checks):
     subs = [ShmWeightSubscriber(pub.address, name=f"g{i}") for i in range(2)]
     for sub in subs:
         with pytest.raises(WeightSyncError, match=rf"{sub.name}: version 2 bucket b00001: sum64 checksum mismatch"):
-            _receive(sub, pub)  # hears a repeat of the announcement
+            receive_version(sub, pub)  # hears a repeat of the announcement
     assert counted_checks.count("version 2 bucket b00001") == 1  # the second read the verdict
     pub.close()
     for sub in subs:
@@ -84,7 +76,7 @@ def test_a_subscriber_that_died_while_checking_leaves_the_check_to_the_next(coun
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.close(fd)
     sub = ShmWeightSubscriber(pub.address, name="g0")
-    _receive(sub, pub).done()  # hears a repeat of the announcement
+    receive_version(sub, pub).done()  # hears a repeat of the announcement
     assert "version 3 bucket b00000" in counted_checks
     pub.close()
     sub.close()
@@ -98,7 +90,7 @@ def test_a_peer_that_never_finishes_is_not_waited_for_past_the_bound(counted_che
     fcntl.flock(stuck, fcntl.LOCK_EX)  # a peer holding the lock and stopped (SIGSTOP, swapped out)
     sub = ShmWeightSubscriber(pub.address, name="g0")
     start = time.monotonic()
-    _receive(sub, pub).done()  # hears a repeat of the announcement (within a second)
+    receive_version(sub, pub).done()  # hears a repeat of the announcement (within a second)
     # Waiting out the stuck peer takes CHECK_WAIT_S (patched to 0.3 s), the repeated announcement
     # up to a second more. The bound is generous for a loaded machine, yet below the default
     # CHECK_WAIT_S (10 s): it still tells a bounded wait from one that is not.

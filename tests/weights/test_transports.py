@@ -13,7 +13,7 @@ from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
 from asyncrl.wire import schema as wire
-from tests.waits import WAIT_S, has_message, wait_subscribed, wait_until
+from tests.waits import STREAM_PROBE, has_message, receive_version, stream_subscribed, wait_subscribed, wait_until
 
 TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
 
@@ -29,43 +29,18 @@ def _state(seed=0, big=1000):
     }
 
 
-# What a stream subscriber skips: the tail of a version that began before it joined.
-STREAM_PROBE = wire.encode("weights_end", {"policy_version": 0, "num_buckets": 0, "bytes": 0})
-
-
-def _receive(sub, pub=None, served=0, timeout=WAIT_S):
-    """The next version above ``served``; ``pub`` repeats its announcement meanwhile (at most once
-    a second, as the learner's idle loop does), so a subscriber that joined late still hears it."""
-    return wait_until(
-        lambda: sub.newest(served, timeout=0.2),
-        f"{sub.name} to receive a version above {served}",
-        timeout,
-        interval=0,
-        tick=None if pub is None else pub.announce,
-    )
-
-
-def _subscribed(pub_sock, subs):
-    """Probe a stream publisher's socket until every subscriber has heard it (see ``wait_subscribed``)."""
-    wait_subscribed(
-        lambda: pub_sock.send(STREAM_PROBE),
-        lambda: all(has_message(sub.sock) for sub in subs),
-        f"{[sub.name for sub in subs]} to be subscribed to {pub_sock.getsockopt_string(zmq.LAST_ENDPOINT)}",
-    )
-
-
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_round_trip_is_bit_identical_to_every_subscriber(transport):
     Pub, Sub = TRANSPORTS[transport]
     pub = Pub("tcp://127.0.0.1:0")
     subs = [Sub(pub.address, name=f"g{i}") for i in range(2)]
     if transport == "zmq":  # shared memory repeats its announcement instead (in _receive)
-        _subscribed(pub.sock, subs)
+        stream_subscribed(pub.sock, subs)
     sd = _state()
     stats = pub.publish(state_dict_buckets(sd, 64 << 10), 7, meta={"probe": {"prompt": "x"}})
     assert stats["buckets"] >= 3 and stats["bytes"] >= sum(t.numel() * t.element_size() for t in sd.values())
     for sub in subs:
-        update = _receive(sub, pub)
+        update = receive_version(sub, pub)
         assert update.version == 7 and update.meta["probe"] == {"prompt": "x"}
         got = dict(update.tensors)
         assert list(got) == list(sd)
@@ -82,19 +57,19 @@ def test_shm_keeps_a_version_until_every_subscriber_is_past_it():
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     g0, g1 = (ShmWeightSubscriber(pub.address, name=n) for n in ("g0", "g1"))
     pub.publish(state_dict_buckets(_state(), 1 << 20), 1)
-    _receive(g0, pub).done()
-    _receive(g1, pub).done()
+    receive_version(g0, pub).done()
+    receive_version(g1, pub).done()
     wait_until(lambda: pub.acked == {"g0": 1, "g1": 1}, "both acks of version 1", tick=pub.announce)
     pub.publish(state_dict_buckets(_state(1), 1 << 20), 2)
-    _receive(g0, pub, served=1).done()
-    held = _receive(g1, pub, served=1)  # g1 is still loading version 2
+    receive_version(g0, pub, served=1).done()
+    held = receive_version(g1, pub, served=1)  # g1 is still loading version 2
     wait_until(lambda: pub.acked["g0"] == 2, "g0's ack of version 2", tick=pub.announce)
     pub.publish(state_dict_buckets(_state(2), 1 << 20), 3)
     pub.announce()
     assert not (pub.dir / "v000001").exists()  # everyone is past it
     assert (pub.dir / "v000002").exists()  # g1 is still reading it
     held.done()
-    update = _receive(g1, pub, served=2)
+    update = receive_version(g1, pub, served=2)
     assert update.version == 3
     update.done()
     wait_until(lambda: not (pub.dir / "v000002").exists(), "version 2 to be removed", tick=pub.announce)
@@ -114,7 +89,7 @@ def test_shm_checksum_catches_a_corrupted_bucket_and_reports_it():
     path.write_bytes(bytes(data))
     sub = ShmWeightSubscriber(pub.address, name="g0")  # joins after the corruption (it checks on arrival)
     with pytest.raises(WeightSyncError, match="version 3 bucket b00001: sum64 checksum mismatch"):
-        _receive(sub, pub)  # hears a repeat of the announcement
+        receive_version(sub, pub)  # hears a repeat of the announcement
     pub.close()
     sub.close()
 
@@ -124,12 +99,12 @@ def test_zmq_checksum_catches_a_corrupted_bucket():
     pub = ctx.socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="g0", timeout_s=2)
-    _subscribed(pub, [sub])
+    stream_subscribed(pub, [sub])
     pub.send(wire.encode("weights_begin", {"policy_version": 1}))
     header = {"policy_version": 1, "index": 0, "crc": 12345, "nbytes": 8, "tensors": [["w", "float32", [2], 0, 8]]}
     pub.send_multipart([wire.encode("weights_bucket", header), b"\0" * 8])
     with pytest.raises(WeightSyncError, match="version 1 bucket 0: crc32 checksum mismatch"):
-        _receive(sub)
+        receive_version(sub)
     pub.close()
     sub.close()
 
@@ -139,12 +114,12 @@ def test_zmq_timeout_names_what_it_waited_for():
     pub = ctx.socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="gen-3.weights", timeout_s=0.5)
-    _subscribed(pub, [sub])
+    stream_subscribed(pub, [sub])
     pub.send(wire.encode("weights_begin", {"policy_version": 9}))  # ... and the learner goes silent
     with pytest.raises(
         TimeoutError, match=r"gen-3.weights: waited 0.5 s for bucket 0 \(or the end\) of version 9 from tcp://"
     ):
-        _receive(sub)
+        receive_version(sub)
     pub.close()
     sub.close()
 
@@ -181,7 +156,7 @@ def test_a_subscriber_that_dies_mid_broadcast_does_not_block_the_others():
     got = {}
 
     def consume():
-        got["update"] = _receive(live, timeout=120)
+        got["update"] = receive_version(live, timeout=120)
 
     t = threading.Thread(target=consume)
     t.start()
@@ -200,7 +175,7 @@ def test_zmq_copies_a_transient_bucket_into_at_most_two_packing_buffers():
 
     pub = ZmqWeightPublisher("tcp://127.0.0.1:0")
     sub = ZmqWeightSubscriber(pub.address, name="g0", timeout_s=10)
-    _subscribed(pub.sock, [sub])
+    stream_subscribed(pub.sock, [sub])
     sd = {f"w{i}": torch.full((1 << 16,), float(i)) for i in range(8)}  # 256 KiB each
     expected = {k: v.clone() for k, v in sd.items()}
 
@@ -212,7 +187,7 @@ def test_zmq_copies_a_transient_bucket_into_at_most_two_packing_buffers():
             t.zero_()
 
     stats = pub.publish(gathered(), 1)
-    update = _receive(sub)
+    update = receive_version(sub)
     got = dict(update.tensors)
     assert all(torch.equal(got[k], v) for k, v in expected.items())
     assert 0 < stats["extra_bytes"] <= 2 * (1 << 18), stats  # two buckets of 256 KiB at most
@@ -242,10 +217,10 @@ def test_a_state_dict_on_the_gpu_arrives_bit_identical(transport):
     pub = Pub("tcp://127.0.0.1:0")
     sub = Sub(pub.address, name="g0")
     if transport == "zmq":
-        _subscribed(pub.sock, [sub])
+        stream_subscribed(pub.sock, [sub])
     sd = {k: v.cuda() for k, v in _state().items()}
     stats = pub.publish(state_dict_buckets(sd, 64 << 10), 1)
-    update = _receive(sub, pub)
+    update = receive_version(sub, pub)
     got = dict(update.tensors)
     assert stats["buckets"] >= 3 and list(got) == list(sd)
     for name, t in sd.items():
