@@ -8,12 +8,14 @@ import time
 import numpy as np
 import pytest
 
+from asyncrl.buffer import process as buffer_process
 from asyncrl.buffer.config import BufferConfig
 from asyncrl.buffer.process import BufferService
 from asyncrl.buffer.replay import ReplayBuffer
 from asyncrl.wire import schema as wire
 from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
 from tests.factories import make_group
+from tests.waits import wait_until
 
 
 class Running:
@@ -66,19 +68,25 @@ def scored(gid, rewards=(1.0, 0.0, 1.0, 0.0)):
 
 def test_a_held_request_is_answered_when_groups_arrive(running):
     threading.Timer(0.3, running.send, args=(scored("a"), scored("b"))).start()
-    reply, waited = running.ask(2, timeout_s=5.0)
+    reply, waited = running.ask(2, timeout_s=30.0)
     assert reply is not None and reply[0] == "batch"
     body = reply[1]
     assert sorted(g.group_id for g in body["groups"]) == ["a", "b"]
     assert len(body["group_keys"]) == len(body["probabilities"]) == len(body["is_weights"]) == 2
-    assert 0.25 < waited < 2.0  # held, not refused, and not held to the deadline
+    # Held, not refused (the groups come 0.3 s in), and answered when they came, not at the
+    # deadline (30 s): the upper bound leaves a loaded machine seconds of delay, yet is far from it.
+    assert 0.25 < waited < 20.0
 
 
-def test_a_request_that_cannot_be_served_is_answered_empty_before_its_deadline(running):
+def test_a_request_that_cannot_be_served_is_answered_empty_before_its_deadline(running, monkeypatch):
+    # The service answers REPLY_MARGIN_S before the learner's deadline. Its 0.25 s is a margin for
+    # a run's network, not for a machine running several test suites: a wider one here (1 s of
+    # holding, 2 s of margin) still tells "answered before the deadline" from "at or after it".
+    monkeypatch.setattr(buffer_process, "REPLY_MARGIN_S", 2.0)
     running.send(scored("a"))
-    reply, waited = running.ask(3, timeout_s=1.0)
+    reply, waited = running.ask(3, timeout_s=3.0)
     assert reply is not None and reply[1]["groups"] == []
-    assert waited < 1.0
+    assert 1.0 <= waited < 3.0  # held until the deadline less the margin, answered before it
     assert len(running.buf) == 1  # nothing was taken
 
 
@@ -87,7 +95,8 @@ def test_a_request_that_cannot_be_served_is_answered_empty_before_its_deadline(r
 )
 def test_rate_limited_inserts_wait_in_the_socket_and_stream_in_order(running):
     running.send(*[scored(f"g{i}") for i in range(10)])
-    time.sleep(0.5)
+    wait_until(lambda: len(running.buf) >= 4, "the service to insert 4 groups")
+    time.sleep(0.5)  # the time a service that kept reading would take the other six in
     assert len(running.buf) == 4  # 2B groups, then the input socket is no longer read
     assert running.buf.inserted["groups"] == 4
     trained = []

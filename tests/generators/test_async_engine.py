@@ -11,7 +11,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 import threading  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -28,6 +27,7 @@ from asyncrl.weights.buckets import iter_buckets  # noqa: E402
 from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.wire.schema import decode, encode_group  # noqa: E402
+from tests.waits import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow  # vLLM engines (~30 s)
 
@@ -80,9 +80,12 @@ def _sample_while(engine, swap, min_tokens: int = 4) -> list:
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 60
-    while _tokens_so_far(engine) < min_tokens and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_until(
+        lambda: _tokens_so_far(engine) >= min_tokens or not thread.is_alive(),
+        f"a request to have {min_tokens} tokens",
+        timeout=60,
+        interval=0.001,
+    )
     assert thread.is_alive(), "the generation ended before the swap: make it longer"
     swap()
     thread.join(120)
@@ -136,7 +139,6 @@ def test_shm_update_applied_in_flight_by_the_applier_passes_the_probe(engine, hf
     probe = learner_probe(model, AutoTokenizer.from_pretrained(models["a"]))
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
-    time.sleep(0.3)
     version = engine.version + 1
     applier = InFlightApplier(engine, sub, probe_atol=1e-3, poll_s=0.01, name="gen-0")
     ctx = Ctx()
@@ -144,9 +146,9 @@ def test_shm_update_applied_in_flight_by_the_applier_passes_the_probe(engine, hf
         completions = _sample_while(
             engine, lambda: pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
         )
-        deadline = time.monotonic() + 30
-        while engine.version != version and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The announcement is repeated meanwhile, as the learner's idle loop does: the subscriber
+        # may have joined after it was first sent.
+        wait_until(lambda: engine.version == version, f"the applier to swap in version {version}", tick=pub.announce)
         applier.drain(ctx)
     finally:
         applier.close()
@@ -155,17 +157,11 @@ def test_shm_update_applied_in_flight_by_the_applier_passes_the_probe(engine, hf
     segments = [c.version_segments for c in completions]
     assert all(seg[0] == [0, version - 1] for seg in segments), segments
     assert all(seg[-1][1] in (version - 1, version) for seg in segments), segments
-    assert _until_acked(pub, "gen-0.weights", version)
+    wait_until(
+        lambda: pub.acked.get("gen-0.weights", -1) >= version, f"the ack of version {version}", tick=pub.announce
+    )
     pub.close()
     sub.close()
-
-
-def _until_acked(pub, name, version, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while pub.acked.get(name, -1) < version and time.monotonic() < deadline:
-        pub.announce()
-        time.sleep(0.02)
-    return pub.acked.get(name, -1) >= version
 
 
 def test_a_failed_swap_in_flight_is_raised_by_drain(engine):
@@ -174,9 +170,7 @@ def test_a_failed_swap_in_flight_is_raised_by_drain(engine):
             raise TimeoutError("gen-0.weights: waited 1.0 s for bucket 0 of version 9")
 
     applier = InFlightApplier(engine, Broken(), probe_atol=None, poll_s=0.01, name="gen-0")
-    deadline = time.monotonic() + 10
-    while applier.error is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: applier.error is not None, "the applier to keep the subscriber's error")
     with pytest.raises(TimeoutError, match="bucket 0 of version 9"):
         applier.drain(Ctx())
     applier.close()

@@ -6,6 +6,7 @@ import time
 from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
 from asyncrl.wire.sockets import EvalRequestReceiver, EvalRequestSender, StreamReceiver, StreamSender
+from tests.waits import wait_until
 
 
 class Ctx:
@@ -39,26 +40,17 @@ def test_a_generator_answers_one_request_per_turn_and_counts_it_apart():
     engine.version = 5
     counters = EvalCounters()
     try:
-        deadline = time.monotonic() + 10
-        while not sender.offer(request(0, ["07+45=", "10+10="])):  # until the generator is connected
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: sender.offer(request(0, ["07+45=", "10+10="])), "the generator to connect")
         sender.offer(request(1, ["01+01="]))
         # a turn answers at most one request, even with two waiting
-        turns = 0
-        while counters.requests == 0:
-            answer_eval_request(engine, receiver, ctx, counters)
-            turns += 1
-            assert turns < 1000
-            time.sleep(0.005)
+        wait_until(lambda: answer_eval_request(engine, receiver, ctx, counters), "a turn that answers a request")
         assert counters.requests == 1 and counters.prompts == 2
         kind, body = events.recv(timeout=5)
         assert kind == "eval_result" and body["chunk"] == 0 and body["round"] == "v2"
         assert body["texts"] == ["52", "20"] and body["version"] == 5 and body["generator"] == "generator-0"
         assert body["queued_s"] >= 0 and body["seconds"] >= 0
-        while counters.requests == 1:
-            answer_eval_request(engine, receiver, ctx, counters)
-            time.sleep(0.005)
+        wait_until(lambda: answer_eval_request(engine, receiver, ctx, counters), "a turn that answers the second")
+        assert counters.requests == 2
         assert events.recv(timeout=5)[1]["texts"] == ["2"]
         assert not answer_eval_request(engine, receiver, ctx, counters)  # nothing waiting: no wait either
     finally:
@@ -76,14 +68,10 @@ def test_a_prompt_the_engine_refuses_fails_the_request_not_the_generator():
     receiver = EvalRequestReceiver(sender.address, name="generator-0.evals")
     ctx = Ctx("generator-0", events.address)
     try:
-        deadline = time.monotonic() + 10
-        while not sender.offer(request(0, ["a long prompt", "x"])):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: sender.offer(request(0, ["a long prompt", "x"])), "the generator to connect")
         counters = EvalCounters()
-        while not answer_eval_request(Refusing(MockEngineConfig()), receiver, ctx, counters):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        engine = Refusing(MockEngineConfig())
+        wait_until(lambda: answer_eval_request(engine, receiver, ctx, counters), "a turn that answers the request")
         assert events.recv(timeout=5)[1]["texts"] == ["", ""]
     finally:
         for sock in (sender, receiver, events, ctx.events):
