@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from asyncrl.config import RunConfig, dump_config
@@ -75,6 +76,21 @@ class Harness:
                 p.kill()
         self.events.close()
         self.control.close()
+
+
+def metric(port: int, name: str, labels: str) -> float:
+    """One sample of a process's /metrics (0 when absent): ``name`` with ``labels`` among its labels."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and labels in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def process_metric(run_dir: Path, process: str, name: str, labels: str) -> float:
+    """``metric`` of the named process of a run (0 until it has written its metrics port)."""
+    port_file = run_dir / "metrics" / f"{process}.port"
+    return metric(int(port_file.read_text()), name, labels) if port_file.exists() else 0.0
 
 
 def _ends(log_path) -> str:

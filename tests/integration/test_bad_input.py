@@ -3,7 +3,6 @@ logprobs, a frame over the run's size limit) are rejected, counted in a metric, 
 the reason, and the processes keep serving."""
 
 import math
-import time
 import urllib.request
 
 import msgpack
@@ -15,7 +14,8 @@ from asyncrl.observability.inspect_run import inspect_run
 from asyncrl.wire import schema as wire
 from asyncrl.wire.sockets import RequestClient, StreamSender
 from tests.factories import make_group
-from tests.integration.harness import Harness
+from tests.integration.harness import Harness, metric
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow  # real reward worker and buffer processes
 
@@ -31,14 +31,6 @@ def bad_frames() -> list[bytes]:
         wire.encode_group(nan_group),
         wire.encode_group(nan_group),  # a second NaN: counted again, not logged again
     ]
-
-
-def metric(port: int, name: str, labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + "{") and labels in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 @pytest.fixture
@@ -85,10 +77,13 @@ def test_bad_frames_are_rejected_counted_logged_once_and_serving_goes_on(stream,
         big.send_frame(wire.encode("event", {"blob": b"x" * (2 * LIMIT)}), timeout=5)
         port = int((tmp_path / "metrics" / f"{'reward-0' if label == 'reward' else 'buffer'}.port").read_text())
         socket = f"{label}.in"
-        deadline = time.monotonic() + 20
-        while metric(port, "asyncrl_rejected_frames_total", f'reason="oversized",socket="{socket}"') < 1:
-            assert time.monotonic() < deadline, f"{socket}: the oversized frame was not counted"
-            time.sleep(0.1)
+        wait_until(
+            lambda port=port, socket=socket: (
+                metric(port, "asyncrl_rejected_frames_total", f'reason="oversized",socket="{socket}"') >= 1
+            ),
+            f"{socket} to count the oversized frame",
+            interval=0.1,
+        )
         big.close()
 
     for name, socket in (("reward-0", "reward.in"), ("buffer", "buffer.in")):

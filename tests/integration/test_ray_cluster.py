@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 import ray
@@ -15,6 +14,7 @@ import ray
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
 from tests.raycluster import local_cluster
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow  # Ray clusters running whole runs (~2 min)
 
@@ -116,8 +116,12 @@ def test_a_run_survives_losing_a_node_with_its_generators_and_reward_worker(tmp_
         lost: dict = {}
 
         def lose_the_reward_workers_node_at_step_4():
-            while controller.progress.steps_seen < 4 or not controller.supervisor.training:
-                time.sleep(0.05)
+            wait_until(
+                lambda: controller.progress.steps_seen >= 4 and controller.supervisor.training,
+                "the learner's step 4, to remove the reward worker's node",
+                timeout=600,
+                interval=0.05,
+            )
             fleet = controller.fleet
             lost["node_id"] = node_id = fleet.node("reward-0")["node_id"]
             lost["names"] = sorted(n for n in fleet.procs if fleet.node(n)["node_id"] == node_id)

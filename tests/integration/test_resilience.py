@@ -13,6 +13,7 @@ import pytest
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow  # whole runs of real processes, killed and restarted (~80 s)
 
@@ -29,12 +30,16 @@ SIMULATED = [
 def kill_at_steps(controller, plan, killed):
     """SIGKILL the named process once the learner has taken that many steps (of this history)."""
     for step, name in plan:
-        while (
-            controller.progress.steps_seen < step
-            or not controller.supervisor.training
-            or controller.supervisor.restart_due
-        ):
-            time.sleep(0.05)
+        wait_until(
+            lambda step=step: (
+                controller.progress.steps_seen >= step
+                and controller.supervisor.training
+                and not controller.supervisor.restart_due
+            ),
+            f"the learner's step {step} with no restart due, to kill {name}",
+            timeout=600,
+            interval=0.05,
+        )
         os.kill(controller.fleet.pid(name), signal.SIGKILL)
         killed.append(name)
 

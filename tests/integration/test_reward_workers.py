@@ -14,8 +14,9 @@ from asyncrl.config import RunConfig
 from asyncrl.wire import schema as wire
 from asyncrl.wire.sockets import StreamSender
 from tests.factories import make_group
-from tests.integration.harness import Harness
+from tests.integration.harness import Harness, process_metric
 from tests.rewards.fault_server import FaultServer
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,11 @@ def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path)
         groups = [make_group(f"g{i}") for i in range(30)]
         for g in groups:
             to_reward.send_frame(wire.encode_group(g), timeout=5)
-        time.sleep(1.0)
+        wait_until(
+            lambda: process_metric(tmp_path, "reward-hot", "asyncrl_reward_requests_total", 'reward="scorer"') > 0,
+            "the hot-plugged worker to be scoring",
+            interval=0.1,
+        )
         h.procs["reward-hot"].send_signal(signal.SIGTERM)  # leaves mid-stream, holding groups
         hot = h.wait_for("reward-hot", "final", timeout=30)
         assert h.procs["reward-hot"].wait(30) == 0
@@ -99,7 +104,9 @@ def test_failed_groups_are_requeued_then_dropped_by_reason(tmp_path):
         to_reward = StreamSender(h.endpoints.reward_in, name="test.generator")
         for gid in ("fine", "flaky", "broken"):
             to_reward.send_frame(wire.encode_group(make_group(gid)), timeout=5)
-        time.sleep(1.5)
+        wait_until(
+            lambda: sum(server.attempts.values()) >= 20, "20 scoring attempts (fine once, flaky and broken twice)"
+        )
         finals = h.stop(["reward"], ["reward-0"])
         finals.update(h.stop(["buffer"], ["buffer"]))
     finally:

@@ -12,20 +12,11 @@ from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
 from asyncrl.wire.security import SecurityConfig, write_keys
 from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, Subscriber
+from tests.waits import wait_until
 
 
 def auth_failures(socket: str) -> float:
     return REGISTRY.get_sample_value("asyncrl_auth_failures_total", {"socket": socket}) or 0.0
-
-
-def wait_until(check, timeout: float = 10.0) -> bool:
-    """Counters move on the watcher thread: poll for the condition instead of sleeping."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 def secret_of(path) -> bytes:
@@ -136,7 +127,8 @@ def test_clients_without_the_right_keys_are_refused_and_counted(keys, tmp_path, 
             sock.send(b"\x00let me in", zmq.NOBLOCK)  # queued while the handshake runs, never delivered
         except zmq.Again:
             pass
-        assert wait_until(lambda b=before: auth_failures("test.curve.guarded") > b), "refusal not counted"
+        # Counters move on the watcher thread: poll for the condition instead of sleeping.
+        wait_until(lambda b=before: auth_failures("test.curve.guarded") > b, "the refusal to be counted")
         sock.close()
     assert rx.recv(timeout=0.3) is None and rx.rejected == 0  # nothing got through to be decoded
 
