@@ -13,6 +13,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q $(ARGS)
 
+# Everything but the tests marked slow (real processes, vLLM, DeepSpeed, Ray): a few minutes on 2 cores.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 

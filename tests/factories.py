@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -55,6 +56,27 @@ def small_qwen2(vocab_size: int, tied: bool = False, attn: str | None = None):
         **({"attn_implementation": attn} if attn is not None else {}),
     )
     return Qwen2ForCausalLM(config)
+
+
+class RecordingContext:
+    """Stands in for a process context where the weight path reports: keeps each ``emit``
+    as ``(kind, body)`` in ``events``."""
+
+    def __init__(self):
+        self.events: list[tuple[str, dict]] = []
+
+    def emit(self, kind, **body):
+        self.events.append((kind, body))
+
+
+def two_tiny_models(root: Path) -> dict[str, Path]:
+    """The project's tiny model at seeds 1 and 2, as ``root/a`` and ``root/b``: two sets of weights
+    of one shape, to swap an engine between."""
+    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
+
+    return {
+        name: Path(build_tiny_model(TinyModelConfig(seed=seed), root / name)) for name, seed in (("a", 1), ("b", 2))
+    }
 
 
 @contextmanager

@@ -11,7 +11,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 import threading  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -22,11 +21,11 @@ from asyncrl.generators.async_engine import AsyncVLLMEngine  # noqa: E402
 from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
 from asyncrl.generators.inflight import InFlightApplier  # noqa: E402
 from asyncrl.generators.process import build_groups  # noqa: E402
-from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402
 from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.wire.schema import decode, encode_group  # noqa: E402
+from tests.factories import RecordingContext, two_tiny_models  # noqa: E402
 from tests.waits import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow  # vLLM engines (~30 s)
@@ -35,20 +34,9 @@ PROMPT = "12+34="
 LONG = SamplingConfig(n=8, temperature=1.0, max_tokens=48)
 
 
-class Ctx:
-    def __init__(self):
-        self.events = []
-
-    def emit(self, kind, **body):
-        self.events.append((kind, body))
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {
-        name: Path(build_tiny_model(TinyModelConfig(seed=seed), root / name)) for name, seed in (("a", 1), ("b", 2))
-    }
+    return two_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +129,7 @@ def test_shm_update_applied_in_flight_by_the_applier_passes_the_probe(engine, hf
     sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
     version = engine.version + 1
     applier = InFlightApplier(engine, sub, probe_atol=1e-3, poll_s=0.01, name="gen-0")
-    ctx = Ctx()
+    ctx = RecordingContext()
     try:
         completions = _sample_while(
             engine, lambda: pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
@@ -172,5 +160,5 @@ def test_a_failed_swap_in_flight_is_raised_by_drain(engine):
     applier = InFlightApplier(engine, Broken(), probe_atol=None, poll_s=0.01, name="gen-0")
     wait_until(lambda: applier.error is not None, "the applier to keep the subscriber's error")
     with pytest.raises(TimeoutError, match="bucket 0 of version 9"):
-        applier.drain(Ctx())
+        applier.drain(RecordingContext())
     applier.close()

@@ -8,14 +8,7 @@ from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
 from asyncrl.generators.process import apply_newest_weights
 from asyncrl.observability.metrics import REGISTRY
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
-
-
-class Ctx:
-    def __init__(self):
-        self.events = []
-
-    def emit(self, kind, **body):
-        self.events.append((kind, body))
+from tests.factories import RecordingContext
 
 
 class OneUpdate:
@@ -36,7 +29,7 @@ def _failures(stage):
 
 
 def test_an_applied_update_is_reported_with_its_version_and_acked():
-    engine, ctx = MockEngine(MockEngineConfig(load_weights_s=0)), Ctx()
+    engine, ctx = MockEngine(MockEngineConfig(load_weights_s=0)), RecordingContext()
     sub = OneUpdate(WeightUpdate(3, [("w", torch.zeros(2))], nbytes=8))
     apply_newest_weights(engine, sub, ctx, probe_atol=1e-3)
     assert engine.version == 3 and sub.reports == [None]
@@ -50,7 +43,7 @@ def test_a_failed_receive_is_counted_and_raised():
     before = _failures("receive")
     sub = OneUpdate(error=TimeoutError("gen-0.weights: waited 1.0 s for bucket 2 of version 5"))
     with pytest.raises(TimeoutError, match="bucket 2 of version 5"):
-        apply_newest_weights(MockEngine(MockEngineConfig()), sub, Ctx())
+        apply_newest_weights(MockEngine(MockEngineConfig()), sub, RecordingContext())
     assert _failures("receive") == before + 1
 
 
@@ -63,6 +56,6 @@ def test_a_failed_apply_is_reported_back_and_raised():
     sub = OneUpdate(WeightUpdate(4, []))
     engine = Broken(MockEngineConfig())
     with pytest.raises(WeightSyncError, match="boom"):
-        apply_newest_weights(engine, sub, Ctx())
+        apply_newest_weights(engine, sub, RecordingContext())
     assert engine.version == 0 and sub.reports == ["WeightSyncError: boom"]
     assert _failures("apply") == before + 1

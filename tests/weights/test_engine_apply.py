@@ -10,19 +10,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
 from asyncrl.generators.process import apply_newest_weights  # noqa: E402
-from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402
 from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
 from asyncrl.weights.update import WeightSyncError  # noqa: E402
+from tests.factories import RecordingContext, two_tiny_models  # noqa: E402
 from tests.waits import stream_subscribed, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a vLLM engine
@@ -30,20 +29,9 @@ pytestmark = pytest.mark.slow  # a vLLM engine
 TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
 
 
-class Ctx:
-    def __init__(self):
-        self.events = []
-
-    def emit(self, kind, **body):
-        self.events.append((kind, body))
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {
-        name: Path(build_tiny_model(TinyModelConfig(seed=seed), root / name)) for name, seed in (("a", 1), ("b", 2))
-    }
+    return two_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +66,7 @@ def _apply(engine, sub, pub, ctx):
 def test_apply_between_requests_serves_the_published_weights(engine, learner, transport):
     model, tok = learner
     Pub, Sub = TRANSPORTS[transport]
-    pub, sub, ctx = Pub("tcp://127.0.0.1:0"), None, Ctx()
+    pub, sub, ctx = Pub("tcp://127.0.0.1:0"), None, RecordingContext()
     sub = Sub(pub.address, name="gen-0.weights")
     if transport == "zmq":  # shared memory repeats its announcement instead (in _apply)
         stream_subscribed(pub.sock, [sub])
@@ -108,7 +96,7 @@ def test_probe_catches_a_deliberately_corrupted_bucket(engine, learner):
     version = engine.version + 1
     pub.publish(corrupted(), version, meta={"probe": probe})
     with pytest.raises(WeightSyncError, match=f"probe after applying version {version}: .* > atol 0.001"):
-        _apply(engine, sub, pub, Ctx())
+        _apply(engine, sub, pub, RecordingContext())
     wait_until(lambda: pub.errors, "the subscriber's error report", tick=pub.announce)
     assert pub.errors and pub.errors[0]["subscriber"] == "gen-0.weights" and "probe" in pub.errors[0]["error"]
     pub.close()
