@@ -63,31 +63,25 @@ import torch  # noqa: E402
 
 VOCAB = 151_936
 SHAPES = {
-    # hidden, layers, heads, kv heads, MLP
-    "small": dict(
-        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=1024
-    ),
-    "0.5b": dict(
-        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864
-    ),
+    # ``TinyModelConfig`` fields; 0.5b is Qwen2.5-0.5B's shape (as configs/rehearsal_0_5b.yaml)
+    "small": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=1024),
+    "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
 }
 
 
 def build_model(shape: str, out_dir: Path, max_len: int) -> Path:
     """A randomly initialised Qwen2 of ``shape`` with the Qwen2.5 vocabulary, saved in fp32."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    config = Qwen2Config(
+    from asyncrl.models.tiny import TinyModelConfig, qwen2_config
+
+    cfg = TinyModelConfig(
+        **SHAPES[shape],
         vocab_size=VOCAB,
         max_position_embeddings=max(max_len, 64),
         tie_word_embeddings=True,  # as Qwen2.5-0.5B
-        rope_theta=1_000_000.0,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
-        dtype="float32",
-        **SHAPES[shape],
     )
+    config = qwen2_config(cfg, rope_theta=1_000_000.0, pad_token_id=0, eos_token_id=1, bos_token_id=None)
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(out_dir, safe_serialization=True)
     return out_dir
