@@ -81,25 +81,23 @@ class RewardModel:
 def build_tiny_reward_model(out_dir: str | Path, seed: int = 0) -> Path:
     """A tiny random ``Qwen2ForSequenceClassification`` (1 label) with the character tokenizer."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import Qwen2ForSequenceClassification
 
     from asyncrl.models.char_tokenizer import build_char_tokenizer
+    from asyncrl.models.tiny import TinyModelConfig, qwen2_config
 
     out = Path(out_dir)
     tokenizer = build_char_tokenizer(out)
-    config = Qwen2Config(
+    shape = TinyModelConfig(
+        hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=128
+    )
+    config = qwen2_config(
+        shape,
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=128,
         num_labels=1,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
-        dtype="float32",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
