@@ -94,6 +94,7 @@ def test_config_is_saved_resolved_in_the_run_directory(tmp_path):
     assert load_run_config(run_dir / "config.yaml") == cfg
 
 
+@pytest.mark.slow  # a whole run of real processes
 def test_train_jsonl_prints_only_json_lines(tmp_path, capsys):
     overrides = [f"run.root={tmp_path}", "run.console=jsonl", "learner.total_steps=3", "run.num_generators=1"]
     assert main(["train", "configs/bench_pipeline.yaml", *overrides]) == 0

@@ -45,6 +45,7 @@ def test_export_of_a_published_version_loads_with_transformers(run_dir, tmp_path
         main(["export", str(run_dir), str(tmp_path / "v4")])
 
 
+@pytest.mark.slow  # a vLLM engine
 def test_export_of_the_final_model_loads_with_vllm(run_dir, tmp_path):
     from asyncrl.generators.engine import EngineConfig, VLLMEngine
 
