@@ -1,5 +1,3 @@
-import time
-
 import msgpack
 import pytest
 import zmq
@@ -89,11 +87,11 @@ def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
 def test_publisher_reaches_subscribers_that_joined():
     pub = Publisher("tcp://127.0.0.1:*", name="test.pub")
     sub = Subscriber(pub.address, name="test.sub")
-    got = None
-    deadline = time.monotonic() + 5
-    while got is None and time.monotonic() < deadline:  # a slow joiner misses early messages: repeat
-        pub.send("weights", {"policy_version": 3, "path": "/x"})
-        got = sub.recv(timeout=0.05)
+    # A slow joiner misses early messages: repeat until one arrives.
+    got = wait_until(
+        lambda: pub.send("weights", {"policy_version": 3, "path": "/x"}) or sub.recv(timeout=0.05),
+        "the subscriber to hear the publisher",
+    )
     assert got == ("weights", {"policy_version": 3, "path": "/x"})
     pub.close()
     sub.close()
