@@ -19,6 +19,7 @@ from asyncrl.fleet.placement import PlacementConfig, RolePlacement
 from asyncrl.fleet.ray_cluster import ActorLost, FleetError, RayFleet
 from asyncrl.wire.endpoints import Endpoints
 from tests.raycluster import local_cluster
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow  # a three-node Ray cluster (~1 min)
 
@@ -91,13 +92,12 @@ def test_components_land_on_nodes_their_placement_allows_and_learner_ranks_share
         assert fleet.names("learner") == ["learner-0", "learner-1"] and fleet.roles["buffer"] == "buffer"
 
         # A component that exits with an error is reported by its exit code; the rest run on.
-        deadline = time.monotonic() + 60
-        while "reward-0" not in fleet.dead() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: "reward-0" in fleet.dead(), "reward-0's exit to be reported", timeout=60, interval=0.1)
         assert fleet.dead() == {"reward-0": 3} and not fleet.exited(["buffer"])
         os.kill(fleet.pid("generator-2"), signal.SIGKILL)  # its node lives on: an ordinary death
-        while "generator-2" not in fleet.dead() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(
+            lambda: "generator-2" in fleet.dead(), "generator-2's death to be reported", timeout=60, interval=0.1
+        )
         rc = fleet.dead()["generator-2"]
         assert rc == -signal.SIGKILL and not isinstance(rc, ActorLost)
         # The controller's settings arrive; DeepSpeed's device is decided on the node.
@@ -124,9 +124,9 @@ def test_a_lost_node_is_reported_with_its_components_which_restart_on_a_live_nod
         on_doomed = [n for n in fleet.names("generator") if fleet.node(n)["node_id"] == doomed.node_id]
         assert on_doomed, {n: fleet.node(n)["node_id"][:8] for n in fleet.procs}
         cluster.remove_node(doomed)
-        deadline = time.monotonic() + 60
-        while set(fleet.dead()) != set(on_doomed) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(
+            lambda: set(fleet.dead()) == set(on_doomed), f"{on_doomed} to be reported lost", timeout=60, interval=0.1
+        )
         dead = fleet.dead()
         assert set(dead) == set(on_doomed)
         for rc in dead.values():
