@@ -171,7 +171,9 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         print(json.dumps({"base": str(base), "warm": str(out / "warm"), **stats}))
         return 0
     if args.command == "reward-worker":
-        return run_hot_reward_worker(args.connect, args.name or f"reward-hot-{os.getpid()}", args.overrides)
+        from asyncrl.fleet.join import run_joined_reward_worker
+
+        return run_joined_reward_worker(args.connect, args.name or f"reward-hot-{os.getpid()}", args.overrides)
     if args.command == "generator":
         from asyncrl.fleet.join import run_joined_generator
 
@@ -215,30 +217,6 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     return 2
 
 
-def run_hot_reward_worker(run_dir: str, name: str, overrides: list[str]) -> int:
-    """A reward worker that asks the run's first reward worker for groups (``rewards.worker``)."""
-    from asyncrl.config import RunConfig
-    from asyncrl.configbase import apply_overrides
-    from asyncrl.fleet.context import ProcessContext, configure_process
-    from asyncrl.rewards.process import run_reward_worker
-
-    bad = [o for o in overrides if not o.startswith("reward.")]
-    if bad:
-        raise SystemExit(f"overrides ({bad}) must be of the reward section (reward.key=value)")
-    configure_process()
-    if "://" in run_dir:  # an address: the owner of the stream tells us the run's config and endpoints
-        cfg, endpoints = fetch_run(run_dir)
-        ctx = ProcessContext("reward", name, None, cfg, endpoints)
-    else:
-        ctx = ProcessContext("reward", name, run_dir)
-    ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
-    try:
-        run_reward_worker(ctx, owner=False)
-    finally:
-        ctx.close()
-    return 0
-
-
 def explain_validation_error(error: ValidationError) -> str:
     """One line per problem: ``config error: KEY=VALUE: RULE`` (the dotted key, the value given,
     the rule it breaks, in pydantic's words or the validator's)."""
@@ -256,23 +234,6 @@ def explain_validation_error(error: ValidationError) -> str:
             shown = shown[:77] + "..."
         lines.append(f"config error: {key}={shown}: {rule}")
     return "\n".join(lines)
-
-
-def fetch_run(address: str, timeout: float = 30.0):
-    """Ask the reward worker that owns a stream (its ``reward_share`` address) for the run's
-    resolved config and endpoints."""
-    from asyncrl.config import RunConfig
-    from asyncrl.wire.endpoints import Endpoints
-    from asyncrl.wire.sockets import RequestClient
-
-    client = RequestClient(address, name="reward-worker.join")
-    try:
-        reply = client.request("want_run", {}, timeout=timeout)
-    finally:
-        client.close()
-    if reply is None or reply[0] != "run":
-        raise SystemExit(f"no reward worker answered at {address} within {timeout:.0f} s")
-    return RunConfig(**reply[1]["config"]), Endpoints(**reply[1]["endpoints"])
 
 
 def print_config(cfg: BaseModel, prefix: str = "") -> None:

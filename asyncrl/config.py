@@ -17,9 +17,7 @@ from pydantic import Field, model_validator
 from asyncrl.buffer.replay import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
 from asyncrl.dispatcher.process import DispatcherConfig
-from asyncrl.fleet.launcher import LauncherConfig
-from asyncrl.fleet.placement import PlacementConfig
-from asyncrl.fleet.supervision import SupervisionConfig
+from asyncrl.fleet.config import LauncherConfig, PlacementConfig, SupervisionConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
 from asyncrl.generators.mock_engine import MockEngineConfig
 from asyncrl.generators.process import GeneratorConfig

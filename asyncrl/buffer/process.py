@@ -32,6 +32,7 @@ from pathlib import Path
 
 import zmq
 
+from asyncrl.buffer.context import BufferContext
 from asyncrl.buffer.replay import ReplayBuffer
 from asyncrl.observability import metrics as m
 from asyncrl.wire.schema import group_to_dict
@@ -268,7 +269,7 @@ class BufferService:
         return self.inbox.rejected + self.requests.rejected + self.bad_requests
 
 
-def run_buffer(ctx) -> None:
+def run_buffer(ctx: BufferContext) -> None:
     buf = ReplayBuffer.from_config(
         ctx.cfg.buffer,
         observer=BufferMetrics(ctx.ledger),

@@ -31,14 +31,17 @@ from asyncrl.controller.reports import ProcessReports, TrainingProgress
 from asyncrl.controller.stopping import Stopper
 from asyncrl.controller.supervision import Supervisor
 from asyncrl.controller.watchdog import StallWatch
-from asyncrl.generators.multiplex import generator_process_names
+from asyncrl.fleet.launcher import process_names, run_roles
 from asyncrl.observability.scrape import write_scrape_config
+from asyncrl.roles import ROLE_NAMES
 from asyncrl.rundir.ledger import LedgerWriter
 from asyncrl.weights.timeline import PublicationTimeline
 from asyncrl.wire.endpoints import free_ports
 
 log = logging.getLogger("asyncrl")
 
+LEARNER_RANK_ENV = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+"""The learner's DeepSpeed rendezvous on this machine: one rank (a port free now is added)."""
 GO_REPEATS = 10
 """Times the first "go" is sent, 10 ms apart: PUB drops it for a subscriber not yet connected."""
 GO_EVERY_S = 1.0
@@ -86,25 +89,12 @@ class Lifecycle:
         they serve (``eval_before``)."""
         cfg, fleet = self.cfg, self.fleet
         env = {"ASYNCRL_RESUME": str(checkpoint) if checkpoint is not None else ""}
-        fleet.start("buffer", "buffer", env)
-        fleet.start("reward", "reward-0", env)
-        fleet.start("dispatcher", "dispatcher", env)
-        if cfg.algorithm.kl.enabled and cfg.algorithm.kl.reference == "process":
-            fleet.start("reference", "reference", env)
-        fleet.start(
-            "learner",
-            "learner",
-            {
-                **env,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_ports(1)[0]),
-                "RANK": "0",
-                "LOCAL_RANK": "0",
-                "WORLD_SIZE": "1",
-            },
-        )
-        for name in generator_process_names(cfg):  # several simulated engines may share one
-            fleet.start("generator", name, env)
+        for r in run_roles(cfg):  # asyncrl.roles: the start order
+            role_env = env
+            if r.name == "learner":
+                role_env = {**env, **LEARNER_RANK_ENV, "MASTER_PORT": str(free_ports(1)[0])}
+            for name in process_names(cfg, r.name):
+                fleet.start(r.name, name, role_env)
         ready = set()
         deadline = time.monotonic() + startup_bound(cfg, fleet.model_dir)
         while len(ready) < len(fleet.procs):
@@ -151,13 +141,14 @@ class Lifecycle:
 
     def stop_in_order(self) -> None:
         """Stop stage by stage in dataflow order, each one's final reports in before the next."""
-        self.stopper.stop(["dispatcher"])
+        self.stopper.stop(["dispatcher"])  # first: no more prompts
         self.stopper.await_final_weights(self.progress, self.timeline)
         if self.evaluations.heldout is not None and self.cfg.eval.after:  # every generator serves the final weights
             record = self.evaluations.run_round("after", self.progress.final_version(), self.pump.next)
             self.evaluations.after = record["exact_match"]
-        for roles in (["generator"], ["reward"], ["buffer"], ["learner"], ["reference"]):
-            self.stopper.stop(roles)
+        for name in ROLE_NAMES:  # the rest of the dataflow, in order: each drains into the next
+            if name != "dispatcher":
+                self.stopper.stop([name])
 
     def restore_point(self) -> Path | None:
         """The checkpoint to start from (``asyncrl.controller.checkpointing.restore_point``)."""

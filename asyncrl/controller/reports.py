@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-JOINABLE = ("generator", "reward")
-"""Roles a process can join a running run in by address (``asyncrl generator|reward-worker --connect``)."""
+from asyncrl.roles import JOINABLE
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from asyncrl.controller.errors import RunError
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
-from asyncrl.fleet.supervision import Backoff, SupervisionConfig
+from asyncrl.fleet.config import SupervisionConfig
+from asyncrl.fleet.supervision import Backoff
 
 if TYPE_CHECKING:
     from asyncrl.controller.commands import CommandSender

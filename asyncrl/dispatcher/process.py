@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import Field
 
 from asyncrl.configbase import Config
+from asyncrl.dispatcher.context import DispatcherContext
 from asyncrl.rundir.ledger import group_id_of
 from asyncrl.tasks.prompts import Prompt
 
@@ -300,7 +301,7 @@ def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, o
     return {"version": admission.version, "dispatched": admission.dispatched, "again": len(again)}
 
 
-def run_dispatcher(ctx, model_dir: str | None = None) -> None:
+def run_dispatcher(ctx: DispatcherContext, model_dir: str | None = None) -> None:
     """Serve prompt requests until told to stop. ``model_dir``: the policy model, whose tokenizer
     renders and measures the prompts (``asyncrl.tasks.prompts.load_run_prompts``)."""
     from asyncrl.tasks.prompts import load_run_prompts
@@ -409,7 +410,7 @@ def run_dispatcher(ctx, model_dir: str | None = None) -> None:
     status.close()
 
 
-def _on_command(ctx, command: dict, cursor, admission, outstanding) -> None:
+def _on_command(ctx: DispatcherContext, command: dict, cursor, admission, outstanding) -> None:
     kind = command.get("command")
     if kind == "requeue":
         if command.get("id") in outstanding.handled:  # the controller repeats until it hears back

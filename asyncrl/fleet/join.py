@@ -1,12 +1,16 @@
-"""``asyncrl generator --connect RUN_DIR|ADDRESS``: one more generator joins a running run.
+"""Processes that join a running run by address: ``asyncrl generator --connect RUN_DIR|ADDRESS``
+and ``asyncrl reward-worker --connect RUN_DIR|ADDRESS``.
 
-It reads the run's resolved config and endpoints from the run directory (or asks the run's
-first reward worker for them at its ``reward_share`` address, as ``asyncrl reward-worker``
-does), then runs the same generator loop as the controller's own generators: prompts from the
-dispatcher (which admits by the same staleness budget, whoever asks), groups to the reward
-workers, the newest published weights before each batch. The controller hears its events
-like any process's, so its final counts enter the run's accounting. It stops with the run's
-"stop", or on SIGTERM/SIGINT after the batch it is sampling (nothing half-sampled is lost).
+Each reads the run's resolved config and endpoints from the run directory, or asks the run's
+first reward worker for them at its ``reward_share`` address (``fetch_run``), then runs the same
+loop as the controller's own processes of its role. The controller hears its events like any
+process's, so its final counts enter the run's accounting.
+
+A joined generator takes prompts from the dispatcher (which admits by the same staleness budget,
+whoever asks), sends groups to the reward workers, and loads the newest published weights before
+each batch. It stops with the run's "stop", or on SIGTERM/SIGINT after the batch it is sampling
+(nothing half-sampled is lost). A joined reward worker asks the run's first reward worker for
+groups to score (``asyncrl.rewards.process``).
 """
 
 from __future__ import annotations
@@ -15,12 +19,18 @@ import logging
 import signal
 from pathlib import Path
 
+from asyncrl.config import RunConfig
+from asyncrl.configbase import apply_overrides
 from asyncrl.fleet.context import ProcessContext, configure_process
+from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.sockets import RequestClient
 
 log = logging.getLogger(__name__)
 
 SECTIONS = ("generator.", "engine.", "sampling.")
 """The config sections a joining generator may override (the rest is the run's)."""
+REWARD_SECTIONS = ("reward.",)
+"""The config section a joining reward worker may override."""
 
 
 class JoinedContext(ProcessContext):
@@ -32,7 +42,20 @@ class JoinedContext(ProcessContext):
         return self.leaving or super().stop_requested()
 
 
-def starting_model(run_dir: Path | None, cfg) -> str:
+def fetch_run(address: str, timeout: float = 30.0) -> tuple[RunConfig, Endpoints]:
+    """Ask the reward worker that owns a stream (its ``reward_share`` address) for the run's
+    resolved config and endpoints; waits at most ``timeout`` seconds for its answer."""
+    client = RequestClient(address, name="reward-worker.join")
+    try:
+        reply = client.request("want_run", {}, timeout=timeout)
+    finally:
+        client.close()
+    if reply is None or reply[0] != "run":
+        raise SystemExit(f"no reward worker answered at {address} within {timeout:.0f} s")
+    return RunConfig(**reply[1]["config"]), Endpoints(**reply[1]["endpoints"])
+
+
+def starting_model(run_dir: Path | None, cfg: RunConfig) -> str:
     """The model a run's generators started from: recorded in ``RUN_DIR/model_dir``, else the
     warm-started or built model in ``RUN_DIR/model``, else ``model.path``; a simulated engine
     needs none. The newest published weights replace it before the first batch."""
@@ -51,9 +74,7 @@ def starting_model(run_dir: Path | None, cfg) -> str:
 
 
 def run_joined_generator(connect: str, name: str, model: str | None, overrides: list[str]) -> int:
-    from asyncrl.cli import fetch_run
-    from asyncrl.config import RunConfig
-    from asyncrl.configbase import apply_overrides
+    """One more generator in the run at ``connect`` (its run directory or ``reward_share`` address)."""
     from asyncrl.generators.process import run_generator
 
     bad = [o for o in overrides if not o.startswith(SECTIONS)]
@@ -80,6 +101,28 @@ def run_joined_generator(connect: str, name: str, model: str | None, overrides: 
         write_scrape_config(run_dir)  # Prometheus scrapes the newcomer too
     try:
         run_generator(ctx, model_dir)
+    finally:
+        ctx.close()
+    return 0
+
+
+def run_joined_reward_worker(connect: str, name: str, overrides: list[str]) -> int:
+    """One more reward worker in the run at ``connect`` (its run directory or ``reward_share``
+    address): it asks the run's first reward worker for groups (``asyncrl.rewards.process``)."""
+    from asyncrl.rewards.process import run_reward_worker
+
+    bad = [o for o in overrides if not o.startswith(REWARD_SECTIONS)]
+    if bad:
+        raise SystemExit(f"overrides ({bad}) must be of the reward section (reward.key=value)")
+    configure_process()
+    if "://" in connect:  # an address: the owner of the stream tells us the run's config and endpoints
+        cfg, endpoints = fetch_run(connect)
+        ctx = ProcessContext("reward", name, None, cfg, endpoints)
+    else:
+        ctx = ProcessContext("reward", name, connect)
+    ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
+    try:
+        run_reward_worker(ctx, owner=False)
     finally:
         ctx.close()
     return 0

@@ -18,48 +18,15 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field, model_validator
-
-from asyncrl.configbase import Config
+from asyncrl.fleet.config import LauncherConfig
+from asyncrl.roles import Role, start_order
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
     from asyncrl.fleet.local import ProcessFleet
     from asyncrl.fleet.ray_cluster import RayFleet
-
-
-class LauncherConfig(Config):
-    """Where the components run. ``launcher: ray`` is short for ``launcher: {kind: ray}``."""
-
-    kind: Literal["local", "ray"] = "local"
-    """``local``: child processes of the controller on this machine; ``ray``: Ray actors, placed by
-    the ``placement`` section, on the cluster at ``address``."""
-    address: str = "local"
-    """The Ray cluster to join (``kind: ray``): ``local`` starts a private one on this machine for the
-    run and stops it at the end; ``auto`` joins the one ``ray start`` runs here; ``HOST:PORT`` is the
-    head node's GCS address of a cluster elsewhere."""
-    bind_host: Literal["127.0.0.1", "node"] = "127.0.0.1"
-    """Host every socket binds on: 127.0.0.1 when every node is this machine; ``node``: the address
-    Ray knows each process's node by (the controller: its own machine's), for several machines."""
-    num_cpus: int | None = Field(None, ge=1)
-    """Logical CPUs of the private Ray instance (``address: local``); None: this machine's CPUs, or
-    as many as the placement asks for when that is more (the processes then share the cores)."""
-    placement_timeout_s: float = Field(120.0, gt=0)
-    """Seconds a component may wait for a node with the resources and labels it asks for, before
-    the run fails naming them."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        return {"kind": data} if isinstance(data, str) else data
-
-    @model_validator(mode="after")
-    def _check_bind_host(self) -> LauncherConfig:
-        if self.kind == "local" and self.bind_host != "127.0.0.1":
-            raise ValueError(f"launcher.bind_host ({self.bind_host!r}) must be 127.0.0.1 with launcher.kind local")
-        return self
 
 
 def controller_host(launcher: LauncherConfig) -> str:
@@ -90,16 +57,29 @@ def make_fleet(cfg: RunConfig, run_dir: Path, model_dir: Path, env: dict[str, st
 
 def placed_cpus(cfg: RunConfig) -> float:
     """Logical CPUs the placement reserves for every component this run starts."""
-    from asyncrl.generators.multiplex import generator_process_names
-
     p = cfg.placement
-    generators = len(generator_process_names(cfg)) * p.generator.num_cpus
+    generators = len(process_names(cfg, "generator")) * p.generator.num_cpus
     return generators + sum(getattr(p, role).num_cpus for role in binding_roles(cfg))
 
 
+def run_roles(cfg: RunConfig) -> list[Role]:
+    """The roles this run starts, in start order (``asyncrl.roles``): every role but an optional
+    one the config does not ask for (the reference process: ``algorithm.kl.reference: process``)."""
+    reference = cfg.algorithm.kl.enabled and cfg.algorithm.kl.reference == "process"
+    return [r for r in start_order() if not r.optional or (r.name == "reference" and reference)]
+
+
+def process_names(cfg: RunConfig, role: str) -> list[str]:
+    """The names of the processes of ``role`` this run starts."""
+    from asyncrl.generators.multiplex import generator_process_names
+
+    if role == "generator":
+        return generator_process_names(cfg)  # several simulated engines may share one process
+    if role == "reward":
+        return ["reward-0"]  # the owner of the stream; more workers may join by address
+    return [role]
+
+
 def binding_roles(cfg: RunConfig) -> list[str]:
-    """The roles of this run whose processes bind an address that others connect to."""
-    roles = ["buffer", "reward", "dispatcher", "learner"]
-    if cfg.algorithm.kl.enabled and cfg.algorithm.kl.reference == "process":
-        roles.append("reference")
-    return roles
+    """The roles of this run whose processes bind an address that others connect to, in start order."""
+    return [r.name for r in run_roles(cfg) if r.binds]

@@ -45,8 +45,8 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from asyncrl.fleet.launcher import LauncherConfig
-from asyncrl.fleet.placement import PlacementConfig, actor_options, learner_bundles
+from asyncrl.fleet.config import LauncherConfig, PlacementConfig
+from asyncrl.fleet.placement import actor_options, learner_bundles
 from asyncrl.fleet.ray_actor import ActorLost, ComponentActor
 from asyncrl.wire.endpoints import BOUND_BY, Endpoints
 

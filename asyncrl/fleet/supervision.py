@@ -1,4 +1,5 @@
-"""What the controller does when a component process dies.
+"""What the controller does when a component process dies (``supervision`` section:
+``asyncrl.fleet.config.SupervisionConfig``; the controller acts in ``asyncrl.controller.supervision``).
 
 - A generator, a reward worker or the reference process holds no state worth keeping: it is
   started again after a backoff (``backoff_initial_s``, doubling up to ``backoff_max_s``), and the
@@ -15,25 +16,6 @@ an error naming it.
 """
 
 from __future__ import annotations
-
-from pydantic import Field
-
-from asyncrl.configbase import Config
-
-STATELESS_ROLES = ("generator", "reward", "reference")
-
-
-class SupervisionConfig(Config):
-    restart: bool = True
-    """Start a dead generator, reward worker, reference or buffer again (False: a death stops the run)."""
-    restore_on_crash: bool = True
-    """When the learner or the dispatcher dies, restart the whole run from its last checkpoint."""
-    max_restarts: int = Field(10, ge=0)
-    """Restarts allowed per component (restores of the whole run count once per component)."""
-    backoff_initial_s: float = Field(1.0, ge=0)
-    """Wait before the first restart of a component."""
-    backoff_max_s: float = Field(30.0, ge=0)
-    """The wait doubles with each restart of the same component, up to this."""
 
 
 class Backoff:

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from asyncrl.generators.context import GeneratorContext
 from asyncrl.observability.metrics import EVAL_PROMPTS, EVAL_SECONDS
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class EvalCounters:
     requests: int = 0
 
 
-def answer_eval_request(engine, receiver, ctx, counters: EvalCounters) -> bool:
+def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalCounters) -> bool:
     """Take one waiting request, if any, answer it, send the answer; True if one was answered.
 
     A prompt the engine refuses (too long for ``engine.max_model_len``) fails the request, not

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from asyncrl.generators.context import GeneratorContext
+
 log = logging.getLogger(__name__)
 
 
@@ -55,7 +57,7 @@ class InFlightApplier:
         with self._lock:
             self._events.append((kind, body))
 
-    def drain(self, ctx) -> None:
+    def drain(self, ctx: GeneratorContext) -> None:
         """Emit the recorded events through ``ctx``; raise the applier's failure, if any."""
         with self._lock:
             events, self._events = self._events, []

@@ -20,6 +20,8 @@ import logging
 import math
 import threading
 
+from asyncrl.generators.context import GeneratorContext
+
 log = logging.getLogger(__name__)
 
 
@@ -87,15 +89,16 @@ class _Merged:
 
 
 class LoopContext:
-    """What one generator loop sees of its process's context: its own name, shared sockets
-    behind a lock (ZeroMQ sockets are not thread-safe), merged events, a shared stop."""
+    """What one generator loop sees of its process's context (a ``GeneratorContext``): its own
+    name, shared sockets behind a lock (ZeroMQ sockets are not thread-safe), merged events, a
+    shared stop."""
 
-    def __init__(self, parent, name: str, merged: _Merged, lock: threading.Lock, failed: threading.Event):
+    def __init__(
+        self, parent: GeneratorContext, name: str, merged: _Merged, lock: threading.Lock, failed: threading.Event
+    ):
         self.parent, self.name, self.merged, self.lock, self.failed = parent, name, merged, lock, failed
-        self.role = parent.role
         self.cfg = parent.cfg
         self.endpoints = parent.endpoints
-        self.run_dir = parent.run_dir
         self.ledger = _LockedLedger(parent.ledger, lock) if hasattr(parent, "ledger") else None
 
     def emit(self, type: str, **fields) -> None:
@@ -113,13 +116,6 @@ class LoopContext:
         with self.lock:
             return self.parent.stop_requested()
 
-    def go_given(self) -> bool:
-        with self.lock:
-            return self.parent.go_given()
-
-    def __getattr__(self, attr):  # anything else the loop may read of its process's context
-        return getattr(self.parent, attr)
-
 
 class _LockedLedger:
     def __init__(self, ledger, lock: threading.Lock):
@@ -130,7 +126,7 @@ class _LockedLedger:
             return self.ledger.write(*args, **kwargs)
 
 
-def run_generator_process(ctx, model_dir: str) -> None:
+def run_generator_process(ctx: GeneratorContext, model_dir: str) -> None:
     """The generator process: one loop, or E loops in threads (see the module docstring)."""
     from asyncrl.generators.process import run_generator
 

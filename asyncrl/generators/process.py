@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from asyncrl.configbase import Config
+from asyncrl.generators.context import GeneratorContext
 from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
 from asyncrl.observability.metrics import (
     BUSY_SECONDS,
@@ -114,7 +115,7 @@ def refuse_too_long(tokenizer, rows: list[dict], max_model_len: int) -> tuple[li
     return taken, refused
 
 
-def apply_newest_weights(engine, weights, ctx, probe_atol: float | None = None) -> None:
+def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe_atol: float | None = None) -> None:
     """Load the newest published version if it is newer than the one served; check it; report it.
 
     ``weights`` is a subscriber of ``asyncrl.weights`` (its ``newest`` verifies each bucket's
@@ -166,7 +167,7 @@ def apply_newest_weights(engine, weights, ctx, probe_atol: float | None = None) 
     )
 
 
-def run_generator(ctx, model_dir: str) -> None:
+def run_generator(ctx: GeneratorContext, model_dir: str) -> None:
     from asyncrl.generators.engine import VLLMEngine
 
     cfg = ctx.cfg

@@ -49,6 +49,7 @@ from pydantic import Field
 from asyncrl.configbase import Config
 from asyncrl.observability.metrics import REWARD_QUEUE_DEPTH, REWARD_SECONDS, SAMPLES
 from asyncrl.rewards.base import Reward, score_greedy_baseline, score_with
+from asyncrl.rewards.context import RewardContext
 from asyncrl.rewards.registry import RewardSpec, build_reward
 from asyncrl.wire.schema import Group, encode, encode_group, group_to_dict
 from asyncrl.wire.sockets import ReplyServer, RequestClient, StreamReceiver, StreamSender
@@ -88,7 +89,7 @@ class _Waiting:
 class RewardWorker:
     """The loop shared by the owner and hot-plugged workers; ``intake`` is what differs."""
 
-    def __init__(self, ctx, rewards: list[tuple[Reward, float]], owner: bool):
+    def __init__(self, ctx: RewardContext, rewards: list[tuple[Reward, float]], owner: bool):
         self.ctx = ctx
         self.cfg: RewardConfig = ctx.cfg.reward
         self.rewards = rewards
@@ -310,7 +311,7 @@ def build_rewards(cfg: RewardConfig) -> list[tuple[Reward, float]]:
     return [(build_reward(spec), spec.weight) for spec in cfg.rewards]
 
 
-def run_reward_worker(ctx, owner: bool = True) -> None:
+def run_reward_worker(ctx: RewardContext, owner: bool = True) -> None:
     """The controller's reward worker (owner of the input), or a hot-plugged one (``owner=False``)."""
     worker = RewardWorker(ctx, build_rewards(ctx.cfg.reward), owner)
 

@@ -31,6 +31,7 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Protocol
 
 _SEQ = re.compile(r"^g(\d{1,12})$")
 
@@ -95,6 +96,13 @@ class GroupIdSet:
         out._other = set(body["other"])
         out._count = int(body["count"])
         return out
+
+
+class GroupLedger(Protocol):
+    """Where a process writes its ledger lines: a ``LedgerWriter``, or one shared by several
+    loops behind a lock (``asyncrl.generators.multiplex``)."""
+
+    def write(self, event: str, groups: list[str] | None = None, **fields) -> None: ...
 
 
 class LedgerWriter:

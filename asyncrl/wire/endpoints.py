@@ -18,6 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from asyncrl.roles import ROLES
+
 
 class Endpoints(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -62,16 +64,12 @@ class Endpoints(BaseModel):
         return cls(**json.loads((run_dir / "endpoints.json").read_text()))
 
 
-BOUND_BY = {
-    "controller": ("events", "control", "evals"),
-    "buffer": ("buffer_in", "buffer_requests", "buffer_status"),
-    "reward": ("reward_in", "reward_share"),
-    "dispatcher": ("dispatcher",),
-    "learner": ("weights", "weights_stream"),
-    "reference": ("reference",),
-}
-"""Which role binds each address (the owner reward worker binds the reward ones); every other
-process connects to it."""
+CONTROLLER_BINDS = ("events", "control", "evals")
+"""The addresses the controller binds."""
+
+BOUND_BY: dict[str, tuple[str, ...]] = {"controller": CONTROLLER_BINDS, **{r.name: r.binds for r in ROLES if r.binds}}
+"""Which process binds each address (of the roles, as ``asyncrl.roles.ROLES`` declares; the owner
+reward worker binds the reward ones); every other process connects to it."""
 
 
 def tcp_address(port: int, host: str = "127.0.0.1") -> str:

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from asyncrl.config import load_config
-from asyncrl.fleet.launcher import LauncherConfig, binding_roles, controller_host, make_fleet
+from asyncrl.fleet.config import LauncherConfig
+from asyncrl.fleet.launcher import binding_roles, controller_host, make_fleet
 from asyncrl.fleet.local import ProcessFleet
 from asyncrl.wire.endpoints import Endpoints
 

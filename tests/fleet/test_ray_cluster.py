@@ -14,8 +14,7 @@ import time
 import pytest
 import ray
 
-from asyncrl.fleet.launcher import LauncherConfig
-from asyncrl.fleet.placement import PlacementConfig, RolePlacement
+from asyncrl.fleet.config import LauncherConfig, PlacementConfig, RolePlacement
 from asyncrl.fleet.ray_cluster import ActorLost, FleetError, RayFleet
 from asyncrl.wire.endpoints import Endpoints
 from tests.raycluster import local_cluster

@@ -1,0 +1,114 @@
+"""The fleet's sections of the run config: where components run (``launcher``), the resources
+and nodes of each role on a Ray cluster (``placement``), and what happens when one dies
+(``supervision``).
+
+Kept apart from the code that uses them (``asyncrl.fleet.launcher``, ``asyncrl.fleet.placement``,
+``asyncrl.controller.supervision``) so that the root config (``asyncrl.config``) imports from the
+fleet only these declarations, which import nothing of the package but ``asyncrl.configbase``
+and the role table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from asyncrl.configbase import Config
+from asyncrl.roles import ROLE_NAMES
+
+
+class LauncherConfig(Config):
+    """Where the components run. ``launcher: ray`` is short for ``launcher: {kind: ray}``."""
+
+    kind: Literal["local", "ray"] = "local"
+    """``local``: child processes of the controller on this machine; ``ray``: Ray actors, placed by
+    the ``placement`` section, on the cluster at ``address``."""
+    address: str = "local"
+    """The Ray cluster to join (``kind: ray``): ``local`` starts a private one on this machine for the
+    run and stops it at the end; ``auto`` joins the one ``ray start`` runs here; ``HOST:PORT`` is the
+    head node's GCS address of a cluster elsewhere."""
+    bind_host: Literal["127.0.0.1", "node"] = "127.0.0.1"
+    """Host every socket binds on: 127.0.0.1 when every node is this machine; ``node``: the address
+    Ray knows each process's node by (the controller: its own machine's), for several machines."""
+    num_cpus: int | None = Field(None, ge=1)
+    """Logical CPUs of the private Ray instance (``address: local``); None: this machine's CPUs, or
+    as many as the placement asks for when that is more (the processes then share the cores)."""
+    placement_timeout_s: float = Field(120.0, gt=0)
+    """Seconds a component may wait for a node with the resources and labels it asks for, before
+    the run fails naming them."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"kind": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _check_bind_host(self) -> LauncherConfig:
+        if self.kind == "local" and self.bind_host != "127.0.0.1":
+            raise ValueError(f"launcher.bind_host ({self.bind_host!r}) must be 127.0.0.1 with launcher.kind local")
+        return self
+
+
+class RolePlacement(Config):
+    """The resources of every instance of one role, and the nodes it may run on."""
+
+    count: int | None = Field(None, ge=1)
+    """Instances of this role; None: as many as the run starts (``run.num_generators`` generators,
+    one of every other role). When given it must agree with the run; for the learner it is the
+    number of ranks, kept in one placement group."""
+    num_cpus: float = Field(1.0, ge=0)
+    """Logical CPUs each instance reserves on its node."""
+    num_gpus: float = Field(0.0, ge=0)
+    """GPUs each instance reserves (Ray sets ``CUDA_VISIBLE_DEVICES`` to them); 0 on CPU-only nodes."""
+    labels: dict[str, str] = {}
+    """Node labels an instance must run on (a Ray label selector, e.g. ``{pool: cpu}``; values may
+    use Ray's ``!v`` and ``in(a,b)`` forms); empty: any node with the resources."""
+
+    @model_validator(mode="after")
+    def _check_gpus(self) -> RolePlacement:
+        if self.num_gpus > 1 and self.num_gpus != int(self.num_gpus):
+            raise ValueError(f"num_gpus ({self.num_gpus}) above 1 must be a whole number of GPUs")
+        return self
+
+
+class PlacementConfig(Config):
+    """Per-role resources on a Ray cluster; every role defaults to one CPU on any node."""
+
+    generator: RolePlacement = RolePlacement()
+    """Each generator (one vLLM engine: ``engine.tensor_parallel_size`` GPUs when on GPUs)."""
+    reward: RolePlacement = RolePlacement()
+    """Each reward worker; a natural tenant of CPU-only nodes unless it runs a reward model."""
+    buffer: RolePlacement = RolePlacement()
+    """The replay buffer service."""
+    dispatcher: RolePlacement = RolePlacement()
+    """The prompt dispatcher."""
+    learner: RolePlacement = RolePlacement()
+    """Each learner rank (DeepSpeed); the ranks form one placement group."""
+    learner_strategy: Literal["STRICT_PACK", "PACK"] = "STRICT_PACK"
+    """How the learner's placement group spreads its ranks: every rank on one node (STRICT_PACK),
+    or as few nodes as possible (PACK)."""
+    reference: RolePlacement = RolePlacement()
+    """The KL reference process (``algorithm.kl.reference: process``)."""
+
+    def check_counts(self, num_generators: int, learner_ranks: int = 1) -> None:
+        """Each role's ``count``, where given, must equal how many instances the run starts."""
+        expected = {role: 1 for role in ROLE_NAMES} | {"generator": num_generators, "learner": learner_ranks}
+        for role, n in expected.items():
+            count = getattr(self, role).count
+            if count is not None and count != n:
+                source = "run.num_generators" if role == "generator" else "the run"
+                raise ValueError(f"placement.{role}.count ({count}) must equal the {n} that {source} starts")
+
+
+class SupervisionConfig(Config):
+    restart: bool = True
+    """Start a dead generator, reward worker, reference or buffer again (False: a death stops the run)."""
+    restore_on_crash: bool = True
+    """When the learner or the dispatcher dies, restart the whole run from its last checkpoint."""
+    max_restarts: int = Field(10, ge=0)
+    """Restarts allowed per component (restores of the whole run count once per component)."""
+    backoff_initial_s: float = Field(1.0, ge=0)
+    """Wait before the first restart of a component."""
+    backoff_max_s: float = Field(30.0, ge=0)
+    """The wait doubles with each restart of the same component, up to this."""

@@ -1,0 +1,37 @@
+"""What a generator loop uses of its process's context: the declared interface that
+``asyncrl.fleet.context.ProcessContext`` satisfies, and ``asyncrl.generators.multiplex.LoopContext``
+for each of several loops in one process (the generators import no fleet)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from asyncrl.rundir.ledger import GroupLedger
+from asyncrl.wire.endpoints import Endpoints
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+
+
+@runtime_checkable
+class GeneratorContext(Protocol):
+    name: str
+    """This generator's name (``generator-<index>``: the dispatcher tells generators apart by it)."""
+    cfg: RunConfig
+    """The run's resolved config."""
+    endpoints: Endpoints
+    """The run's addresses (a generator binds none)."""
+    ledger: GroupLedger
+    """This process's ledger lines (``generated``, ``dropped``, ``returned``)."""
+
+    def emit(self, type: str, **fields) -> None:
+        """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
+        ...
+
+    def report(self, kind: str, body: dict) -> None:
+        """Send the controller a message of its own wire kind (``eval_result``)."""
+        ...
+
+    def stop_requested(self) -> bool:
+        """Whether the controller said stop (or the process is leaving); never blocks."""
+        ...
