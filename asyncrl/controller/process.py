@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncrl.config import RunConfig
 from asyncrl.controller.checkpointing import CheckpointCoordinator
@@ -55,6 +56,9 @@ from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
 from asyncrl.wire.sockets import EvalRequestSender, Publisher, StreamReceiver
 
+if TYPE_CHECKING:
+    from asyncrl.fleet.ray_cluster import RayFleet
+
 log = logging.getLogger("asyncrl")
 
 
@@ -81,7 +85,7 @@ class Controller:
         self.memory = MemoryWatch(every_s=1.0)  # the run's total RSS and the machine's available memory
         run = cfg.run
         self.watch = StallWatch(run.stall_factor, run.stall_timeout_s, run.stall_cap_s, run.first_step_timeout_s)
-        self.fleet: ProcessFleet | None = None
+        self.fleet: ProcessFleet | RayFleet | None = None
         """The run's processes, once ``run()`` has started them."""
         self.checkpoints: CheckpointCoordinator | None = None
         """The checkpoint commit, once ``run()`` has opened the control socket."""
