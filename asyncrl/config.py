@@ -16,17 +16,17 @@ from pydantic import Field, model_validator
 
 from asyncrl.buffer.replay import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
-from asyncrl.dispatcher.process import DispatcherConfig
+from asyncrl.dispatcher.config import DispatcherConfig
 from asyncrl.fleet.config import LauncherConfig, PlacementConfig, SupervisionConfig
+from asyncrl.generators.config import GeneratorConfig
 from asyncrl.generators.engine import EngineConfig, SamplingConfig
 from asyncrl.generators.mock_engine import MockEngineConfig
-from asyncrl.generators.process import GeneratorConfig
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
 from asyncrl.learner.mock_trainer import MockTrainerConfig
 from asyncrl.models.sft import SFTConfig
 from asyncrl.models.tiny import TinyModelConfig
 from asyncrl.observability.loggers import LoggingConfig
-from asyncrl.rewards.process import RewardConfig
+from asyncrl.rewards.config import RewardConfig
 from asyncrl.rundir.checkpoints import CheckpointConfig
 from asyncrl.tasks.heldout import EvalConfig
 from asyncrl.tasks.prompts import TaskConfig

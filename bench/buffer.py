@@ -296,8 +296,9 @@ def bench_service(batch: int, batches: int, repeats: int) -> dict:
     """
     import threading
 
-    from asyncrl.buffer.process import BufferService
-    from asyncrl.wire import schema as wire
+    from asyncrl import wire
+    from asyncrl.buffer.service import BufferService
+    from asyncrl.wire.messages import WantBatch
     from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
 
     count = batch * batches
@@ -332,7 +333,7 @@ def bench_service(batch: int, batches: int, repeats: int) -> dict:
             sender.start()
             received = 0
             while received < count:
-                reply = learner.request("want_batch", {"num_groups": batch, "timeout_s": 30.0}, timeout=30.0)
+                reply = learner.request(WantBatch(num_groups=batch, timeout_s=30.0), timeout=30.0)
                 if reply is None:
                     raise RuntimeError(f"no batch within 30 s after {received} of {count} groups")
                 received += len(reply[1]["groups"])

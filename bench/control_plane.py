@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from asyncrl.wire import schema as wire
+from asyncrl import wire
 from asyncrl.wire.sockets import StreamReceiver, StreamSender
 
 

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import zmq
 
-from asyncrl.wire import schema as wire
+from asyncrl import wire
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ def receive_version(sub, pub=None, served: int = 0, timeout: float = WAIT_S):
 
 
 # What a stream subscriber (``ZmqWeightSubscriber``) skips: the tail of a version begun before it joined.
-STREAM_PROBE = wire.encode("weights_end", {"policy_version": 0, "num_buckets": 0, "bytes": 0})
+STREAM_PROBE = wire.encode_map("weights_end", {"policy_version": 0, "num_buckets": 0, "bytes": 0})
 
 
 def stream_subscribed(pub_sock: zmq.Socket, subs) -> None:

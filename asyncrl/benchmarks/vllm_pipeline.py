@@ -51,7 +51,7 @@ def make_engine(cfg: RunConfig, model_dir: str, gen_index: int):
 def generate_alone(cfg: RunConfig, model_dir: str, calls: int, gen_index: int = 0) -> dict:
     """One engine generating ``calls`` batches back to back, after one warm-up call, on the
     prompts the dispatcher would hand out, k per call, with the generator loop's seeds."""
-    from asyncrl.dispatcher.process import PromptCursor
+    from asyncrl.dispatcher.cursor import PromptCursor
     from asyncrl.tasks.prompts import load_run_prompts
 
     engine = make_engine(cfg, model_dir, gen_index)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Control
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -30,7 +31,7 @@ class BufferContext(Protocol):
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 
-    def commands(self) -> list[dict]:
+    def commands(self) -> list[Control]:
         """Commands addressed to the buffer (checkpoint), oldest first; never blocks."""
         ...
 

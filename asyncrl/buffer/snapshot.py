@@ -30,8 +30,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from asyncrl import wire
 from asyncrl.buffer.storage import GroupStorage
-from asyncrl.wire import schema as wire
 
 FORMAT = 1
 _COUNTERS = ("inserted", "sampled", "resampled", "dropped", "removed")
@@ -139,7 +139,7 @@ def restore_buffer(buf, path) -> None:
     slots = storage.load_state(part["storage"])
     if is_groups:
         frames = msgpack.unpackb(blobs["groups"], raw=False)
-        storage.load_payload(slots, [wire.decode(frame)[1]["group"] for frame in frames])
+        storage.load_payload(slots, [wire.decode(frame)[1].group for frame in frames])
     else:
         storage.load_payload(slots, part["payload"])
     sampler_state = dict(header["sampler_state"])

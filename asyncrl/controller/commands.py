@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from asyncrl.wire.messages import Control
 from asyncrl.wire.sockets import Publisher
 
 RESEND_S = 0.5
@@ -26,14 +27,15 @@ class CommandSender:
 
     def send(self, role: str, command: str, ack: str | None = None, **fields) -> None:
         """Send a command to a role; with ``ack``, resend it until ``acked(ack)``."""
-        body = {"command": command, "roles": [role], "id": ack or f"{command}@{time.monotonic()}", **fields}
-        self.publisher.send("control", body)
+        message = Control(command=command, roles=[role], id=ack or f"{command}@{time.monotonic()}", extra=fields)
+        self.publisher.send(message)
         if ack is not None:
-            self.unacked[ack] = {"body": body, "sent": time.monotonic()}
+            self.unacked[ack] = {"body": message, "sent": time.monotonic()}
 
-    def broadcast(self, body: dict) -> None:
-        """Send ``body`` once, unkept (``go`` and ``stop`` are repeated by their senders' loops)."""
-        self.publisher.send("control", body)
+    def broadcast(self, command: str, roles: list[str] | None = None) -> None:
+        """Send ``command`` to ``roles`` (every role when None) once, unkept (``go`` and ``stop``
+        are repeated by their senders' loops)."""
+        self.publisher.send(Control(command=command, roles=roles))
 
     def acked(self, key: str | None) -> None:
         """The answer to ``key`` arrived: stop resending it."""
@@ -44,7 +46,7 @@ class CommandSender:
         now = time.monotonic()
         for entry in self.unacked.values():
             if now - entry["sent"] > RESEND_S:
-                self.publisher.send("control", entry["body"])
+                self.publisher.send(entry["body"])
                 entry["sent"] = now
 
     def forget(self) -> None:

@@ -26,6 +26,7 @@ from asyncrl.controller.supervision import Supervisor
 from asyncrl.observability.metrics import WEIGHT_SERVED_SECONDS
 from asyncrl.observability.progress import RunProgress
 from asyncrl.weights.timeline import PublicationTimeline
+from asyncrl.wire.messages import EvalResult, Event
 from asyncrl.wire.sockets import StreamReceiver
 
 log = logging.getLogger("asyncrl")
@@ -62,11 +63,13 @@ class EventPump:
         msg = self.receiver.recv(timeout=wait)
         if msg is None:
             return None
-        if msg[0] == "eval_result":
+        if isinstance(msg[1], EvalResult):
             if self.on_eval_result is not None:
                 self.on_eval_result(msg[1])
             return None
-        ev = msg[1]
+        if not isinstance(msg[1], Event):
+            return None
+        ev = msg[1].as_dict()
         self.reports.record(ev, started_here=ev["source"] in self.fleet.procs)
         self.route(ev)
         return ev

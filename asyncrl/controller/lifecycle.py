@@ -107,7 +107,7 @@ class Lifecycle:
             record = self.evaluations.run_round("before", 0, self.pump.next)
             self.evaluations.before = record["exact_match"]
         for _ in range(GO_REPEATS):
-            self.commands.broadcast({"command": "go"})
+            self.commands.broadcast("go")
             time.sleep(0.01)
         self.progress.go_at = time.monotonic()
 
@@ -135,7 +135,7 @@ class Lifecycle:
                 warned = True  # the watchdog: say what everyone waits for long before giving up
                 self.log_waits(self.watch.waited())
             if time.monotonic() - last_go > GO_EVERY_S:
-                self.commands.broadcast({"command": "go"})
+                self.commands.broadcast("go")
                 last_go = time.monotonic()
         self.supervisor.training = False
 

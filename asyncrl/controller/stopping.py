@@ -59,7 +59,7 @@ class Stopper:
                         JOINED_STOP_S,
                     )
                     return
-            self.commands.broadcast({"command": "stop", "roles": roles})
+            self.commands.broadcast("stop", roles)
             self.pump.next(deadline, f"{', '.join(roles)} to stop", wait=0.2)
 
     def await_final_weights(

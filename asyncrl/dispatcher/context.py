@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Control
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -28,7 +29,7 @@ class DispatcherContext(Protocol):
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 
-    def commands(self) -> list[dict]:
+    def commands(self) -> list[Control]:
         """Commands addressed to the dispatcher (checkpoint, requeue...), oldest first; never blocks."""
         ...
 

@@ -13,12 +13,15 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
+
 from asyncrl.config import RunConfig, load_run_config
 from asyncrl.observability.metrics import serve_metrics, write_metrics_snapshot
 from asyncrl.observability.procmem import tree_peak_rss_bytes
 from asyncrl.rundir.ledger import LedgerWriter
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Control, Event, Message
 from asyncrl.wire.sockets import StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -46,7 +49,7 @@ class ProcessContext:
         self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
         self._stop = False
         self._go = False
-        self._commands: list[dict] = []
+        self._commands: list[Control] = []
         self.started = time.monotonic()
         self.ledger = LedgerWriter(self.run_dir, name)
         """This process's lines of the run's group ledger (``asyncrl.rundir.ledger``)."""
@@ -60,17 +63,17 @@ class ProcessContext:
         if type == "final":
             fields.setdefault("peak_rss_bytes", tree_peak_rss_bytes())
         try:
-            self.events.send("event", {"source": self.name, "role": self.role, "type": type, **fields}, timeout=10)
+            self.events.send(Event(source=self.name, role=self.role, type=type, extra=fields), timeout=10)
         except TimeoutError:
             log.warning("%s: controller did not take event %r within 10 s", self.name, type)
 
-    def report(self, kind: str, body: dict) -> None:
-        """Send the controller a message of its own ``wire`` kind (e.g. ``eval_result``), with
-        this process's name as ``source``; blocks at most 10 s, like ``emit``."""
+    def report(self, message: Message) -> None:
+        """Send the controller a message of its own kind (e.g. ``EvalResult``), with this process's
+        name as ``source``; blocks at most 10 s, like ``emit``."""
         try:
-            self.events.send(kind, {"source": self.name, "role": self.role, **body}, timeout=10)
+            self.events.send(msgspec.structs.replace(message, source=self.name, role=self.role), timeout=10)
         except TimeoutError:
-            log.warning("%s: controller did not take a %r within 10 s", self.name, kind)
+            log.warning("%s: controller did not take a %r within 10 s", self.name, message.kind)
 
     def stop_requested(self) -> bool:
         """True once the controller said stop to this role (or to everyone); never blocks."""
@@ -82,7 +85,7 @@ class ProcessContext:
         self._poll_control()
         return self._go
 
-    def commands(self) -> list[dict]:
+    def commands(self) -> list[Control]:
         """Other commands addressed to this role (checkpoint, requeue...), oldest first; never blocks.
         The controller repeats a command until it sees its effect, so handlers must be idempotent."""
         self._poll_control()
@@ -90,15 +93,15 @@ class ProcessContext:
         return out
 
     def _poll_control(self) -> None:
-        for _kind, body in self.control.recv_latest():
-            if self.role not in body.get("roles", [self.role]):
+        for _kind, command in self.control.recv_latest():
+            if not isinstance(command, Control) or (command.roles is not None and self.role not in command.roles):
                 continue
-            if body.get("command") == "stop":
+            if command.command == "stop":
                 self._stop = True
-            elif body.get("command") == "go":
+            elif command.command == "go":
                 self._go = True
             elif len(self._commands) < 1000:  # a flood of commands is bounded, not buffered
-                self._commands.append(body)
+                self._commands.append(command)
 
     def close(self) -> None:
         if self.run_dir is not None:

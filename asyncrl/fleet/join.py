@@ -23,6 +23,7 @@ from asyncrl.config import RunConfig
 from asyncrl.configbase import apply_overrides
 from asyncrl.fleet.context import ProcessContext, configure_process
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Run, WantRun
 from asyncrl.wire.sockets import RequestClient
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,12 @@ def fetch_run(address: str, timeout: float = 30.0) -> tuple[RunConfig, Endpoints
     resolved config and endpoints; waits at most ``timeout`` seconds for its answer."""
     client = RequestClient(address, name="reward-worker.join")
     try:
-        reply = client.request("want_run", {}, timeout=timeout)
+        reply = client.request(WantRun(), timeout=timeout)
     finally:
         client.close()
-    if reply is None or reply[0] != "run":
+    if reply is None or not isinstance(reply[1], Run):
         raise SystemExit(f"no reward worker answered at {address} within {timeout:.0f} s")
-    return RunConfig(**reply[1]["config"]), Endpoints(**reply[1]["endpoints"])
+    return RunConfig(**reply[1].config), Endpoints(**reply[1].endpoints)
 
 
 def starting_model(run_dir: Path | None, cfg: RunConfig) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import EvalResult
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -28,8 +29,8 @@ class GeneratorContext(Protocol):
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 
-    def report(self, kind: str, body: dict) -> None:
-        """Send the controller a message of its own wire kind (``eval_result``)."""
+    def report(self, message: EvalResult) -> None:
+        """Send the controller a message of its own kind (an ``EvalResult``)."""
         ...
 
     def stop_requested(self) -> bool:

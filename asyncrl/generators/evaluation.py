@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.observability.metrics import EVAL_PROMPTS, EVAL_SECONDS
+from asyncrl.wire.messages import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,14 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
     request = receiver.take()
     if request is None:
         return False
-    queued_s = max(0.0, time.time() - request["sent_at"])
+    queued_s = max(0.0, time.time() - request.sent_at)
     version = engine.version
     start = time.monotonic()
     try:
-        texts = engine.greedy(request["prompts"], request["max_new_tokens"])
+        texts = engine.greedy(request.prompts, request.max_new_tokens)
     except ValueError as e:
-        log.warning("%s: eval %s request %d refused: %s", ctx.name, request["round"], request["chunk"], e)
-        texts = [""] * len(request["prompts"])
+        log.warning("%s: eval %s request %d refused: %s", ctx.name, request.round, request.chunk, e)
+        texts = [""] * len(request.prompts)
     seconds = time.monotonic() - start
     counters.prompts += len(texts)
     counters.seconds += seconds
@@ -54,15 +55,14 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
     EVAL_PROMPTS.inc(len(texts))
     EVAL_SECONDS.inc(seconds)
     ctx.report(
-        "eval_result",
-        {
-            "round": request["round"],
-            "chunk": request["chunk"],
-            "generator": ctx.name,
-            "version": version,
-            "texts": list(texts),
-            "seconds": seconds,
-            "queued_s": queued_s,
-        },
+        EvalResult(
+            round=request.round,
+            chunk=request.chunk,
+            generator=ctx.name,
+            version=version,
+            texts=list(texts),
+            seconds=seconds,
+            queued_s=queued_s,
+        )
     )
     return True

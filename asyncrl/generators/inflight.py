@@ -18,6 +18,7 @@ import logging
 import threading
 
 from asyncrl.generators.context import GeneratorContext
+from asyncrl.generators.weights_apply import apply_newest_weights
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,6 @@ class InFlightApplier:
         self._thread.start()
 
     def _run(self) -> None:
-        from asyncrl.generators.process import apply_newest_weights
-
         while not self._stop.is_set():
             try:
                 apply_newest_weights(self.engine, self.weights, self, self.probe_atol)

@@ -20,7 +20,10 @@ import logging
 import math
 import threading
 
+import msgspec
+
 from asyncrl.generators.context import GeneratorContext
+from asyncrl.wire.messages import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +109,9 @@ class LoopContext:
             for kind, body in self.merged.fold(self.name, type, fields):
                 self.parent.emit(kind, **body)
 
-    def report(self, kind: str, body: dict) -> None:
+    def report(self, message: EvalResult) -> None:
         with self.lock:
-            self.parent.report(kind, {**body, "loop": self.name})
+            self.parent.report(msgspec.structs.replace(message, loop=self.name))
 
     def stop_requested(self) -> bool:
         if self.failed.is_set():

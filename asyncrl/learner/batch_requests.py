@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from asyncrl.learner.totals import Counters
 from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter
+from asyncrl.wire.messages import Batch as BatchReply
+from asyncrl.wire.messages import PriorityUpdates, TrainedGroups, WantBatch
 from asyncrl.wire.schema import Group
 from asyncrl.wire.sockets import RequestClient
 
@@ -64,8 +66,10 @@ class BatchRequester:
         self.trained_ids = trained_ids
         self.reuse = cfg.buffer.max_times_sampled != 1
         """Whether the buffer may hand a group out more than once (then copies are not dropped)."""
-        self._priority_updates: dict | None = None
-        self._just_trained: dict | None = None  # the last step's groups, reported to the dispatcher via the buffer
+        self._priority_updates: PriorityUpdates | None = None
+        self._just_trained: TrainedGroups | None = (
+            None  # the last step's groups, reported to the dispatcher via the buffer
+        )
 
     def receive(self, version: int) -> Batch | None:
         """Ask once for a batch for policy ``version``: waits at most ``learner.batch_timeout_s``
@@ -73,15 +77,18 @@ class BatchRequester:
         trained before (then ask again)."""
         learner = self.cfg.learner
         wait_start = time.monotonic()
-        request = {"num_groups": learner.batch_groups, "policy_version": version, "timeout_s": learner.batch_timeout_s}
-        if self._priority_updates is not None:
-            request["priority_updates"] = self._priority_updates
-        if self._just_trained is not None:
-            request["trained"] = self._just_trained
-        reply = self.client.request("want_batch", request, timeout=learner.batch_timeout_s)
+        request = WantBatch(
+            num_groups=learner.batch_groups,
+            policy_version=version,
+            timeout_s=learner.batch_timeout_s,
+            priority_updates=self._priority_updates,
+            trained=self._just_trained,
+        )
+        reply = self.client.request(request, timeout=learner.batch_timeout_s)
         if reply is not None:
             self._priority_updates = self._just_trained = None  # delivered with that request
-        groups = reply[1]["groups"] if reply is not None else []
+        sampled = reply[1] if reply is not None and isinstance(reply[1], BatchReply) else BatchReply()
+        groups = sampled.groups
         if groups and not self.reuse:
             # A group trained before (a copy dispatched again after a failure) is not trained twice.
             copies = [g for g in groups if g.group_id in self.trained_ids]
@@ -94,31 +101,31 @@ class BatchRequester:
         if not groups:
             log.info("learner: waiting for a batch of %d groups at version %d", learner.batch_groups, version)
             return None
-        is_weights = reply[1].get("is_weights")
+        is_weights = sampled.is_weights or None  # none sent: all 1
         if is_weights is not None and len(is_weights) != len(groups):  # some copies were taken out
             keep = {g.group_id for g in groups}
-            is_weights = [w for g, w in zip(reply[1]["groups"], is_weights) if g.group_id in keep]
-        return Batch(groups, is_weights, reply[1].get("group_keys"), time.monotonic() - wait_start)
+            is_weights = [w for g, w in zip(sampled.groups, is_weights) if g.group_id in keep]
+        return Batch(groups, is_weights, sampled.group_keys or None, time.monotonic() - wait_start)
 
     def trained(self, batch: Batch, version: int, priorities: list[float] | None = None) -> None:
         """Record that ``batch`` was trained, giving policy ``version``: in ``trained_ids`` and the
         ledger, and for the next request (with the groups' new ``priorities``, if any)."""
         for g in batch.groups:
             self.trained_ids.add(g.group_id)
-        self._just_trained = {"version": version, "group_ids": [g.group_id for g in batch.groups]}
-        self.ledger.write("trained", self._just_trained["group_ids"], version=version)
+        self._just_trained = TrainedGroups(version=version, group_ids=[g.group_id for g in batch.groups])
+        self.ledger.write("trained", self._just_trained.group_ids, version=version)
         if priorities is not None and batch.group_keys is not None:
-            self._priority_updates = {"group_keys": batch.group_keys, "priorities": priorities}
+            self._priority_updates = PriorityUpdates(group_keys=batch.group_keys, priorities=priorities)
 
     def take_late(self) -> int:
         """After the last step: take a batch that still arrives (a reply to a request that timed
         out), waiting at most 0.1 s, and hold it, untrained, rather than lose it in the socket;
         written to the ledger as ``held``. Returns its samples (0 when none came)."""
         late = self.client.receive(timeout=0.1)
-        if late is None or late[0] != "batch":
+        if late is None or not isinstance(late[1], BatchReply):
             return 0
-        self.ledger.write("held", [g.group_id for g in late[1]["groups"]])
-        return sum(len(g.samples) for g in late[1]["groups"])
+        self.ledger.write("held", [g.group_id for g in late[1].groups])
+        return sum(len(g.samples) for g in late[1].groups)
 
     def close(self) -> None:
         self.client.close()

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from asyncrl.learner.logprobs import TokenDistribution, token_scores
+from asyncrl.wire.messages import RefLogprobs, WantRefLogprobs
 from asyncrl.wire.sockets import ReplyServer, RequestClient
 
 log = logging.getLogger(__name__)
@@ -66,18 +67,18 @@ class RemoteReference:
     def logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor, dist: TokenDistribution
     ) -> torch.Tensor:
-        body = {
-            "input_ids": input_ids.cpu().numpy().astype(np.int32),
-            "attention_mask": attention_mask.cpu().numpy().astype(np.int8),
-            "score_mask": (score_mask.cpu() > 0).numpy().astype(np.int8),
-            "temperature": float(dist.temperature),
-            "top_k": int(dist.top_k),
-            "top_p": float(dist.top_p),
-        }
-        reply = self.client.request("want_ref_logprobs", body, timeout=self.timeout_s)
-        if reply is None or reply[0] != "ref_logprobs":
+        request = WantRefLogprobs(
+            input_ids=input_ids.cpu().numpy().astype(np.int32),
+            attention_mask=attention_mask.cpu().numpy().astype(np.int8),
+            score_mask=(score_mask.cpu() > 0).numpy().astype(np.int8),
+            temperature=float(dist.temperature),
+            top_k=int(dist.top_k),
+            top_p=float(dist.top_p),
+        )
+        reply = self.client.request(request, timeout=self.timeout_s)
+        if reply is None or not isinstance(reply[1], RefLogprobs):
             raise TimeoutError(f"the reference process did not answer within {self.timeout_s} s")
-        return torch.from_numpy(np.array(reply[1]["logprobs"])).to(input_ids.device)  # (B, L-1)
+        return torch.from_numpy(np.array(reply[1].logprobs)).to(input_ids.device)  # (B, L-1)
 
     def close(self) -> None:
         self.client.close()
@@ -92,15 +93,15 @@ def run_reference(ctx, model_dir: str) -> None:
     ctx.emit("ready")
     while not ctx.stop_requested():
         req = server.recv(timeout=0.1)
-        if req is None or req[1] != "want_ref_logprobs":
+        if req is None or not isinstance(req[2], WantRefLogprobs):
             continue
         client, _kind, body = req
-        input_ids = torch.from_numpy(np.asarray(body["input_ids"], dtype=np.int64))
-        mask = torch.from_numpy(np.asarray(body["attention_mask"], dtype=np.int64))
-        score_mask = torch.from_numpy(np.asarray(body["score_mask"], dtype=np.int64))
-        dist = TokenDistribution(float(body["temperature"]), int(body["top_k"]), float(body["top_p"]))
+        input_ids = torch.from_numpy(np.asarray(body.input_ids, dtype=np.int64))
+        mask = torch.from_numpy(np.asarray(body.attention_mask, dtype=np.int64))
+        score_mask = torch.from_numpy(np.asarray(body.score_mask, dtype=np.int64))
+        dist = TokenDistribution(body.temperature, body.top_k, body.top_p)
         logprobs = reference.logprobs(input_ids, mask, score_mask, dist)
-        server.reply(client, "ref_logprobs", {"logprobs": logprobs.cpu().numpy()}, body.get("request_id"))
+        server.reply(client, RefLogprobs(logprobs=logprobs.cpu().numpy()), body.request_id)
         served += len(input_ids)
     ctx.emit("final", served=served)
     server.close()

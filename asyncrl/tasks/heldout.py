@@ -39,6 +39,7 @@ from typing import Literal
 from pydantic import Field
 
 from asyncrl.configbase import Config
+from asyncrl.wire.messages import EvalRequest, EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +118,20 @@ class EvalRound:
     def chunk_prompts(self, chunk: int) -> list:
         return self.prompts[chunk * self.chunk_size : (chunk + 1) * self.chunk_size]
 
-    def request(self, chunk: int) -> dict:
-        """The ``eval_request`` body of ``chunk``."""
-        return {
-            "round": self.label,
-            "chunk": chunk,
-            "version": self.version,
-            "prompts": [p.text for p in self.chunk_prompts(chunk)],
-            "max_new_tokens": self.max_new_tokens,
-            "sent_at": time.time(),
-        }
+    def request(self, chunk: int) -> EvalRequest:
+        """The ``eval_request`` of ``chunk``."""
+        return EvalRequest(
+            round=self.label,
+            chunk=chunk,
+            version=self.version,
+            prompts=[p.text for p in self.chunk_prompts(chunk)],
+            max_new_tokens=self.max_new_tokens,
+            sent_at=time.time(),
+        )
 
-    def answer(self, body: dict) -> float | None:
-        """Score an ``eval_result``; returns the request's round trip in seconds (None: a late or
-        repeated answer, ignored)."""
+    def answer(self, body: EvalResult | dict) -> float | None:
+        """Score an ``eval_result`` (or a map of its fields); returns the request's round trip in
+        seconds (None: a late or repeated answer, ignored)."""
         from asyncrl.tasks.answers import score_answer
 
         chunk = body["chunk"]
@@ -242,7 +243,7 @@ class HeldOutEvaluator:
             r.out[chunk] = {"sent": now, "deadline": now + timeout, "timeout": timeout}
         return None
 
-    def answer(self, body: dict) -> dict | None:
+    def answer(self, body: EvalResult | dict) -> dict | None:
         """Take an ``eval_result``; the round's record when this completed it."""
         r = self.current
         if r is None or body["round"] != r.label:

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import time
 
+from asyncrl.wire.messages import WeightsAnnouncement
 from asyncrl.wire.sockets import Publisher
-
-KIND = "weights"
 
 
 class VersionAnnouncer:
@@ -43,12 +42,12 @@ class VersionAnnouncer:
         """Repeat the newest announcement (at most once per ``every_s`` unless forced)."""
         now = time.monotonic()
         if self.latest is not None and (force or now - self._last_sent > self.every_s):
-            self.pub.send(KIND, self.latest)
+            self.pub.send(WeightsAnnouncement.from_map(self.latest))
             self._last_sent = now
 
     def send_once(self, body: dict) -> None:
         """Send ``body`` once, not repeated (shm announces each bucket as it is written this way)."""
-        self.pub.send(KIND, body)
+        self.pub.send(WeightsAnnouncement.from_map(body))
 
     def close(self) -> None:
         self.pub.close()

@@ -67,7 +67,7 @@ class FileWeightSubscriber:
                 best = body
         if best is None:
             return None
-        meta = {k: v for k, v in best.items() if k not in ("policy_version", "path")}
+        meta = {k: v for k, v in best.as_dict().items() if k not in ("policy_version", "path")}
         return WeightUpdate(int(best["policy_version"]), [], meta, path=best["path"])
 
     def close(self) -> None:

@@ -325,7 +325,9 @@ class NcclWeightSubscriber:
             total += buf.numel()
             index += 1
         self.received = version
-        meta = {k: v for k, v in body.items() if k not in ("policy_version", "transport", "store", "world_size")}
+        meta = {
+            k: v for k, v in body.as_dict().items() if k not in ("policy_version", "transport", "store", "world_size")
+        }
         update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
         update._on_done = lambda error: buffers.clear()
         return update

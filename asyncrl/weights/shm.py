@@ -76,6 +76,7 @@ from asyncrl.weights.buckets import (
 )
 from asyncrl.weights.mappings import MappingCache
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
+from asyncrl.wire.messages import WeightsAck, WeightsError
 from asyncrl.wire.sockets import StreamReceiver, StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -445,7 +446,7 @@ class ShmWeightSubscriber:
             if version <= max(self._taken, self._served):
                 continue  # a repeat, or older than what is served
             try:
-                if "part" in body:
+                if "part" in body.extra:
                     self._take_part(body)
                     continue
                 announced_at = time.monotonic()
@@ -514,7 +515,9 @@ class ShmWeightSubscriber:
         for check in checks:
             check.finish()
         self._maps.settle(version)
-        meta = {k: v for k, v in body.items() if k not in ("dir", "buckets", "ack", "transport", "policy_version")}
+        meta = {
+            k: v for k, v in body.as_dict().items() if k not in ("dir", "buckets", "ack", "transport", "policy_version")
+        }
         update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
         update.shm = [
             {"path": str(folder / b["file"]), "nbytes": int(b["nbytes"]), "tensors": b["tensors"]}
@@ -535,9 +538,12 @@ class ShmWeightSubscriber:
                 self._ack.close()
             self._ack = StreamSender(address, name=f"{self.name}.ack")
             self._ack.sock.setsockopt(zmq.LINGER, 1000)  # a gone learner must not hold up close()
-        kind = "weights_ack" if error is None else "weights_error"
+        report = (WeightsAck if error is None else WeightsError)(
+            subscriber=self.name, policy_version=version, error=error
+        )
+        kind = report.kind
         try:
-            self._ack.send(kind, {"subscriber": self.name, "policy_version": version, "error": error}, timeout=1.0)
+            self._ack.send(report, timeout=1.0)
         except TimeoutError:
             log.warning("%s: the learner took no %s for version %d within 1 s; dropped", self.name, kind, version)
 

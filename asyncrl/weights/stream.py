@@ -44,11 +44,12 @@ from collections.abc import Iterable
 import torch
 import zmq
 
+from asyncrl import wire
 from asyncrl.observability.metrics import WEIGHT_FAILURES
 from asyncrl.weights.buckets import HASHES, checksum, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
-from asyncrl.wire import schema as wire
 from asyncrl.wire import security
+from asyncrl.wire.messages import Message, WeightsBegin, WeightsBucket, WeightsEnd
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class ZmqWeightPublisher:
         """Stream every bucket (consumed one at a time); returns {bytes, buckets, seconds, extra_bytes}."""
         start = time.perf_counter()
         self.peak_buffer_bytes = self.buffer_bytes
-        self.sock.send(wire.encode("weights_begin", {"policy_version": version, **(meta or {})}))
+        self.sock.send(wire.encode(WeightsBegin.from_map({"policy_version": version, **(meta or {})})))
         in_flight: tuple[int, list[zmq.MessageTracker], torch.Tensor | None] | None = None
         total = count = 0
         for index, named in enumerate(buckets):
@@ -112,15 +113,14 @@ class ZmqWeightPublisher:
             if in_flight is not None:  # bucket i-1 must have left before bucket i goes: two at most
                 self._finish(version, in_flight)
             header = wire.encode(
-                "weights_bucket",
-                {
-                    "policy_version": version,
-                    "index": index,
-                    "crc": crc,
-                    "hash": self.hash,
-                    "nbytes": max(size, 1),
-                    "tensors": specs_to_wire(specs),
-                },
+                WeightsBucket(
+                    policy_version=version,
+                    index=index,
+                    crc=crc,
+                    hash=self.hash,
+                    nbytes=max(size, 1),
+                    tensors=specs_to_wire(specs),
+                )
             )
             parts = [
                 mv[o : o + self.frame_bytes]
@@ -139,7 +139,7 @@ class ZmqWeightPublisher:
             count += 1
         if in_flight is not None:
             self._finish(version, in_flight)
-        self.sock.send(wire.encode("weights_end", {"policy_version": version, "num_buckets": count, "bytes": total}))
+        self.sock.send(wire.encode(WeightsEnd(policy_version=version, num_buckets=count, bytes=total)))
         return {
             "bytes": total,
             "buckets": count,
@@ -251,7 +251,7 @@ class ZmqWeightSubscriber:
         self.sock.connect(address)
         self._spare: list[bytearray] = []  # receive buffers of versions applied: reused, warm
 
-    def _recv_header(self, timeout: float, what: str) -> tuple[str, dict]:
+    def _recv_header(self, timeout: float, what: str) -> tuple[str, Message]:
         """The first frame of the next message (its other frames stay queued: ``RCVMORE``)."""
         if not self.sock.poll(int(timeout * 1000), zmq.POLLIN):
             raise TimeoutError(f"{self.name}: waited {timeout:.1f} s for {what} from {self.address}")
@@ -284,7 +284,7 @@ class ZmqWeightSubscriber:
                 update.done()
         return best
 
-    def _receive_version(self, begin: dict) -> WeightUpdate:
+    def _receive_version(self, begin: WeightsBegin) -> WeightUpdate:
         start = time.perf_counter()
         version = int(begin["policy_version"])
         tensors, total, index = [], 0, 0
@@ -301,7 +301,7 @@ class ZmqWeightSubscriber:
                     raise WeightSyncError(
                         f"{self.name}: version {version} ended after {index} buckets, the learner sent {body['num_buckets']}"
                     )
-                meta = {k: v for k, v in begin.items() if k != "policy_version"}
+                meta = begin.extra
                 update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
                 # The newest version's buffers are kept for the next one (same sizes); older ones go.
                 update._on_done = lambda error: setattr(self, "_spare", buffers)

@@ -1,10 +1,11 @@
-"""The wire protocol: every record that crosses a process boundary, and its msgpack encoding.
+"""The data plane's records (a ``Group`` of ``Sample``s), their validation, and arrays on the wire.
 
-This module is the whole schema. A generator or reward worker written in another language joins
-the stream by producing and consuming these maps:
+The messages that carry them are declared in ``asyncrl.wire.messages`` and encoded by
+``asyncrl.wire.codec``. A generator or reward worker written in another language joins the stream
+by producing and consuming these maps:
 
 - Every message is a msgpack map with ``schema`` (int, must equal ``SCHEMA_VERSION``) and
-  ``kind`` (str, one of ``KINDS``); the other keys depend on the kind.
+  ``kind`` (str, one of ``messages.KINDS``); the other keys are the fields of its type.
 - A numpy array travels as a map ``{"__nd__": True, "dtype": "<f4", "shape": [T], "data": bytes}``
   (raw little-endian bytes, not lists: ~5 µs per 1k-token trajectory each way instead of ~60 µs).
 - A ``group`` holds the n samples of one prompt; it is the unit that is scored, buffered, sampled
@@ -15,9 +16,9 @@ the stream by producing and consuming these maps:
   per-token rewards), and ``reward_parts`` / ``reward_seconds``: per reward name, its value and the
   seconds it took. These three keys are optional on the wire (older senders omit them).
 
-Decoding validates: a frame that is not msgpack, has another schema, an unknown kind, wrongly
-typed or shaped fields, or non-finite logprobs raises ``WireError`` with the reason, which every
-receiver counts and logs once instead of dying.
+Decoding validates (``codec.decode``): a frame that is not msgpack, has another schema, an unknown
+kind, wrongly typed or shaped fields, or non-finite logprobs raises ``WireError`` with the reason,
+which every receiver counts and logs once instead of dying.
 """
 
 from __future__ import annotations
@@ -28,56 +29,10 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import numpy as np
 
 SCHEMA_VERSION = 1
-KINDS = (
-    "group",  # generator -> reward worker -> buffer: a scored or unscored group of samples
-    "want_prompts",  # generator -> dispatcher: room for up to `max_prompts` more prompts
-    "prompts",  # dispatcher -> generator: a list of prompt rows to sample
-    # learner -> buffer: the next batch of `num_groups` groups, at `policy_version`, waiting at most
-    # `timeout_s`; optional `priority_updates` {"group_keys": [int], "priorities": [float >= 0]}
-    # sets new priorities for groups of earlier batches (keys of groups gone are ignored)
-    "want_batch",
-    # buffer -> learner: `groups` (possibly empty after a timeout) and, per group, its buffer key
-    # `group_keys` (int), its sampling probability `probabilities` and importance weight `is_weights`
-    "batch",
-    # learner -> generators: weights of `policy_version` are ready: at `path` (file transport) or
-    # in shared memory `dir` + `buckets` (asyncrl.weights.shm); may carry a `probe`
-    "weights",
-    "weights_ack",  # generator -> learner (shm): `subscriber` applied `policy_version`; its memory may go
-    "weights_error",  # generator -> learner (shm): `subscriber` failed to apply `policy_version`: `error`
-    # learner -> generators (asyncrl.weights.stream): a version begins, one bucket (header frame
-    # followed by raw ~1 MiB frames), the version ends after `num_buckets`
-    "weights_begin",
-    "weights_bucket",
-    "weights_end",
-    "buffer_status",  # buffer -> dispatcher: learner version and groups retired (trained or dropped)
-    "event",  # any process -> controller: progress, reports, final counters
-    "control",  # controller -> every process: e.g. {"command": "stop"}
-    # reward worker -> the reward worker that owns the stream's input: room for `max_groups` more
-    "want_groups",
-    # reply to want_groups: `groups`, unscored groups to score (possibly empty)
-    "groups",
-    # a worker joining by address -> the reward worker that owns the stream: what is this run?
-    "want_run",
-    # reply to want_run: `config` (the run's resolved config) and `endpoints` (its socket addresses)
-    "run",
-    # learner -> reference process: `input_ids` (B, L) int32, `attention_mask` (B, L) int8,
-    # `score_mask` (B, L-1) int8 (the positions to score), `temperature`, `top_k`, `top_p`
-    "want_ref_logprobs",
-    # reply: `logprobs` (B, L-1) float32, the reference's logprob of each scored next token, 0 elsewhere
-    "ref_logprobs",
-    # controller -> generators (asyncrl.tasks.heldout): score `prompts` (list of str) greedily, at most
-    # `max_new_tokens` each; `round` (str) and `chunk` (int) name the request, `version` (int) the
-    # learner version it was asked at, `sent_at` (float) the controller's wall clock
-    "eval_request",
-    # generator -> controller: the greedy `texts` (list of str, in prompt order) for `round`/`chunk`,
-    # by `generator` (str) serving `version` (int); `seconds` (float) of decoding, `queued_s` (float)
-    # from `sent_at` to the start of decoding
-    "eval_result",
-)
+"""The wire protocol's version: every message carries it as ``schema``, and a receiver rejects any other."""
 _ND = "__nd__"
 
 
@@ -185,30 +140,6 @@ _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
 _group_values, _sample_values = operator.attrgetter(*_GROUP_FIELDS), operator.attrgetter(*_SAMPLE_FIELDS)
 
 
-def group_from_dict(d: dict) -> Group:
-    """A group map as unpacked (its arrays still ``__nd__`` maps, or already arrays) -> a
-    validated ``Group``. The arrays are restored by name, where the schema puts them: cheaper than
-    asking msgpack to call back for every map of the message."""
-    try:
-        samples = []
-        for s in d["samples"]:
-            s = dict(_expect_map(s))
-            for name in _SAMPLE_ARRAYS:
-                if name in s:
-                    s[name] = _as_array(s[name])
-            samples.append(Sample(**s))
-        g = Group(**{**d, "prompt_ids": _as_array(d["prompt_ids"]), "samples": samples})
-    except WireError:
-        raise
-    except (TypeError, KeyError) as e:
-        raise WireError("bad_fields", f"group: {e}") from None
-    validate_group(g)
-    return g
-
-
-_SAMPLE_ARRAYS = ("response_ids", "logprobs", "token_rewards")
-
-
 _GROUP_STRINGS = ("group_id", "prompt_uid", "task", "prompt", "answer", "generator")
 _SAMPLE_STRINGS = ("uid", "text", "finish_reason")
 
@@ -290,10 +221,11 @@ def validate_segments(segments, num_tokens: int, policy_version: int, uid: str) 
 
 
 # ---------------------------------------------------------------------------------------------
-# encoding
+# arrays on the wire
 
 
-def _encode_default(obj):
+def array_to_map(obj):
+    """A numpy array -> its ``__nd__`` map (raw little-endian bytes); a numpy scalar -> its Python value."""
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
         if arr.dtype.byteorder == ">":
@@ -307,7 +239,7 @@ def _encode_default(obj):
 _DTYPES: dict[str, np.dtype] = {}  # wire dtype string -> numpy dtype, for those seen (a handful)
 
 
-def _array_from_map(obj: dict) -> np.ndarray:
+def array_from_map(obj: dict) -> np.ndarray:
     """``{"__nd__": True, "dtype", "shape", "data"}`` -> a read-only array over ``data`` (zero-copy)."""
     try:
         dtype = _DTYPES.get(obj["dtype"])
@@ -328,108 +260,16 @@ def _array_from_map(obj: dict) -> np.ndarray:
         raise WireError("bad_array", str(e)) from None
 
 
-def _as_array(value):
-    """A field the schema says is an array: restore it from its map; anything else is left for
-    validation to reject (None is a valid absent ``token_rewards``)."""
-    if type(value) is dict and value.get(_ND) is True:
-        return _array_from_map(value)
-    return value
+def is_array_map(obj) -> bool:
+    return type(obj) is dict and obj.get(_ND) is True
 
 
-def _restore_arrays(obj):
-    """Every ``__nd__`` map anywhere in ``obj`` -> its array (messages other than groups)."""
+def restore_arrays(obj):
+    """Every ``__nd__`` map anywhere in ``obj`` -> its array (the free-form parts of open messages)."""
     if type(obj) is dict:
         if obj.get(_ND) is True:
-            return _array_from_map(obj)
-        return {k: _restore_arrays(v) for k, v in obj.items()}
+            return array_from_map(obj)
+        return {k: restore_arrays(v) for k, v in obj.items()}
     if type(obj) is list:
-        return [_restore_arrays(v) for v in obj]
+        return [restore_arrays(v) for v in obj]
     return obj
-
-
-def encode(kind: str, body: dict) -> bytes:
-    """One message -> one msgpack frame. ``body`` must not use the keys ``schema`` or ``kind``."""
-    if kind not in KINDS:
-        raise ValueError(f"kind ({kind!r}) must be one of {KINDS}")
-    return msgpack.packb({"schema": SCHEMA_VERSION, "kind": kind, **body}, default=_encode_default, use_bin_type=True)
-
-
-def decode(frame: bytes, max_bytes: int | None = None) -> tuple[str, dict]:
-    """One frame -> (kind, body). Raises ``WireError`` for anything that is not a valid message."""
-    if max_bytes is not None and len(frame) > max_bytes:
-        raise WireError("oversized", f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}")
-    try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types for garbage input
-        raise WireError("malformed", f"{type(e).__name__}: {e}") from None
-    if not isinstance(msg, dict):
-        raise WireError("malformed", f"a message must be a map, got {type(msg).__name__}")
-    schema = msg.pop("schema", None)
-    if schema != SCHEMA_VERSION:
-        raise WireError("bad_schema", f"schema ({schema!r}) must be {SCHEMA_VERSION}")
-    kind = msg.pop("kind", None)
-    if kind not in KINDS:
-        raise WireError("bad_kind", f"kind ({kind!r}) must be one of {KINDS}")
-    try:
-        return kind, _decode_body(kind, msg)
-    except RecursionError:  # msgpack nests up to 1024 deep, past Python's default recursion limit
-        raise WireError("malformed", f"{kind}: nested too deeply") from None
-
-
-def _decode_body(kind: str, msg: dict) -> dict:
-    # Groups are validated here, once, so every receiver rejects a bad one the same way.
-    if kind == "group":
-        msg["group"] = group_from_dict(_expect_map(msg.get("group")))
-    elif kind in ("batch", "groups"):
-        raw = msg.get("groups", [])
-        if not isinstance(raw, list):
-            raise WireError("bad_fields", f"{kind}: 'groups' must be a list")
-        msg = _restore_arrays({k: v for k, v in msg.items() if k != "groups"})
-        msg["groups"] = [group_from_dict(_expect_map(d)) for d in raw]
-    elif kind in _EVAL_FIELDS:
-        validate_fields(kind, msg, _EVAL_FIELDS[kind])
-    else:
-        msg = _restore_arrays(msg)
-    return msg
-
-
-_EVAL_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "eval_request": {
-        "round": str,
-        "chunk": int,
-        "version": int,
-        "prompts": list,
-        "max_new_tokens": int,
-        "sent_at": (int, float),
-    },
-    "eval_result": {
-        "round": str,
-        "chunk": int,
-        "generator": str,
-        "version": int,
-        "texts": list,
-        "seconds": (int, float),
-        "queued_s": (int, float),
-    },
-}
-
-
-def validate_fields(kind: str, msg: dict, fields: dict[str, type | tuple[type, ...]]) -> None:
-    """Every field of ``fields`` present with its type; lists of strings where the schema says so."""
-    for name, types in fields.items():
-        value = msg.get(name)
-        if not isinstance(value, types) or isinstance(value, bool):
-            raise WireError("bad_fields", f"{kind}: {name} ({value!r:.80}) must be {types}")
-    for name in ("prompts", "texts"):
-        if name in fields and not all(isinstance(t, str) for t in msg[name]):
-            raise WireError("bad_fields", f"{kind}: every item of {name} must be a string")
-
-
-def _expect_map(d) -> dict:
-    if not isinstance(d, dict):
-        raise WireError("bad_fields", f"a group must be a map, got {type(d).__name__}")
-    return d
-
-
-def encode_group(g: Group) -> bytes:
-    return encode("group", {"group": group_to_dict(g)})

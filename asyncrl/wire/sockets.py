@@ -9,7 +9,7 @@ an oversized frame is refused by ZeroMQ from its length header, before it is buf
 does that by closing the connection (a ZeroMQ peer reconnects within 100 ms; frames behind the
 big one on that connection are lost with it).
 
-Receivers decode and validate: a frame that fails ``wire.decode`` (the same size limit is checked
+Receivers decode and validate: a frame that fails ``codec.decode`` (the same size limit is checked
 again there) is counted in ``asyncrl_rejected_frames{socket,reason}``, logged once per reason, and
 skipped; the receiver keeps serving. What libzmq refuses by itself (connections cut for size,
 failed handshakes) is counted from the socket's monitor events (``asyncrl.wire.socketwatch``). Every
@@ -28,11 +28,13 @@ from __future__ import annotations
 import logging
 import time
 
+import msgspec
 import zmq
 
 from asyncrl.observability.metrics import REJECTED_FRAMES
-from asyncrl.wire import schema as wire
-from asyncrl.wire import security, socketwatch
+from asyncrl.wire import codec, security, socketwatch
+from asyncrl.wire.messages import EvalRequest, Exchange, Message
+from asyncrl.wire.schema import WireError
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,10 @@ class _Socket:
             self.sock.connect(address)
             self.address = address
 
-    def _decode(self, frame: bytes) -> tuple[str, dict] | None:
+    def _decode(self, frame: bytes) -> tuple[str, Message] | None:
         try:
-            return wire.decode(frame, self.max_message_bytes)
-        except wire.WireError as e:
+            return codec.decode(frame, self.max_message_bytes)
+        except WireError as e:
             self._reject(e.reason, str(e))
             return None
 
@@ -102,7 +104,7 @@ class _Socket:
                 detail += f" (limit {self.max_message_bytes} bytes: security.max_message_bytes)"
             log.warning("%s: rejected a frame (%s); further %r rejections are only counted", self.name, detail, reason)
 
-    def _recv_valid(self, timeout: float) -> tuple[str, dict] | None:
+    def _recv_valid(self, timeout: float) -> tuple[str, Message] | None:
         """The next frame that decodes, skipping (and counting) the ones that do not, or None
         once ``timeout`` seconds pass."""
         try:  # a frame already queued needs no poll (a system call per message at full rate)
@@ -133,8 +135,8 @@ class StreamSender(_Socket):
     def __init__(self, address: str, name: str, bind: bool = False, hwm: int = DEFAULT_HWM):
         super().__init__(zmq.PUSH, address, bind, name, hwm, None)
 
-    def send(self, kind: str, body: dict, timeout: float = 30.0) -> None:
-        self.send_frame(wire.encode(kind, body), timeout)
+    def send(self, message: Message, timeout: float = 30.0) -> None:
+        self.send_frame(codec.encode(message), timeout)
 
     def send_frame(self, frame: bytes, timeout: float = 30.0) -> None:
         """Raise ``TimeoutError`` if no receiver takes the frame within ``timeout`` seconds."""
@@ -174,7 +176,7 @@ class StreamReceiver(_Socket):
     ):
         super().__init__(zmq.PULL, address, bind, name, hwm, "stream", max_message_bytes)
 
-    def recv(self, timeout: float) -> tuple[str, dict] | None:
+    def recv(self, timeout: float) -> tuple[str, Message] | None:
         """The next valid message, or None when none arrives within ``timeout`` seconds."""
         return self._recv_valid(timeout)
 
@@ -185,8 +187,8 @@ class Publisher(_Socket):
     def __init__(self, address: str, name: str, bind: bool = True, hwm: int = 100):
         super().__init__(zmq.PUB, address, bind, name, hwm, None)
 
-    def send(self, kind: str, body: dict) -> None:
-        self.sock.send(wire.encode(kind, body), copy=False)
+    def send(self, message: Message) -> None:
+        self.sock.send(codec.encode(message), copy=False)
 
 
 class Subscriber(_Socket):
@@ -196,10 +198,10 @@ class Subscriber(_Socket):
         super().__init__(zmq.SUB, address, False, name, hwm, "subscribe", max_message_bytes)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
 
-    def recv(self, timeout: float) -> tuple[str, dict] | None:
+    def recv(self, timeout: float) -> tuple[str, Message] | None:
         return self._recv_valid(timeout)
 
-    def recv_latest(self) -> list[tuple[str, dict]]:
+    def recv_latest(self) -> list[tuple[str, Message]]:
         """Every message already queued, without waiting (for polling loops)."""
         out = []
         while (msg := self.recv(0)) is not None:
@@ -220,18 +222,17 @@ class RequestClient(_Socket):
         super().__init__(zmq.DEALER, address, False, name, hwm, "reply", max_message_bytes)
         self._next_id = 0
 
-    def request(self, kind: str, body: dict, timeout: float) -> tuple[str, dict] | None:
+    def request(self, message: Exchange, timeout: float) -> tuple[str, Message] | None:
         """Send and return the first reply that arrives (possibly to an earlier request), or None
         if none arrives within ``timeout`` seconds."""
         self._next_id += 1
-        rid = self._next_id
-        frame = wire.encode(kind, {**body, "request_id": rid})
+        frame = codec.encode(msgspec.structs.replace(message, request_id=self._next_id))
         if not self.sock.poll(int(timeout * 1000), zmq.POLLOUT):
             return None
         self.sock.send(frame, copy=False)
         return self._recv_valid(timeout)
 
-    def receive(self, timeout: float) -> tuple[str, dict] | None:
+    def receive(self, timeout: float) -> tuple[str, Message] | None:
         """A reply still on its way (to a request that timed out), without asking again."""
         return self._recv_valid(timeout)
 
@@ -249,7 +250,7 @@ class ReplyServer(_Socket):
     ):
         super().__init__(zmq.ROUTER, address, bind, name, hwm, "request", max_message_bytes)
 
-    def recv(self, timeout: float) -> tuple[bytes, str, dict] | None:
+    def recv(self, timeout: float) -> tuple[bytes, str, Message] | None:
         """(client identity, kind, body) of the next valid request, or None after ``timeout``."""
         deadline = time.monotonic() + timeout
         while self._poll_in(deadline - time.monotonic()):
@@ -262,8 +263,8 @@ class ReplyServer(_Socket):
                 return parts[0], msg[0], msg[1]
         return None
 
-    def reply(self, client: bytes, kind: str, body: dict, request_id: int | None) -> None:
-        frame = wire.encode(kind, {**body, "request_id": request_id})
+    def reply(self, client: bytes, message: Exchange, request_id: int | None) -> None:
+        frame = codec.encode(msgspec.structs.replace(message, request_id=request_id))
         self.sock.send_multipart([client, frame], copy=False)
 
 
@@ -298,10 +299,10 @@ class EvalRequestSender:
         self.stream = StreamSender(address, name=name, bind=True, hwm=hwm)
         self.address = self.stream.address
 
-    def offer(self, body: dict) -> bool:
+    def offer(self, request: EvalRequest) -> bool:
         """Queue one request for some generator; False when none can take it now."""
         try:
-            self.stream.send("eval_request", body, timeout=0)
+            self.stream.send(request, timeout=0)
         except TimeoutError:
             return False
         return True
@@ -323,12 +324,10 @@ class EvalRequestReceiver:
     def __init__(self, address: str, name: str):
         self.stream = StreamReceiver(address, name=name, bind=False, hwm=1)
 
-    def take(self) -> dict | None:
-        """The next request already here, or None."""
+    def take(self) -> EvalRequest | None:
+        """The next request already here, or None (a frame of another kind is skipped)."""
         msg = self.stream.recv(timeout=0)
-        if msg is None or msg[0] != "eval_request":
-            return None
-        return msg[1]
+        return msg[1] if msg is not None and isinstance(msg[1], EvalRequest) else None
 
     def close(self) -> None:
         self.stream.close()

@@ -8,11 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl.buffer import process as buffer_process
+from asyncrl import wire
+from asyncrl.buffer import channels as buffer_channels
 from asyncrl.buffer.config import BufferConfig
-from asyncrl.buffer.process import BufferService
 from asyncrl.buffer.replay import ReplayBuffer
-from asyncrl.wire import schema as wire
+from asyncrl.buffer.service import BufferService
+from asyncrl.wire.messages import PriorityUpdates, WantBatch
 from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
 from tests.factories import make_group
 from tests.waits import wait_until
@@ -42,9 +43,7 @@ class Running:
     def ask(self, num_groups, timeout_s=5.0, **extra):
         start = time.monotonic()
         reply = self.learner.request(
-            "want_batch",
-            {"num_groups": num_groups, "policy_version": 0, "timeout_s": timeout_s, **extra},
-            timeout=timeout_s,
+            WantBatch(num_groups=num_groups, policy_version=0, timeout_s=timeout_s, **extra), timeout=timeout_s
         )
         return reply, time.monotonic() - start
 
@@ -82,7 +81,7 @@ def test_a_request_that_cannot_be_served_is_answered_empty_before_its_deadline(r
     # The service answers REPLY_MARGIN_S before the learner's deadline. Its 0.25 s is a margin for
     # a run's network, not for a machine running several test suites: a wider one here (1 s of
     # holding, 2 s of margin) still tells "answered before the deadline" from "at or after it".
-    monkeypatch.setattr(buffer_process, "REPLY_MARGIN_S", 2.0)
+    monkeypatch.setattr(buffer_channels, "REPLY_MARGIN_S", 2.0)
     running.send(scored("a"))
     reply, waited = running.ask(3, timeout_s=3.0)
     assert reply is not None and reply[1]["groups"] == []
@@ -112,14 +111,14 @@ def test_priority_updates_ride_on_the_next_request_and_bad_requests_are_counted(
     running.send(scored("a"), scored("b"))
     reply, _ = running.ask(2)
     keys = reply[1]["group_keys"]
-    reply, _ = running.ask(1, priority_updates={"group_keys": keys, "priorities": [0.5, 0.0]})
+    reply, _ = running.ask(1, priority_updates=PriorityUpdates(group_keys=keys, priorities=[0.5, 0.0]))
     assert reply is not None and len(reply[1]["groups"]) == 1
     slots = np.asarray(keys) % running.buf.storage.max_items
     assert running.buf.sampler.priorities(slots).tolist() == pytest.approx([0.5, 1e-3])
 
-    reply, _ = running.ask(1, priority_updates={"group_keys": keys, "priorities": [math.nan, 0.1]})
+    reply, _ = running.ask(1, priority_updates=PriorityUpdates(group_keys=keys, priorities=[math.nan, 0.1]))
     assert reply is not None and len(reply[1]["groups"]) == 1  # the batch is still served
     assert running.ask(0, timeout_s=0.5)[0] is None  # num_groups 0: rejected, never answered
-    reply = running.learner.request("want_batch", {"num_groups": 1, "timeout_s": math.nan}, timeout=0.5)
+    reply = running.learner.request(WantBatch(num_groups=1, timeout_s=math.nan), timeout=0.5)
     assert reply is None  # a request that could wait forever is refused
     assert running.service.bad_requests == 3

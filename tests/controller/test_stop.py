@@ -8,6 +8,7 @@ from asyncrl.controller.events import EventPump
 from asyncrl.controller.reports import ProcessReports
 from asyncrl.controller.stopping import Stopper
 from asyncrl.controller.watchdog import StallWatch
+from asyncrl.wire.messages import Event
 
 
 class Fleet:
@@ -27,15 +28,15 @@ class Events:
         self.events = list(events)
 
     def recv(self, timeout):
-        return ("event", self.events.pop(0)) if self.events else None
+        return ("event", Event.from_map(self.events.pop(0))) if self.events else None
 
 
 class Control:
     def __init__(self):
         self.sent = []
 
-    def send(self, kind, body):
-        self.sent.append(body)
+    def send(self, message):
+        self.sent.append(message)
 
 
 def stopper(events):

@@ -1,6 +1,7 @@
 import pytest
 
-from asyncrl.dispatcher.process import Admission, PromptCursor
+from asyncrl.dispatcher.admission import Admission
+from asyncrl.dispatcher.cursor import PromptCursor
 from asyncrl.tasks.prompts import Prompt
 
 

@@ -2,7 +2,10 @@
 
 import json
 
-from asyncrl.dispatcher.process import Admission, Outstanding, PromptCursor, restore_dispatcher, save_dispatcher
+from asyncrl.dispatcher.admission import Admission
+from asyncrl.dispatcher.checkpoint import restore_dispatcher, save_dispatcher
+from asyncrl.dispatcher.cursor import PromptCursor
+from asyncrl.dispatcher.outstanding import Outstanding
 from asyncrl.rundir.ledger import GroupIdSet
 from asyncrl.tasks.prompts import Prompt
 
@@ -101,7 +104,7 @@ def test_without_checkpoints_trained_groups_are_forgotten_at_once():
 
 
 def test_a_dropped_duplicate_copy_does_not_settle_its_group():
-    from asyncrl.buffer.process import BufferMetrics
+    from asyncrl.buffer.observer import BufferMetrics
 
     metrics = BufferMetrics()
     metrics.on_drop_groups(["g00000001"], "duplicate")

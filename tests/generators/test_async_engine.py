@@ -19,12 +19,12 @@ import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, noth
 
 from asyncrl.generators.async_engine import AsyncVLLMEngine  # noqa: E402
 from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.groups import build_groups  # noqa: E402
 from asyncrl.generators.inflight import InFlightApplier  # noqa: E402
-from asyncrl.generators.process import build_groups  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402
 from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
-from asyncrl.wire.schema import decode, encode_group  # noqa: E402
+from asyncrl.wire import decode, encode_group  # noqa: E402
 from tests.factories import RecordingContext, two_tiny_models  # noqa: E402
 from tests.waits import wait_until  # noqa: E402
 

@@ -165,7 +165,7 @@ def test_the_generator_guard_refuses_what_vllm_refuses(engine):
     from vllm import SamplingParams, TokensPrompt
     from vllm.exceptions import VLLMValidationError
 
-    from asyncrl.generators.process import refuse_too_long
+    from asyncrl.generators.groups import refuse_too_long
 
     rows = [{"group_id": f"g{i}", "text": "x" * k} for i, k in enumerate((10, 63, 64, 80))]
     taken, refused = refuse_too_long(engine.tokenizer, rows, engine.cfg.max_model_len)

@@ -3,8 +3,11 @@ greedily by the engine, reported to the controller and counted apart from sample
 
 import time
 
+import msgspec
+
 from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
+from asyncrl.wire.messages import EvalRequest
 from asyncrl.wire.sockets import EvalRequestReceiver, EvalRequestSender, StreamReceiver, StreamSender
 from tests.waits import wait_until
 
@@ -16,19 +19,12 @@ class Ctx:
         self.name = name
         self.events = StreamSender(events_address, name=f"{name}.events")
 
-    def report(self, kind, body):
-        self.events.send(kind, {"source": self.name, **body}, timeout=5)
+    def report(self, message):
+        self.events.send(msgspec.structs.replace(message, source=self.name), timeout=5)
 
 
 def request(chunk, prompts):
-    return {
-        "round": "v2",
-        "chunk": chunk,
-        "version": 2,
-        "prompts": prompts,
-        "max_new_tokens": 4,
-        "sent_at": time.time(),
-    }
+    return EvalRequest(round="v2", chunk=chunk, version=2, prompts=prompts, max_new_tokens=4, sent_at=time.time())
 
 
 def test_a_generator_answers_one_request_per_turn_and_counts_it_apart():

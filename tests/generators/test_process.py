@@ -1,7 +1,7 @@
 """The generator loop's guard against prompts the engine would refuse (the vLLM side of the rule
 is checked against a real engine in test_engine.py)."""
 
-from asyncrl.generators.process import refuse_too_long
+from asyncrl.generators.groups import refuse_too_long
 from asyncrl.models.char_tokenizer import build_char_tokenizer
 
 

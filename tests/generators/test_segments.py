@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from asyncrl.generators.engine import Completion
-from asyncrl.generators.process import build_groups
-from asyncrl.wire.schema import WireError, decode, encode_group, validate_group
+from asyncrl.generators.groups import build_groups
+from asyncrl.wire import WireError, decode, encode_group, validate_group
 
 ROW = {"group_id": "g1", "prompt_uid": "p1", "task": "addition", "text": "1+1=", "answer": "2"}
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Control
 from asyncrl.wire.sockets import Publisher, StreamReceiver
 
 
@@ -56,7 +57,7 @@ class Harness:
         finals = {}
         deadline = time.monotonic() + timeout
         while len(finals) < len(names) and time.monotonic() < deadline:
-            self.control.send("control", {"command": "stop", "roles": roles})
+            self.control.send(Control(command="stop", roles=roles))
             for n in names:
                 if n not in finals:
                     try:

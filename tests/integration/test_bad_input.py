@@ -9,9 +9,10 @@ import msgpack
 import numpy as np
 import pytest
 
+from asyncrl import wire
 from asyncrl.config import RunConfig
 from asyncrl.observability.inspect_run import inspect_run
-from asyncrl.wire import schema as wire
+from asyncrl.wire.messages import WantBatch
 from asyncrl.wire.sockets import RequestClient, StreamSender
 from tests.factories import make_group
 from tests.integration.harness import Harness, metric
@@ -64,7 +65,7 @@ def test_bad_frames_are_rejected_counted_logged_once_and_serving_goes_on(stream,
     to_buffer.send_frame(wire.encode_group(make_group("direct", rewards=[1.0, 0.0, 0.0, 1.0])), timeout=5)
 
     learner = RequestClient(h.endpoints.buffer_requests, name="test.learner")
-    reply = learner.request("want_batch", {"num_groups": 2, "policy_version": 0, "timeout_s": 20}, timeout=20)
+    reply = learner.request(WantBatch(num_groups=2, policy_version=0, timeout_s=20), timeout=20)
     assert reply is not None and reply[0] == "batch"
     groups = {g.group_id: g for g in reply[1]["groups"]}
     assert set(groups) == {"good", "direct"}
@@ -74,7 +75,7 @@ def test_bad_frames_are_rejected_counted_logged_once_and_serving_goes_on(stream,
     # buffering the frame (anything queued behind it on the same connection would go with it).
     for address, label in ((h.endpoints.reward_in, "reward"), (h.endpoints.buffer_in, "buffer")):
         big = StreamSender(address, name=f"test.big_to_{label}")
-        big.send_frame(wire.encode("event", {"blob": b"x" * (2 * LIMIT)}), timeout=5)
+        big.send_frame(wire.encode_map("event", {"blob": b"x" * (2 * LIMIT)}), timeout=5)
         port = int((tmp_path / "metrics" / f"{'reward-0' if label == 'reward' else 'buffer'}.port").read_text())
         socket = f"{label}.in"
         wait_until(

@@ -8,9 +8,10 @@ import pytest
 import zmq
 import zmq.auth
 
+from asyncrl import wire
 from asyncrl.config import RunConfig
-from asyncrl.wire import schema as wire
 from asyncrl.wire import security
+from asyncrl.wire.messages import WantBatch
 from asyncrl.wire.security import write_keys
 from asyncrl.wire.sockets import RequestClient, StreamSender
 from tests.factories import make_group
@@ -60,7 +61,7 @@ def test_a_curve_run_serves_keyed_clients_and_refuses_and_counts_others(curve_ru
     to_buffer = StreamSender(h.endpoints.buffer_in, name="test.to_buffer")
     to_buffer.send_frame(wire.encode_group(make_group("keyed", rewards=[1.0, 0.0, 0.0, 1.0])), timeout=10)
     learner = RequestClient(h.endpoints.buffer_requests, name="test.learner")
-    reply = learner.request("want_batch", {"num_groups": 1, "policy_version": 0, "timeout_s": 20}, timeout=20)
+    reply = learner.request(WantBatch(num_groups=1, policy_version=0, timeout_s=20), timeout=20)
     assert reply is not None and [g.group_id for g in reply[1]["groups"]] == ["keyed"]  # the intruder's never came
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read() == b"ok\n"
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from asyncrl import wire
 from asyncrl.config import RunConfig
-from asyncrl.wire import schema as wire
 from asyncrl.wire.sockets import StreamSender
 from tests.factories import make_group
 from tests.integration.harness import Harness, process_metric

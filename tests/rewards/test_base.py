@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from asyncrl import wire
 from asyncrl.rewards.base import SyncReward, Unscored, combine, score_with
-from asyncrl.rewards.process import RewardConfig
+from asyncrl.rewards.config import RewardConfig
 from asyncrl.rewards.registry import RewardSpec, build_reward
 from asyncrl.rewards.rules import FormatReward
-from asyncrl.wire import schema as wire
 from tests.factories import make_group
 
 

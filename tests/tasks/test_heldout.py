@@ -4,7 +4,7 @@ import pytest
 
 from asyncrl.tasks.heldout import EvalConfig, EvalRound, HeldOutEvaluator
 from asyncrl.tasks.prompts import Prompt
-from asyncrl.wire.schema import WireError, decode, encode
+from asyncrl.wire import WireError, decode, encode, encode_map
 
 PROMPTS = [Prompt(str(i), f"{i}+1=", str(i + 1), "addition") for i in range(10)]
 
@@ -27,7 +27,7 @@ class Sender:
             return False
         self.room -= 1
         # through the real codec: what a generator would receive
-        self.sent.append(decode(encode("eval_request", body))[1])
+        self.sent.append(decode(encode(body))[1])
         return True
 
 
@@ -35,7 +35,7 @@ def answer(request, right=True, version=3, generator="generator-0"):
     texts = [str(int(p[:-3]) + (1 if right else 2)) for p in request["prompts"]]
     body = {"round": request["round"], "chunk": request["chunk"], "generator": generator, "version": version}
     body.update(texts=texts, seconds=0.5, queued_s=0.1)
-    return decode(encode("eval_result", body))[1]
+    return decode(encode_map("eval_result", body))[1]
 
 
 def evaluator(clock, sender, **cfg):
@@ -118,7 +118,7 @@ def test_answers_must_match_their_request():
 
 def test_the_wire_refuses_malformed_eval_messages():
     good = {"round": "v2", "chunk": 0, "version": 2, "prompts": ["1+1="], "max_new_tokens": 4, "sent_at": 1.0}
-    assert decode(encode("eval_request", good))[1]["prompts"] == ["1+1="]
+    assert decode(encode_map("eval_request", good))[1]["prompts"] == ["1+1="]
     for bad in ({**good, "prompts": [1]}, {**good, "chunk": "0"}, {k: v for k, v in good.items() if k != "round"}):
         with pytest.raises(WireError, match="bad_fields"):
-            decode(encode("eval_request", bad))
+            decode(encode_map("eval_request", bad))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
-from asyncrl.generators.process import apply_newest_weights
+from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import REGISTRY
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 from tests.factories import RecordingContext

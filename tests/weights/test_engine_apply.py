@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
-from asyncrl.generators.process import apply_newest_weights  # noqa: E402
+from asyncrl.generators.weights_apply import apply_newest_weights  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402
 from asyncrl.weights.probe import learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402

@@ -8,11 +8,11 @@ import pytest
 import torch
 import zmq
 
+from asyncrl import wire
 from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
-from asyncrl.wire import schema as wire
 from tests.waits import STREAM_PROBE, has_message, receive_version, stream_subscribed, wait_subscribed, wait_until
 
 TRANSPORTS = {"shm": (ShmWeightPublisher, ShmWeightSubscriber), "zmq": (ZmqWeightPublisher, ZmqWeightSubscriber)}
@@ -100,9 +100,9 @@ def test_zmq_checksum_catches_a_corrupted_bucket():
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="g0", timeout_s=2)
     stream_subscribed(pub, [sub])
-    pub.send(wire.encode("weights_begin", {"policy_version": 1}))
+    pub.send(wire.encode_map("weights_begin", {"policy_version": 1}))
     header = {"policy_version": 1, "index": 0, "crc": 12345, "nbytes": 8, "tensors": [["w", "float32", [2], 0, 8]]}
-    pub.send_multipart([wire.encode("weights_bucket", header), b"\0" * 8])
+    pub.send_multipart([wire.encode_map("weights_bucket", header), b"\0" * 8])
     with pytest.raises(WeightSyncError, match="version 1 bucket 0: crc32 checksum mismatch"):
         receive_version(sub)
     pub.close()
@@ -115,7 +115,7 @@ def test_zmq_timeout_names_what_it_waited_for():
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="gen-3.weights", timeout_s=0.5)
     stream_subscribed(pub, [sub])
-    pub.send(wire.encode("weights_begin", {"policy_version": 9}))  # ... and the learner goes silent
+    pub.send(wire.encode_map("weights_begin", {"policy_version": 9}))  # ... and the learner goes silent
     with pytest.raises(
         TimeoutError, match=r"gen-3.weights: waited 0.5 s for bucket 0 \(or the end\) of version 9 from tcp://"
     ):

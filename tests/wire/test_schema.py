@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.wire import schema as wire
+from asyncrl import wire
 from tests.factories import make_group
 
 
@@ -25,7 +25,7 @@ def test_group_round_trip_keeps_arrays_and_fields():
 
 
 def test_arrays_travel_as_raw_bytes_not_lists():
-    frame = wire.encode("event", {"x": np.arange(1000, dtype=np.float32)})
+    frame = wire.encode_map("event", {"x": np.arange(1000, dtype=np.float32)})
     raw = msgpack.unpackb(frame)
     assert raw["x"]["data"] == np.arange(1000, dtype=np.float32).tobytes()
     assert raw["x"]["dtype"] == "<f4" and raw["x"]["shape"] == [1000]
@@ -34,7 +34,7 @@ def test_arrays_travel_as_raw_bytes_not_lists():
 
 def test_batch_round_trip():
     groups = [make_group(f"g{i}", rewards=[1.0] * 4) for i in range(3)]
-    kind, body = wire.decode(wire.encode("batch", {"groups": [wire.group_to_dict(g) for g in groups]}))
+    kind, body = wire.decode(wire.encode_map("batch", {"groups": [wire.group_to_dict(g) for g in groups]}))
     assert kind == "batch" and [g.group_id for g in body["groups"]] == ["g0", "g1", "g2"]
 
 
@@ -64,7 +64,7 @@ def test_nan_logprobs_are_rejected():
 
 
 def test_oversized_frames_are_rejected_before_decoding():
-    frame = wire.encode("event", {"blob": b"x" * 2000})
+    frame = wire.encode_map("event", {"blob": b"x" * 2000})
     with pytest.raises(wire.WireError) as err:
         wire.decode(frame, max_bytes=1000)
     assert err.value.reason == "oversized"
@@ -74,7 +74,7 @@ def test_mismatched_lengths_and_non_numeric_dtypes_are_rejected():
     d = wire.group_to_dict(make_group())
     d["samples"][0]["logprobs"] = np.zeros(5, dtype=np.float32)
     with pytest.raises(wire.WireError):
-        wire.decode(wire.encode("group", {"group": d}))
+        wire.decode(wire.encode_map("group", {"group": d}))
     bad_array = {"__nd__": True, "dtype": "O", "shape": [1], "data": b"\x00" * 8}
     with pytest.raises(wire.WireError) as err:
         wire.decode(msgpack.packb({"schema": wire.SCHEMA_VERSION, "kind": "event", "x": bad_array}))
@@ -119,7 +119,7 @@ SAMPLE_FIELDS = [f.name for f in dataclasses.fields(wire.Sample)]
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=2048), st.integers(16, 2048))
 def test_frames_over_the_limit_are_refused_whatever_they_hold(frame, limit):
-    frame = frame if len(frame) % 2 else wire.encode("event", {"pad": frame})  # garbage and valid alike
+    frame = frame if len(frame) % 2 else wire.encode_map("event", {"pad": frame})  # garbage and valid alike
     try:
         wire.decode(frame, max_bytes=limit)
     except wire.WireError as e:
@@ -137,7 +137,7 @@ def test_wrongly_typed_fields_are_rejected_or_decode_to_well_typed_records(group
     else:
         d[group_field] = value
     try:
-        _kind, body = wire.decode(wire.encode("group", {"group": d}))
+        _kind, body = wire.decode(wire.encode_map("group", {"group": d}))
     except wire.WireError:
         return
     g = body["group"]  # accepted: then every field has the type the schema says
@@ -193,7 +193,7 @@ def test_deeply_nested_messages_are_rejected_not_raised(kind):
 
 
 def test_arrays_are_restored_in_any_message_not_only_groups():
-    frame = wire.encode("ref_logprobs", {"logprobs": np.ones((2, 3), np.float32), "meta": [{"a": np.arange(2)}]})
+    frame = wire.encode_map("event", {"logprobs": np.ones((2, 3), np.float32), "meta": [{"a": np.arange(2)}]})
     kind, body = wire.decode(frame)
     assert body["logprobs"].shape == (2, 3) and body["logprobs"].dtype == np.float32
     assert body["meta"][0]["a"].tolist() == [0, 1]

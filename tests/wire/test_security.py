@@ -9,9 +9,12 @@ from asyncrl.config import RunConfig, dump_config
 from asyncrl.observability.metrics import REGISTRY
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Control, Event, Prompts, WantPrompts
 from asyncrl.wire.security import SecurityConfig, write_keys
 from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, Subscriber
 from tests.waits import wait_until
+
+ROW = {"group_id": "g", "prompt_uid": "p", "text": "p", "answer": "", "task": "addition"}
 
 
 def auth_failures(socket: str) -> float:
@@ -86,21 +89,21 @@ def test_curve_round_trips_on_every_socket_pair(keys):
     rx = StreamReceiver("tcp://127.0.0.1:*", name="test.curve.rx")
     tx = StreamSender(rx.address, name="test.curve.tx")
     assert rx.curve and tx.curve
-    tx.send("event", {"x": 1}, timeout=5)
+    tx.send(Event(extra={"x": 1}), timeout=5)
     assert rx.recv(timeout=5) == ("event", {"x": 1})
 
     server = ReplyServer("tcp://127.0.0.1:*", name="test.curve.server")
     client = RequestClient(server.address, name="test.curve.client")
-    assert client.request("want_prompts", {"max_prompts": 1}, timeout=0.5) is None
+    assert client.request(WantPrompts(generator="g", max_prompts=1), timeout=0.5) is None
     who, kind, body = server.recv(timeout=5)
-    server.reply(who, "prompts", {"prompts": ["p"]}, body["request_id"])
-    assert client.receive(timeout=5)[1]["prompts"] == ["p"]
+    server.reply(who, Prompts(prompts=[ROW]), body["request_id"])
+    assert client.receive(timeout=5)[1]["prompts"] == [ROW]
 
     pub = Publisher("tcp://127.0.0.1:*", name="test.curve.pub")
     sub = Subscriber(pub.address, name="test.curve.sub")
     # A slow joiner misses early messages: repeat until one arrives.
     got = wait_until(
-        lambda: pub.send("control", {"command": "go"}) or sub.recv(timeout=0.05), "the subscriber to hear the publisher"
+        lambda: pub.send(Control(command="go")) or sub.recv(timeout=0.05), "the subscriber to hear the publisher"
     )
     assert got == ("control", {"command": "go"})
     for s in (tx, rx, client, server, sub, pub):
@@ -131,7 +134,7 @@ def test_clients_without_the_right_keys_are_refused_and_counted(keys, tmp_path, 
     assert rx.recv(timeout=0.3) is None and rx.rejected == 0  # nothing got through to be decoded
 
     good = StreamSender(rx.address, name="test.curve.good")  # the server keeps serving keyed clients
-    good.send("event", {"ok": True}, timeout=5)
+    good.send(Event(extra={"ok": True}), timeout=5)
     assert rx.recv(timeout=5) == ("event", {"ok": True})
     assert caplog.text.count("failed the CURVE handshake") == 1  # logged once, counted every time
     for name in ("server", "client"):

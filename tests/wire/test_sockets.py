@@ -2,9 +2,10 @@ import msgpack
 import pytest
 import zmq
 
+from asyncrl import wire
 from asyncrl.observability.metrics import REGISTRY
-from asyncrl.wire import schema as wire
 from asyncrl.wire import security
+from asyncrl.wire.messages import Event, Prompts, WantPrompts, WeightsAnnouncement
 from asyncrl.wire.security import SecurityConfig
 from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, Subscriber
 from tests.factories import make_group
@@ -28,14 +29,14 @@ def test_push_pull_carries_groups_and_skips_bad_frames():
 def test_send_times_out_when_no_receiver_takes_frames():
     tx = StreamSender("tcp://127.0.0.1:1", name="test.nobody")  # connects lazily; no peer ever
     with pytest.raises(TimeoutError):
-        tx.send("event", {"x": 1}, timeout=0.2)
+        tx.send(Event(extra={"x": 1}), timeout=0.2)
     tx.close()
 
 
 def test_oversized_frames_are_refused_by_the_socket_and_counted():
     rx = StreamReceiver("tcp://127.0.0.1:*", name="test.small", max_message_bytes=1024)
     tx = StreamSender(rx.address, name="test.big")
-    tx.send("event", {"blob": b"x" * 4096})
+    tx.send(Event(extra={"blob": b"x" * 4096}))
     assert rx.recv(timeout=0.5) is None  # ZeroMQ cut the peer instead of buffering 4 KiB
     # The cut is seen on the socket's monitor once the sender has reconnected by itself.
     wait_until(lambda: rx.rejected, "the receiver's monitor to count the cut peer", interval=0.05)
@@ -43,7 +44,7 @@ def test_oversized_frames_are_refused_by_the_socket_and_counted():
     assert (
         REGISTRY.get_sample_value("asyncrl_rejected_frames_total", {"socket": "test.small", "reason": "oversized"}) == 1
     )
-    tx.send("event", {"fits": True})  # the receiver, and the reconnected sender, keep going
+    tx.send(Event(extra={"fits": True}))  # the receiver, and the reconnected sender, keep going
     assert rx.recv(timeout=5) == ("event", {"fits": True}) and rx.rejected == 1
     tx.close()
     rx.close()
@@ -56,7 +57,7 @@ def test_the_limit_comes_from_the_security_settings_per_kind_of_socket():
         client = RequestClient("tcp://127.0.0.1:1", name="test.limit.client")
         assert rx.sock.getsockopt(zmq.MAXMSGSIZE) == rx.max_message_bytes == 2048
         assert client.sock.getsockopt(zmq.MAXMSGSIZE) == 4096
-        big = wire.encode("event", {"blob": b"x" * 3000})
+        big = wire.encode_map("event", {"blob": b"x" * 3000})
         assert rx._decode(big) is None and rx.rejected == 1  # the decode-time check agrees with ZeroMQ's
         rx.close()
         client.close()
@@ -64,22 +65,26 @@ def test_the_limit_comes_from_the_security_settings_per_kind_of_socket():
         security.reset()
 
 
+def row(text: str) -> dict:
+    return {"group_id": text, "prompt_uid": text, "text": text, "answer": "", "task": "addition"}
+
+
 def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
     server = ReplyServer("tcp://127.0.0.1:*", name="test.server")
     client = RequestClient(server.address, name="test.client")
-    assert client.request("want_prompts", {"max_prompts": 1}, timeout=0.2) is None  # unanswered: times out
+    assert client.request(WantPrompts(generator="g", max_prompts=1), timeout=0.2) is None  # unanswered: times out
     who, _kind, body = server.recv(timeout=1)
-    server.reply(who, "prompts", {"prompts": ["late"]}, body["request_id"])
-    kind, reply = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
-    assert kind == "prompts" and reply["prompts"] == ["late"] and reply["request_id"] == 1
+    server.reply(who, Prompts(prompts=[row("late")]), body["request_id"])
+    kind, reply = client.request(WantPrompts(generator="g", max_prompts=1), timeout=5)
+    assert kind == "prompts" and reply["prompts"] == [row("late")] and reply["request_id"] == 1
     who, _kind, body = server.recv(timeout=1)
-    server.reply(who, "prompts", {"prompts": ["fresh"]}, body["request_id"])
-    kind, reply = client.request("want_prompts", {"max_prompts": 1}, timeout=5)
-    assert reply["prompts"] == ["fresh"] and reply["request_id"] == 2
+    server.reply(who, Prompts(prompts=[row("fresh")]), body["request_id"])
+    kind, reply = client.request(WantPrompts(generator="g", max_prompts=1), timeout=5)
+    assert reply["prompts"] == [row("fresh")] and reply["request_id"] == 2
     who, _kind, body = server.recv(timeout=1)  # request 3 timed out on the client side ...
-    server.reply(who, "prompts", {"prompts": ["last"]}, body["request_id"])
+    server.reply(who, Prompts(prompts=[row("last")]), body["request_id"])
     kind, reply = client.receive(timeout=5)  # ... and its answer is still collected
-    assert reply["prompts"] == ["last"] and reply["request_id"] == 3
+    assert reply["prompts"] == [row("last")] and reply["request_id"] == 3
     client.close()
     server.close()
 
@@ -89,7 +94,7 @@ def test_publisher_reaches_subscribers_that_joined():
     sub = Subscriber(pub.address, name="test.sub")
     # A slow joiner misses early messages: repeat until one arrives.
     got = wait_until(
-        lambda: pub.send("weights", {"policy_version": 3, "path": "/x"}) or sub.recv(timeout=0.05),
+        lambda: pub.send(WeightsAnnouncement(policy_version=3, path="/x")) or sub.recv(timeout=0.05),
         "the subscriber to hear the publisher",
     )
     assert got == ("weights", {"policy_version": 3, "path": "/x"})

@@ -1,0 +1,68 @@
+"""The staleness budget: how many more groups may be dispatched now (AReaL's rule).
+
+With B groups per optimizer step, max staleness s and v the policy version that will sample the
+prompt, a new prompt is admitted only while
+
+    accepted + running < (s + v + 1) · B
+
+where ``accepted + running`` counts groups dispatched and not dropped (dropped groups never
+become a training step, so they free their slot). Taken in order, the i-th group is trained at
+learner version ⌊i / B⌋ ≤ s + v, so its staleness stays within s and the buffer's gate has
+nothing to drop. v is the version the *requesting generator serves* (it says so in its request),
+not the learner's: a generator lags the learner by up to the broadcast period, and admitting
+against the learner's version let a third of the demo's samples go stale before training.
+"""
+
+from __future__ import annotations
+
+
+class Admission:
+    """The staleness budget, as a pure object the service and the tests share.
+
+    >>> a = Admission(batch_groups=4, max_staleness=1)
+    >>> a.capacity()  # (1 + 0 + 1) * 4
+    8
+    """
+
+    def __init__(self, batch_groups: int, max_staleness: int | None):
+        if batch_groups < 1:
+            raise ValueError(f"batch_groups ({batch_groups}) must be >= 1")
+        self.batch_groups = batch_groups
+        self.max_staleness = max_staleness
+        self.version = 0
+        self.dispatched = 0
+        self.dropped = 0
+        self._buffer_dropped: int | None = None  # the last count the buffer reported
+
+    def capacity(self, version: int | None = None) -> int:
+        """How many more groups may be dispatched now, to be sampled by ``version``
+        (default: the learner's version, the most any generator can serve)."""
+        if self.max_staleness is None:
+            return 1 << 30
+        v = self.version if version is None else min(version, self.version)
+        bound = (self.max_staleness + v + 1) * self.batch_groups
+        return max(0, bound - (self.dispatched - self.dropped))
+
+    def behind(self, version: int) -> bool:
+        """True when a generator serving ``version`` gets nothing now but would at the learner's
+        version: it should load the newer weights and ask again rather than wait."""
+        return version < self.version and self.capacity(version) == 0 and self.capacity() > 0
+
+    def update(self, version: int, dropped_groups: int | None = None) -> None:
+        """The buffer's status: the learner's version and the groups it has dropped so far. That
+        count starts again from 0 when a dead buffer is restarted empty, and from its snapshot's
+        count after a restore: only its increases are added here."""
+        self.version = max(self.version, version)
+        if dropped_groups is None:
+            return
+        last, self._buffer_dropped = self._buffer_dropped, dropped_groups
+        if last is None:  # first report: the larger of our own (restored) count and the buffer's
+            self.dropped = max(self.dropped, dropped_groups)
+        elif dropped_groups >= last:
+            self.dropped += dropped_groups - last
+        else:  # a buffer restarted empty counts from 0 again
+            self.dropped += dropped_groups
+
+    def may_sample(self, version: int) -> bool:
+        """Whether groups sampled by ``version`` would be within the staleness bound now."""
+        return self.max_staleness is None or self.version - version <= self.max_staleness

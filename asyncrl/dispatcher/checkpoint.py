@@ -1,0 +1,47 @@
+"""The dispatcher's part of a checkpoint: the cursor, the counters and the rows not yet settled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from asyncrl.dispatcher.admission import Admission
+from asyncrl.dispatcher.cursor import PromptCursor
+from asyncrl.dispatcher.outstanding import BUFFERED, DISPATCHED, Entry, Outstanding
+
+
+def save_dispatcher(path: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding, version: int):
+    state = {
+        "epoch": cursor.epoch,
+        "index": cursor.index,
+        "dispatched": admission.dispatched,
+        "dropped": admission.dropped,
+        "version": version,
+        "rows": outstanding.to_checkpoint(version),
+    }
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding) -> dict:
+    """Load the dispatcher's part of checkpoint ``ckpt``; queue again what the other parts lack."""
+    from asyncrl.rundir.ledger import GroupIdSet
+
+    state = json.loads((ckpt / "dispatcher.json").read_text())
+    cursor.epoch = int(state["epoch"])
+    cursor._order = cursor._permutation(cursor.epoch)
+    cursor.index = int(state["index"])
+    admission.dispatched = int(state["dispatched"])
+    admission.dropped = int(state["dropped"])
+    admission.version = int(state["version"])
+    held = set(json.loads((ckpt / "buffer" / "buffer_ids.json").read_text()))
+    trained = GroupIdSet.from_bytes((ckpt / "learner" / "trained_ids.bin").read_bytes())
+    again = [r for r in state["rows"] if r["group_id"] not in held and r["group_id"] not in trained]
+    for row in state["rows"]:
+        if row["group_id"] in held:
+            outstanding.entries[row["group_id"]] = Entry(row, BUFFERED)
+    for row in again:
+        outstanding.entries[row["group_id"]] = Entry(row, DISPATCHED, at=float("inf"))
+        outstanding.again.append(row)
+    return {"version": admission.version, "dispatched": admission.dispatched, "again": len(again)}

@@ -1,0 +1,132 @@
+"""At-least-once dispatch: every group handed out and not yet settled for good, and what to hand out again.
+
+Until a group is settled for good (dropped with a reason, or trained by a step a committed
+checkpoint holds) the dispatcher keeps its prompt row, and learns what became of it from the
+buffer's status (inserted, dropped, trained). When the controller reports a death, or a group's
+lease runs out unseen, the rows that may have been lost are dispatched again, first, under the
+same group id; their slots were admitted already.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+DISPATCHED, BUFFERED, TRAINED = "dispatched", "buffered", "trained"
+
+
+@dataclass
+class Entry:
+    row: dict
+    state: str = DISPATCHED
+    generator: str = ""
+    at: float = 0.0
+    version: int = -1
+    """For TRAINED: the learner version of the step that trained it."""
+
+
+@dataclass
+class Outstanding:
+    """Every group dispatched and not yet settled for good, and the queue of groups to hand out again.
+
+    A group is settled for good when it is dropped with a reason, or trained by a step that a
+    committed checkpoint holds (``forget_trained``). Until then its prompt row is kept, so that
+    whatever is lost downstream — a generator or reward worker killed with its groups, a buffer
+    restarted empty, a learner restored to an older version — is dispatched again under the same
+    group id. What the buffer and learner report arrives on a PUB socket that may drop messages
+    under load; a missed report only makes a group go out again, and ids keep the copy from being
+    trained twice.
+    """
+
+    lease_s: float = 600.0
+    entries: dict[str, Entry] = field(default_factory=dict)
+    again: deque = field(default_factory=deque)
+    """Rows to dispatch again, before any new prompt."""
+    requeued: int = 0
+    passed_over: int = 0
+    """Rows queued again but not sent: their group was settled meanwhile (``take_again``)."""
+    keep_trained: bool = True
+    """Keep trained groups until a checkpoint holds them (False when the run takes no checkpoints:
+    nothing could bring them back, and memory stays flat)."""
+    handled: deque = field(default_factory=lambda: deque(maxlen=256))
+    """Ids of requeue commands already acted on."""
+
+    def dispatched(self, row: dict, generator: str, now: float) -> None:
+        e = self.entries.get(row["group_id"])
+        if e is None:
+            self.entries[row["group_id"]] = Entry(row, DISPATCHED, generator, now)
+        else:
+            e.state, e.generator, e.at = DISPATCHED, generator, now
+
+    def settle(self, status) -> int:
+        """Apply a status report (a ``BufferStatus``, or a map of its fields): ``inserted``,
+        ``dropped`` ids, ``trained`` [version, ids] pairs.
+        Returns how many outstanding groups it retires untrained: each frees its admission slot
+        once, however many copies of it are dropped (a copy of a trained group frees nothing)."""
+        retired = 0
+        for gid in status.get("inserted", ()):
+            e = self.entries.get(gid)
+            if e is not None and e.state == DISPATCHED:
+                e.state = BUFFERED
+        for gid in status.get("dropped", ()):
+            e = self.entries.get(gid)
+            if e is not None and e.state != TRAINED:
+                del self.entries[gid]
+                retired += 1
+        for version, gids in status.get("trained", ()):
+            for gid in gids:
+                e = self.entries.get(gid)
+                if e is not None and not self.keep_trained:
+                    del self.entries[gid]
+                elif e is not None:
+                    e.state, e.version = TRAINED, int(version)
+        return retired
+
+    def forget_trained(self, version: int) -> None:
+        """A checkpoint at ``version`` is committed: its trained groups can never come back."""
+        for gid in [g for g, e in self.entries.items() if e.state == TRAINED and e.version <= version]:
+            del self.entries[gid]
+
+    def requeue(self, scope: str, generator: str | None = None, now: float | None = None) -> int:
+        """Queue again the groups a failure may have lost; returns how many.
+
+        ``generator``: those dispatched to that generator and not yet in the buffer;
+        ``in_flight``: every group not yet in the buffer (a reward worker died);
+        ``buffered``: every group not yet trained (the buffer died);
+        ``expired``: groups not in the buffer after ``lease_s`` (``now`` required).
+        """
+        queued = {r["group_id"] for r in self.again}
+        states = {"generator": (DISPATCHED,), "in_flight": (DISPATCHED,), "buffered": (DISPATCHED, BUFFERED)}
+        if scope == "expired":
+            picked = [e for e in self.entries.values() if e.state == DISPATCHED and now - e.at > self.lease_s]
+        elif scope in states:
+            picked = [e for e in self.entries.values() if e.state in states[scope]]
+            if scope == "generator":
+                picked = [e for e in picked if e.generator == generator]
+        else:
+            raise ValueError(f"requeue scope {scope!r} is not one of generator, in_flight, buffered, expired")
+        picked = [e for e in picked if e.row["group_id"] not in queued]
+        for e in picked:
+            e.state, e.at = DISPATCHED, float("inf")  # not expired again while it waits in the queue
+            self.again.append(e.row)
+        self.requeued += len(picked)
+        return len(picked)
+
+    def take_again(self, k: int) -> list[dict]:
+        """Up to ``k`` rows to dispatch again. Rows settled since they were queued are passed
+        over: the original turned up in the buffer after all (a reward worker or the buffer died
+        while it was on its way), was trained, or was dropped. A copy of those would only be
+        sampled to be thrown away."""
+        rows: list[dict] = []
+        while self.again and len(rows) < k:
+            row = self.again.popleft()
+            e = self.entries.get(row["group_id"])
+            if e is not None and e.state == DISPATCHED:
+                rows.append(row)
+            else:
+                self.passed_over += 1
+        return rows
+
+    def to_checkpoint(self, version: int) -> list[dict]:
+        """Rows a resume from a checkpoint of ``version`` must dispatch again (less what it holds)."""
+        return [e.row for e in self.entries.values() if not (e.state == TRAINED and e.version <= version)]

@@ -1,0 +1,29 @@
+"""A reward worker's settings (the run's ``reward`` section)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from asyncrl.configbase import Config
+from asyncrl.rewards.registry import RewardSpec
+
+
+class RewardConfig(Config):
+    drain_s: float = Field(1.0, gt=0)
+    """On stop, seconds of silence on the input after which the worker has drained and exits."""
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(kind="exact_match")])
+    """The rewards and their weights: reward = Σ weight_i · reward_i (see ``rewards.base``; kinds in ``rewards.registry``)."""
+    concurrency: int = Field(64, ge=1)
+    """Groups scored at once by one worker."""
+    queue_groups: int = Field(256, ge=1)
+    """Groups taken in and waiting to be scored at most; past it the worker stops reading its input."""
+    on_failure: Literal["drop", "requeue"] = "drop"
+    """A group left unscored: forward it unscored (the buffer drops it, counted) or score it again later."""
+    max_requeues: int = Field(3, ge=0)
+    """With on_failure=requeue: times a group is scored again before it is forwarded unscored."""
+    requeue_delay_s: float = Field(2.0, ge=0)
+    """With on_failure=requeue: seconds before a group is scored again."""
+    request_timeout_s: float = Field(5.0, gt=0)
+    """A hot-plugged worker's wait for the owner's reply to a request for work."""

@@ -1,0 +1,439 @@
+"""Every message that crosses a socket, as a declared type: the control plane's requests, replies and events.
+
+A message is a ``msgspec.Struct`` tagged by its ``kind``; on the wire it is the msgpack map of its
+fields plus ``kind`` and ``schema`` (``asyncrl.wire.codec`` encodes and decodes). Receiving is
+validating: a field of the wrong type, a missing required field or a value outside its declared
+bounds rejects the frame with the type's ``reject_reason`` (``bad_fields`` unless it says
+otherwise), and ``check`` adds what a type cannot say (non-finite numbers, array shapes). Fields
+with defaults are optional on the wire (older senders omit them); keys a type does not declare are
+ignored, except by *open* messages (``Event``, the weight announcements), whose other keys travel
+beside the declared ones and are kept in ``extra``.
+
+Constructing a message does not validate it (msgspec checks on decode): a sender may build any
+message, and the receiver judges it. The records inside messages (``Group``, ``Sample``) are the
+data plane's, declared in ``asyncrl.wire.schema``.
+
+| kind | type | from -> to |
+| --- | --- | --- |
+| group | GroupMessage | generator -> reward worker -> buffer |
+| want_prompts / prompts | WantPrompts / Prompts | generator <-> dispatcher |
+| want_batch / batch | WantBatch / Batch | learner <-> buffer |
+| buffer_status | BufferStatus | buffer -> dispatcher (PUB) |
+| want_groups / groups | WantGroups / Groups | hot-plugged reward worker <-> the owner |
+| want_run / run | WantRun / Run | a worker joining by address <-> the owner |
+| want_ref_logprobs / ref_logprobs | WantRefLogprobs / RefLogprobs | learner <-> reference process |
+| eval_request / eval_result | EvalRequest / EvalResult | controller -> generators -> controller |
+| weights | WeightsAnnouncement | learner -> generators (PUB) |
+| weights_ack / weights_error | WeightsAck / WeightsError | generator -> learner (shm transport) |
+| weights_begin / weights_bucket / weights_end | WeightsBegin / WeightsBucket / WeightsEnd | learner -> generators (stream) |
+| event | Event | any process -> controller |
+| control | Control | controller -> every process (PUB) |
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, ClassVar, TypedDict
+
+import msgspec
+import numpy as np
+
+from asyncrl.wire.schema import SCHEMA_VERSION, Group, validate_group
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
+"""Seconds to wait: finite and > 0 (NaN and inf fail both bounds): nothing waits forever."""
+
+
+class Message(msgspec.Struct, kw_only=True, tag_field="kind"):
+    """Base of every message; ``schema`` is the wire protocol's version, checked before anything else."""
+
+    schema: int = SCHEMA_VERSION
+    reject_reason: ClassVar[str] = "bad_fields"
+    """The reason a frame of this kind that fails validation is counted under."""
+    open: ClassVar[bool] = False
+    """Open messages keep the keys they do not declare in ``extra``."""
+
+    @property
+    def kind(self) -> str:
+        return type(self).__struct_config__.tag
+
+    def check(self) -> None:
+        """Rules beyond field types, run after decoding; raises ``WireError``. Nothing by default."""
+
+    def __getitem__(self, name: str):
+        """Read a field by name, as from the map the message travels as."""
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def get(self, name: str, default=None):
+        return getattr(self, name, default)
+
+    def keys(self) -> list[str]:
+        """Field names (less ``schema``): with ``__getitem__``, ``{**message}`` is its map."""
+        return [name for name in self.__struct_fields__ if name != "schema"]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.keys()
+
+
+class Exchange(Message, kw_only=True):
+    """A request or reply over DEALER/ROUTER: ``request_id`` pairs a reply with its request."""
+
+    request_id: int | None = None
+
+
+class OpenMessage(Message, kw_only=True):
+    """A message whose other keys travel flat beside its declared fields and land in ``extra``."""
+
+    open: ClassVar[bool] = True
+    extra: dict[str, Any] = {}
+
+    def __getitem__(self, name: str):
+        if name in self.__struct_fields__ and name != "extra":
+            return getattr(self, name)
+        return self.extra[name]
+
+    def get(self, name: str, default=None):
+        if name in self.__struct_fields__ and name != "extra":
+            return getattr(self, name)
+        return self.extra.get(name, default)
+
+    @classmethod
+    def from_map(cls, body: dict):
+        """The message of a flat map: its declared fields set, the other keys to ``extra`` (unvalidated)."""
+        declared = set(cls.__struct_fields__) - {"schema", "extra"}
+        return cls(
+            **{k: v for k, v in body.items() if k in declared},
+            extra={k: v for k, v in body.items() if k not in declared},
+        )
+
+    def keys(self) -> list[str]:
+        return list(self.as_dict())
+
+    def as_dict(self) -> dict:
+        """The flat map as it travels, less ``kind`` and ``schema``: declared fields that are set
+        (not None) and ``extra``."""
+        out = {
+            name: value
+            for name in self.__struct_fields__
+            if name not in ("schema", "extra") and (value := getattr(self, name)) is not None
+        }
+        out.update(self.extra)
+        return out
+
+    def __eq__(self, other):
+        """Equal to another message of its type with equal fields, or to the map it travels as."""
+        if isinstance(other, dict):
+            return self.as_dict() == other
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__struct_fields__)
+
+    __hash__ = None  # mutable, like the map it stands for
+
+
+def _check_groups(groups: list[Group]) -> None:
+    for g in groups:
+        validate_group(g)
+
+
+# -- the data plane -------------------------------------------------------------------------------
+
+
+class GroupMessage(Message, tag="group"):
+    """A scored or unscored group of samples: generator -> reward worker -> buffer."""
+
+    group: Group
+
+    def check(self) -> None:
+        validate_group(self.group)
+
+
+# -- generator <-> dispatcher --------------------------------------------------------------------
+
+
+class PromptRow(TypedDict):
+    """One prompt handed out: a plain map (it is kept as is in the dispatcher's checkpoint)."""
+
+    group_id: str
+    prompt_uid: str
+    text: str
+    answer: str
+    task: str
+
+
+class WantPrompts(Exchange, tag="want_prompts"):
+    """Room for up to ``max_prompts`` more prompts, to be sampled by ``policy_version``."""
+
+    generator: str
+    max_prompts: int = 1
+    """Taken as at least 1."""
+    policy_version: NonNegative | None = None
+    """The version the generator serves; None: the learner's."""
+    timeout_s: PositiveSeconds = 1.0
+    """How long the generator waits for the reply: the dispatcher answers only before then."""
+    dropped: list[str] = []
+    """Ids of groups the generator dropped (their reason is in its ledger): settled, their slots freed."""
+
+
+class Prompts(Exchange, tag="prompts"):
+    """Prompt rows to sample; empty with ``learner_version``: load newer weights and ask again."""
+
+    prompts: list[PromptRow] = []
+    learner_version: int | None = None
+
+
+# -- learner <-> buffer --------------------------------------------------------------------------
+
+
+class PriorityUpdates(msgspec.Struct):
+    """New priorities for groups of earlier batches, by buffer key (keys of groups gone are ignored)."""
+
+    group_keys: list[int] = []
+    priorities: list[float] = []
+    """One per key, finite and >= 0 (checked by the buffer: a bad update is rejected, the request served)."""
+
+
+class TrainedGroups(msgspec.Struct):
+    """The groups the learner's last step trained, passed on to the dispatcher in ``buffer_status``."""
+
+    group_ids: list[str]
+    version: int | None = None
+    """The learner version of that step; None: the request's ``policy_version``."""
+
+
+class WantBatch(Exchange, tag="want_batch"):
+    """The next batch of ``num_groups`` groups at ``policy_version``, waiting at most ``timeout_s``."""
+
+    reject_reason: ClassVar[str] = "bad_request"
+    num_groups: Annotated[int, msgspec.Meta(ge=1)] = 1
+    policy_version: NonNegative = 0
+    timeout_s: PositiveSeconds = 5.0
+    priority_updates: PriorityUpdates | None = None
+    trained: TrainedGroups | None = None
+
+
+class Batch(Exchange, tag="batch"):
+    """``groups`` (empty after a timeout) with, per group, its buffer key, P(i) and importance weight."""
+
+    groups: list[Group] = []
+    group_keys: list[int] = []
+    probabilities: list[float] = []
+    is_weights: list[float] = []
+
+    def check(self) -> None:
+        _check_groups(self.groups)
+
+
+class BufferStatus(Message, tag="buffer_status"):
+    """The learner's version and what became of groups since the last status (for admission)."""
+
+    learner_version: NonNegative
+    dropped_groups: int = 0
+    """Groups the buffer dropped since it started (or since its snapshot's count)."""
+    held_groups: int = 0
+    inserted: list[str] = []
+    dropped: list[str] = []
+    trained: list[tuple[int, list[str]]] = []
+    """[learner version, group ids] per step reported trained."""
+
+
+# -- reward workers -------------------------------------------------------------------------------
+
+
+class WantGroups(Exchange, tag="want_groups"):
+    """A hot-plugged worker asks its owner for up to ``max_groups`` groups; says what it holds."""
+
+    max_groups: int = 1
+    holding: int = 0
+    """Samples the worker holds (a heartbeat: the owner waits for busy peers before it drains)."""
+    leaving: bool = False
+    worker: str = ""
+
+
+class Groups(Exchange, tag="groups"):
+    """Unscored groups to score (possibly none)."""
+
+    groups: list[Group] = []
+
+    def check(self) -> None:
+        _check_groups(self.groups)
+
+
+class WantRun(Exchange, tag="want_run"):
+    """A worker joining by address asks what the run is."""
+
+
+class Run(Exchange, tag="run"):
+    """The run's resolved config and its socket addresses, as JSON-able maps."""
+
+    config: dict[str, Any]
+    endpoints: dict[str, Any]
+
+
+# -- learner <-> reference process ----------------------------------------------------------------
+
+
+class WantRefLogprobs(Exchange, tag="want_ref_logprobs"):
+    """Reference logprobs of a micro batch: (B, L) ids and mask, (B, L-1) positions to score."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    score_mask: np.ndarray
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+class RefLogprobs(Exchange, tag="ref_logprobs"):
+    """(B, L-1) float32: the reference's logprob of each scored next token, 0 elsewhere."""
+
+    logprobs: np.ndarray
+
+
+# -- held-out evaluation ---------------------------------------------------------------------------
+
+
+class EvalRequest(Message, tag="eval_request"):
+    """Score ``prompts`` greedily, at most ``max_new_tokens`` each (``asyncrl.tasks.heldout``)."""
+
+    round: str
+    chunk: int
+    version: int
+    """The learner version the request was asked at."""
+    prompts: list[str]
+    max_new_tokens: int
+    sent_at: float
+    """The controller's wall clock when it asked."""
+
+
+class EvalResult(Message, tag="eval_result"):
+    """The greedy ``texts`` (in prompt order) for ``round``/``chunk``, by ``generator`` serving ``version``."""
+
+    round: str
+    chunk: int
+    generator: str
+    version: int
+    texts: list[str]
+    seconds: float
+    """Seconds of decoding."""
+    queued_s: float
+    """Seconds from ``sent_at`` to the start of decoding."""
+    source: str = ""
+    role: str = ""
+    loop: str | None = None
+    """The generator loop that answered, in a process of several (``asyncrl.generators.multiplex``)."""
+
+
+# -- weights ---------------------------------------------------------------------------------------
+
+
+class WeightsAnnouncement(OpenMessage, tag="weights"):
+    """Weights of ``policy_version`` are ready: at ``path`` (file transport), in shared memory
+    (``dir``, ``buckets``) or over NCCL (``store``, ``world_size``); ``extra`` carries the
+    publisher's meta (a ``probe``, timestamps)."""
+
+    policy_version: NonNegative
+    transport: str | None = None
+    path: str | None = None
+    dir: str | None = None
+    buckets: list[dict[str, Any]] | None = None
+    ack: str | None = None
+    store: str | None = None
+    world_size: int | None = None
+
+
+class WeightsAck(Message, tag="weights_ack"):
+    """A shm subscriber applied ``policy_version``: its memory may go."""
+
+    subscriber: str
+    policy_version: int
+    error: str | None = None
+
+
+class WeightsError(Message, tag="weights_error"):
+    """A shm subscriber failed to apply ``policy_version``."""
+
+    subscriber: str
+    policy_version: int
+    error: str | None = None
+
+
+class WeightsBegin(OpenMessage, tag="weights_begin"):
+    """A streamed version begins; ``extra`` carries the publisher's meta."""
+
+    policy_version: NonNegative
+
+
+class WeightsBucket(Message, tag="weights_bucket"):
+    """The header of one streamed bucket: ``nbytes`` of raw frames follow."""
+
+    policy_version: int
+    index: int
+    nbytes: NonNegative
+    crc: int
+    tensors: list[Any]
+    hash: str = "crc32"
+
+
+class WeightsEnd(Message, tag="weights_end"):
+    """A streamed version ends after ``num_buckets`` buckets of ``bytes`` in all."""
+
+    policy_version: int
+    num_buckets: int
+    bytes: int = 0
+
+
+# -- controller ------------------------------------------------------------------------------------
+
+
+class Event(OpenMessage, tag="event"):
+    """Progress, reports and final counters of ``source`` (of ``role``): ``type`` says which, ``extra``
+    holds its figures."""
+
+    source: str | None = None
+    role: str | None = None
+    type: str | None = None
+
+
+class Control(OpenMessage, tag="control"):
+    """A command to the processes of ``roles`` (every role when None): ``stop``, ``go``, ``requeue``,
+    ``checkpoint``, ``checkpoint_committed``; ``id`` names it for its acknowledgement."""
+
+    command: str
+    roles: list[str] | None = None
+    id: str | None = None
+
+
+TYPES: dict[str, type[Message]] = {
+    cls.__struct_config__.tag: cls
+    for cls in (
+        GroupMessage,
+        WantPrompts,
+        Prompts,
+        WantBatch,
+        Batch,
+        BufferStatus,
+        WantGroups,
+        Groups,
+        WantRun,
+        Run,
+        WantRefLogprobs,
+        RefLogprobs,
+        EvalRequest,
+        EvalResult,
+        WeightsAnnouncement,
+        WeightsAck,
+        WeightsError,
+        WeightsBegin,
+        WeightsBucket,
+        WeightsEnd,
+        Event,
+        Control,
+    )
+}
+"""kind -> its type: every kind the wire knows."""
+KINDS = tuple(TYPES)
