@@ -34,7 +34,7 @@ from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import BUSY_SECONDS, GENERATED_TOKENS, POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
 from asyncrl.weights import make_subscriber
 from asyncrl.wire.messages import PromptRow
-from asyncrl.wire.schema import WireError, validate_group
+from asyncrl.wire.schema import Group, WireError, validate_group
 from asyncrl.wire.sockets import EvalRequestReceiver
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class Generator:
             self.ctx.ledger.write("dropped", ids, reason="prompt_too_long")
         return rows
 
-    def sample(self, rows: list[PromptRow]) -> list:
+    def sample(self, rows: list[PromptRow]) -> list[Group]:
         """One engine call for every row: a group of n per prompt (and ReMax's greedy baseline)."""
         cfg, engine, counts = self.cfg, self.engine, self.counts
         version = engine.version  # of the first tokens; an engine that swaps in flight labels the rest
@@ -161,7 +161,7 @@ class Generator:
             ROLLOUT_SECONDS.observe(rollout_s)
         return groups
 
-    def send(self, groups: list) -> None:
+    def send(self, groups: list[Group]) -> None:
         """Each valid group to the reward workers; an invalid one is dropped here, reason ``invalid``."""
         counts = self.counts
         for group in groups:
