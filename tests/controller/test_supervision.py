@@ -26,8 +26,8 @@ class Control:
     def __init__(self):
         self.sent = []
 
-    def send(self, kind, body):
-        self.sent.append(body)
+    def send(self, message):
+        self.sent.append(message)
 
 
 def supervisor(tmp_path, **cfg):
