@@ -46,7 +46,10 @@ PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
 
 
 class Message(msgspec.Struct, kw_only=True, tag_field="kind"):
-    """Base of every message; ``schema`` is the wire protocol's version, checked before anything else."""
+    """Base of every message; ``schema`` is the wire protocol's version, checked before anything else.
+
+    Fields are read as attributes; the read-only mapping methods (``message["field"]``, ``get``,
+    ``keys``, ``in``) read it as the map it travels as, for code and tools that take maps."""
 
     schema: int = SCHEMA_VERSION
     reject_reason: ClassVar[str] = "bad_fields"
