@@ -9,23 +9,33 @@ be k learner steps old by the time it is trained on. Three policies are in play 
   by the learner's forward pass: with one optimizer step per batch, ``logprobs.detach()``);
 - pi_theta, the policy being optimised (``logprobs``, with gradient).
 
-A step's loss is composed of three choices, each a plain dict from config name to function:
+A step's loss is composed of three choices, each a plain dict from config name to function,
+and ``compute_policy_loss`` is the one place that composes them (every function of a dict is
+called with the same keyword arguments, and takes the ones it needs):
 
 1. ``CORRECTIONS[algorithm.correction]``: which log-probabilities the PPO ratio is taken against
    (the trust-region anchor), and a detached per-token weight and keep-mask correcting for mu.
 2. ``POLICY_LOSSES[algorithm.policy_loss]``: the per-token surrogate (B, T) given that anchor.
 3. ``LOSS_AGG_MODES[algorithm.loss_agg_mode]``: how token losses become one number.
 
-``compute_policy_loss`` composes them. The decoupled objective (AReaL, Fu et al. 2025, section
-5.2; Hilton et al. 2022) clips around pi_prox and weights by pi_prox / mu; with mu equal to
-pi_prox (fresh samples, no sampler mismatch) every correction reduces to plain PPO.
+The decoupled objective (AReaL, Fu et al. 2025, section 5.2; Hilton et al. 2022, section 3)
+
+    J(theta) = E_mu[ sum_t  pi_prox / mu * min(u_t * A_t, clip(u_t, 1 - eps, 1 + eps) * A_t) ],
+    u_t = pi_theta(y_t) / pi_prox(y_t)
+
+is correction ``decoupled`` with ``ppo_clip``: it clips around pi_prox and weights by pi_prox / mu.
+With mu equal to pi_prox (fresh samples, no sampler mismatch) every correction reduces to plain
+PPO. ``decoupled_ppo_loss`` is that composition in one call with float statistics.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
+
+from asyncrl.learner.config import AlgorithmConfig
 
 _MAX_LOG_WEIGHT = 20.0  # exp(20) ~ 5e8: the log of an importance weight is clamped here before exp
 
@@ -53,8 +63,10 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
+    **_,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate (Schulman et al. 2017) with DAPO's clip-higher and dual clip.
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7: L^CLIP, negated to a loss) with DAPO's
+    clip-higher (Yu et al. 2025) and the dual clip (Ye et al. 2020).
 
         ratio    = exp(logprobs - old_logprobs)
         pg_loss1 = -A * ratio
@@ -92,6 +104,7 @@ def gspo_loss(
     mask: torch.Tensor,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
+    **_,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): a sequence-level ratio.
 
@@ -117,6 +130,7 @@ def cispo_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     clip_high: float = 0.2,
+    **_,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CISPO (MiniMax 2025, "MiniMax-M1", section 3.1): clip the IS weight, not the update.
 
@@ -136,7 +150,8 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "gspo": gspo_loss,
     "cispo": cispo_loss,
 }
-"""Per-token policy losses by ``algorithm.policy_loss``; ``compute_policy_loss`` passes each its arguments."""
+"""Per-token policy losses by ``algorithm.policy_loss``: (logprobs, anchor, A, *, mask, clip_low,
+clip_high, dual_clip) -> (pg_loss, clipped), each taking the options it uses."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +341,7 @@ def compute_policy_loss(
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    algo,
+    algo: AlgorithmConfig,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     norm_tokens: float | None = None,
@@ -373,12 +388,15 @@ def compute_policy_loss(
         low=algo.mis_low,
         high=algo.mis_high,
     )
-    if algo.policy_loss == "ppo_clip":
-        pg_loss, clipped = ppo_clip_loss(logprobs, anchor, advantages, algo.clip_low, algo.clip_high, algo.dual_clip)
-    elif algo.policy_loss == "gspo":
-        pg_loss, clipped = gspo_loss(logprobs, anchor, advantages, mask, algo.clip_low, algo.clip_high)
-    else:
-        pg_loss, clipped = POLICY_LOSSES[algo.policy_loss](logprobs, anchor, advantages, algo.clip_high)
+    pg_loss, clipped = POLICY_LOSSES[algo.policy_loss](
+        logprobs,
+        anchor,
+        advantages,
+        mask=mask,
+        clip_low=algo.clip_low,
+        clip_high=algo.clip_high,
+        dual_clip=algo.dual_clip,
+    )
     loss = LOSS_AGG_MODES[algo.loss_agg_mode](
         weight.detach() * pg_loss, keep, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens
     )
@@ -402,11 +420,11 @@ def decoupled_ppo_loss(
     clip_coef: float = 0.2,
     behaviour_weight_cap: float | None = 5.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Staleness-corrected GRPO policy loss, AReaL's decoupled PPO objective, token-mean.
+    """AReaL's decoupled PPO objective (section 5.2; see the module docstring), token-mean, with
+    float stats: the learner's default loss in one call (for tests and the benchmark).
 
-    ``compute_policy_loss`` with correction ``decoupled``, policy loss ``ppo_clip`` and
-    ``token-mean``, in one call with float stats (the learner's default; kept for tests and
-    the benchmark)::
+    It is ``compute_policy_loss`` with correction ``decoupled`` (cap ``behaviour_weight_cap``),
+    policy loss ``ppo_clip`` (symmetric ``clip_coef``) and ``token-mean``::
 
         ratio    = exp(logprobs - proximal_logprobs)            = pi_theta / pi_prox
         pg_loss  = max(-A * ratio, -A * clip(ratio, 1 - clip_coef, 1 + clip_coef))
@@ -429,28 +447,35 @@ def decoupled_ppo_loss(
         raise ValueError(f"clip_coef ({clip_coef}) must be > 0")
     if behaviour_weight_cap is not None and behaviour_weight_cap < 1:
         raise ValueError(f"behaviour_weight_cap ({behaviour_weight_cap}) must be >= 1 or None")
-    logprobs = logprobs.float()
-    proximal_logprobs = proximal_logprobs.detach().float()
-    behaviour_logprobs = behaviour_logprobs.detach().float()
-    mask = mask.to(torch.float32)
-    anchor, weight, keep = decoupled_correction(proximal_logprobs, behaviour_logprobs, mask, cap=behaviour_weight_cap)
-    pg_loss, _ = ppo_clip_loss(logprobs, anchor, advantages.detach().float(), clip_coef, clip_coef)
-    loss = token_mean(weight * pg_loss, keep)
+    loss, parts = compute_policy_loss(
+        logprobs, proximal_logprobs, behaviour_logprobs, advantages, mask, _decoupled(clip_coef, behaviour_weight_cap)
+    )
     with torch.no_grad():
-        ratio = (logprobs - anchor).exp()
-        raw = (proximal_logprobs - behaviour_logprobs).exp()
+        mask = mask.to(torch.float32)
+        log_w = proximal_logprobs.detach().float() - behaviour_logprobs.detach().float()  # log(pi_prox / mu)
+        ratio = parts["log_ratio"].exp()
+        raw = log_w.exp()  # unclamped, unmasked: masked tokens are left out below
         valid = mask > 0
         stats = {
             "clipfrac": masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask).item(),
             "ratio_mean": masked_mean(ratio, mask).item(),
             "behaviour_weight_mean": masked_mean(raw, mask).item(),
             "behaviour_weight_max": raw[valid].max().item() if bool(valid.any()) else 0.0,
-            "behaviour_capped_frac": masked_mean((weight < raw).float(), mask).item(),
-            "behaviour_approx_kl": masked_mean((raw - 1) - (proximal_logprobs - behaviour_logprobs), mask).item(),
+            "behaviour_capped_frac": masked_mean((parts["weight"] < raw).float(), mask).item(),
+            "behaviour_approx_kl": masked_mean((raw - 1) - log_w, mask).item(),
             "num_tokens": float(mask.sum().item()),
         }
     return loss, stats
 
 
-LOSSES = {"decoupled_ppo": decoupled_ppo_loss}
-"""The one-call decoupled loss by its old config name (``learner.trainer.loss`` before ``algorithm``)."""
+@functools.cache
+def _decoupled(clip_coef: float, cap: float | None) -> AlgorithmConfig:
+    """The ``AlgorithmConfig`` of ``decoupled_ppo_loss`` (built once per setting)."""
+    return AlgorithmConfig(
+        correction="decoupled",
+        policy_loss="ppo_clip",
+        loss_agg_mode="token-mean",
+        clip_low=clip_coef,
+        clip_high=clip_coef,
+        is_cap=cap,
+    )

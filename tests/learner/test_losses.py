@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.learner.losses import LOSSES, decoupled_ppo_loss
+from asyncrl.learner.losses import decoupled_ppo_loss
 
 ln = math.log
 
@@ -93,7 +93,3 @@ def test_rejects_bad_shapes_and_settings():
         decoupled_ppo_loss(lp, lp, lp, lp, row(1, 1), clip_coef=0.0)
     with pytest.raises(ValueError, match=r"behaviour_weight_cap \(0.5\) must be >= 1"):
         decoupled_ppo_loss(lp, lp, lp, lp, row(1, 1), behaviour_weight_cap=0.5)
-
-
-def test_registry():
-    assert LOSSES["decoupled_ppo"] is decoupled_ppo_loss
