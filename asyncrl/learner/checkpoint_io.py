@@ -3,8 +3,9 @@
 A checkpoint (``asyncrl.rundir.checkpoints``) is written in parts, one per role, into a staging
 directory; the learner's part is ``learner/`` in it:
 
-- the trainer's own state (``trainer.save_state``: DeepSpeed's checkpoint of the policy and the
-  critic, the version, the optimizer updates taken, the KL coefficient, the RNG states);
+- the trainer's own state (``trainer.save_state``; for the ``PolicyTrainer``,
+  ``save_policy_state``: DeepSpeed's checkpoint of the policy and the critic, the version, the
+  optimizer updates taken, the KL coefficient, the RNG states);
 - ``trained_ids.bin``: every group trained in the run's history, so a group dispatched again
   after a failure is not trained twice across a resume;
 - ``learner_state.json``: the version and the ``Counters``, so a resumed run's totals continue.
@@ -13,10 +14,13 @@ directory; the learner's part is ``learner/`` in it:
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from asyncrl.learner.totals import Counters
 from asyncrl.rundir.checkpoints import staging_dir
@@ -24,6 +28,7 @@ from asyncrl.rundir.ledger import GroupIdSet
 
 if TYPE_CHECKING:
     from asyncrl.learner.context import LearnerContext
+    from asyncrl.learner.trainer import PolicyTrainer
 
 
 def save_learner_part(trainer, counters: Counters, trained_ids: GroupIdSet, out: Path) -> None:
@@ -70,3 +75,55 @@ def checkpoint_if_due(ctx: LearnerContext, trainer, counters: Counters, trained_
     start = time.monotonic()
     save_learner_part(trainer, counters, trained_ids, staging_dir(ctx.run_dir, trainer.version) / "learner")
     ctx.emit("checkpoint_part", part="learner", version=trainer.version, seconds=time.monotonic() - start)
+
+
+def save_policy_state(trainer: PolicyTrainer, out_dir: str | Path) -> None:
+    """Everything a resume needs to continue bit for bit: DeepSpeed's checkpoint of the policy
+    (weights, optimizer moments, ZeRO partitions) and the critic's, the version, the optimizer
+    updates taken (the learning-rate schedule's position), the KL controller's beta and the
+    RNG states. Collective: every rank calls it."""
+    import torch
+
+    out = Path(out_dir)
+    state = {"version": trainer.version, "updates": trainer.updates, "kl_coef": trainer.kl_controller.value}
+    trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state)
+    if trainer.critic is not None:
+        trainer.critic.engine.save_checkpoint(str(out), tag="critic")
+    if torch.distributed.get_rank() == 0:
+        torch.save(_rng_state(), out / "rng.pt")
+
+
+def load_policy_state(trainer: PolicyTrainer, in_dir: str | Path) -> None:
+    """Restore what ``save_policy_state`` wrote (the same config, the same number of ranks)."""
+    import torch
+
+    from asyncrl.learner.deepspeed_setup import set_scheduled_lr
+
+    src = Path(in_dir)
+    if not (src / "policy").is_dir():
+        raise FileNotFoundError(f"{src} holds no policy checkpoint (no {src / 'policy'} directory)")
+    _, state = trainer.engine.load_checkpoint(str(src), tag="policy")
+    if state is None:
+        raise FileNotFoundError(f"no DeepSpeed checkpoint 'policy' in {src}")
+    trainer.version = int(state["version"])
+    trainer.updates = int(state.get("updates", trainer.version))  # older checkpoints: one update per step
+    set_scheduled_lr(trainer.engine, trainer.cfg, trainer.updates)
+    trainer.kl_controller.value = float(state["kl_coef"])
+    if trainer.critic is not None:
+        trainer.critic.engine.load_checkpoint(str(src), tag="critic")
+    if (src / "rng.pt").exists():
+        _set_rng_state(torch.load(src / "rng.pt", weights_only=False))
+
+
+def _rng_state() -> dict:
+    import torch
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])

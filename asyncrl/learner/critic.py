@@ -9,19 +9,27 @@ gradient, computes the targets from its own (detached) values (``gae_advantages`
 value loss, and takes one optimizer step for the batch; it returns the per-token advantages for
 the policy's update.
 
+``critic_advantages`` is the policy step's side of it: the token rewards (with the KL penalty
+when ``kl.use_in`` is reward), V-trace's log(pi_prox / mu), one critic step, then the
+advantages written into the batch, optionally whitened, scaled by each group's importance weight.
+
 Alignment as in ``batch.py``: ``values[:, t]`` is V of the state at position t, the state in
 which ``input_ids[:, t + 1]`` is chosen, so values line up with ``response_mask``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from asyncrl.learner.advantages import gae_advantages, vtrace_targets
 from asyncrl.learner.batch import TrainBatch
-from asyncrl.learner.config import CriticConfig, TrainerConfig
+from asyncrl.learner.config import AlgorithmConfig, CriticConfig, TrainerConfig
+from asyncrl.learner.deepspeed_setup import deepspeed_engine, init_single_process_distributed
+from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.losses import value_loss
 
 
@@ -59,8 +67,6 @@ class CriticTrainer:
     """The value model's DeepSpeed engine; one optimizer step per batch, like the policy."""
 
     def __init__(self, model_dir: str | Path, cfg: CriticConfig, trainer_cfg: TrainerConfig):
-        from asyncrl.learner.trainer import deepspeed_engine, init_single_process_distributed
-
         if not torch.distributed.is_initialized():
             init_single_process_distributed()
         self.cfg = cfg
@@ -110,3 +116,57 @@ class CriticTrainer:
             stats["return_mean"] += (returns * mask).sum().item() / total_tokens
         self.engine.step()
         return advantages, stats
+
+
+def critic_advantages(
+    critic: CriticTrainer,
+    algo: AlgorithmConfig,
+    batch: TrainBatch,
+    bounds: list[tuple[int, int]],
+    rewards: np.ndarray,
+    ref_logprobs: list[torch.Tensor | None],
+    weights,
+    beta: float,
+    policy_logprobs: Callable[[TrainBatch], torch.Tensor],
+) -> dict:
+    """Per-token advantages from the critic (one critic step), written into ``batch.advantages``.
+
+    ``bounds``: the batch's micro batches (row ranges); ``rewards``: (B,) one shaped reward per
+    sequence; ``ref_logprobs``: the reference's logprobs per micro batch (None without one);
+    ``weights``: one importance weight per group, or None; ``policy_logprobs(micro)``: the
+    policy's (b, l-1) logprobs of a micro batch on the CPU, without gradient.
+
+    Token rewards: the outcome reward on the last response token, minus beta * KL(mu, ref) on
+    every token when ``kl.use_in`` is reward. V-trace targets use log(pi_prox / mu) from a
+    no-grad forward pass of the policy. Then optional whitening over the batch's response
+    tokens, and each group's importance weight. Returns the critic's stats.
+    """
+    micros = [batch.slice(lo, hi) for lo, hi in bounds]
+    token_rewards_list, log_rhos = [], []
+    for (lo, hi), micro, ref in zip(bounds, micros, ref_logprobs):
+        r = token_rewards(micro, torch.from_numpy(rewards[lo:hi]))  # (b, l-1)
+        if ref is not None and algo.kl.use_in == "reward":
+            r = r - beta * KL_ESTIMATORS[algo.kl.estimator](micro.behaviour_logprobs, ref.cpu()) * micro.response_mask
+        token_rewards_list.append(r)
+        if algo.critic.targets == "vtrace":
+            with torch.no_grad():
+                lp = policy_logprobs(micro)
+            log_rhos.append((lp - micro.behaviour_logprobs) * micro.response_mask)
+        else:
+            log_rhos.append(None)
+    total_tokens = max(batch.num_tokens, 1)
+    advantages, stats = critic.advantages_and_step(micros, token_rewards_list, log_rhos, total_tokens)
+    batch.advantages.zero_()
+    for (lo, hi), adv in zip(bounds, advantages):
+        batch.advantages[lo:hi, : adv.shape[1]] = adv.cpu()
+    mask = batch.response_mask
+    if algo.critic.whiten_advantages:
+        mean = (batch.advantages * mask).sum() / mask.sum().clamp(min=1)
+        var = (((batch.advantages - mean) * mask).square()).sum() / mask.sum().clamp(min=1)
+        batch.advantages.copy_((batch.advantages - mean) / (var.sqrt() + 1e-6) * mask)
+    if weights is not None:
+        w = torch.as_tensor(np.asarray(weights, dtype=np.float32).reshape(-1))
+        if w.numel() != int(batch.group_index.max()) + 1 or not bool(torch.isfinite(w).all() and (w >= 0).all()):
+            raise ValueError(f"weights ({w.tolist()}) must be finite, >= 0 and one per group")
+        batch.advantages.mul_(w[batch.group_index][:, None])
+    return stats

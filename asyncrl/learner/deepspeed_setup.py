@@ -1,0 +1,112 @@
+"""The learner's DeepSpeed set-up: the process group, the engine, its optimizer and learning rate.
+
+One optimizer update per mini-batch, whatever its size: the DeepSpeed config has
+``gradient_accumulation_steps = 1`` and ``train_micro_batch_size_per_gpu = micro_batch_size``,
+and the caller owns the accumulation boundary: before each micro batch's backward it calls
+``engine.set_gradient_accumulation_boundary(is_last_micro_batch)``, calls
+``engine.backward(loss, scale_wrt_gas=False)``, and ``optimizer_update`` once at the end. The
+boundary flag tells ZeRO-1/2 when to move the summed gradients into the optimizer's partitions
+(and a multi-rank ZeRO-0 when to all-reduce); marking every micro batch a boundary makes stages
+1 and 2 drift from a full-batch step, which ``tests/learner/test_trainer.py`` catches.
+
+The learning rate is set by hand before each update from the schedule
+(``asyncrl.learner.lr_schedule``) at the number of updates taken, rather than by a DeepSpeed
+scheduler, so that a resume continues the schedule from the checkpoint's update count.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from asyncrl.learner.config import TrainerConfig
+from asyncrl.learner.lr_schedule import lr_factor
+from asyncrl.wire.endpoints import free_ports
+
+
+def init_single_process_distributed(backend: str | None = None) -> None:
+    """Initialise DeepSpeed's process group for a process that is not launched by a launcher.
+
+    Sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT where unset (a free port), skips the
+    CPU shared-memory all-reduce kernel (compiled on first use, 45-120 s, and useless with one
+    process), then ``deepspeed.init_distributed``. Idempotent: a second call does nothing.
+    ``backend`` defaults to nccl when CUDA is available, else gloo.
+    """
+    import deepspeed
+    import deepspeed.comm.torch  # noqa: F401  (the module whose build_shm_op is replaced)
+
+    if torch.distributed.is_initialized() and deepspeed.comm.is_initialized():
+        return
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_ports(1)[0])
+    if os.environ["WORLD_SIZE"] == "1":
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not torch.distributed.is_initialized():
+        # A world destroyed by another library in this process (vLLM's in-process engine does
+        # when it closes) leaves DeepSpeed's clone of it cached; the new world needs its own.
+        import deepspeed.utils.groups
+
+        deepspeed.utils.groups._WORLD_GROUP = None
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+def deepspeed_config(cfg: TrainerConfig) -> dict:
+    """The DeepSpeed config of the run's ZeRO stage, precision and clipping: one micro batch per
+    "DeepSpeed step" (the caller owns the accumulation boundary)."""
+    zero_buckets = {}
+    if cfg.zero_bucket_elements is not None:
+        zero_buckets = {
+            "reduce_bucket_size": cfg.zero_bucket_elements,
+            "allgather_bucket_size": cfg.zero_bucket_elements,
+        }
+    return {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage, **zero_buckets},
+        "bf16": {"enabled": cfg.dtype == "bf16"},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig):
+    """A DeepSpeed engine around ``model`` and ``optimizer`` with ``deepspeed_config(cfg)`` (policy
+    and critic alike)."""
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
+    return engine
+
+
+def set_scheduled_lr(engine, cfg: TrainerConfig, updates: int) -> float:
+    """Set the optimizer's learning rate to the schedule's at update ``updates``; return it."""
+    lr = cfg.lr * lr_factor(updates, cfg.lr_schedule, cfg.lr_warmup_steps, cfg.lr_decay_steps or 1, cfg.min_lr_ratio)
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def optimizer_update(engine, cfg: TrainerConfig, updates: int) -> tuple[float, float]:
+    """Optimizer update number ``updates`` on the accumulated gradients (clipped by DeepSpeed);
+    returns its learning rate and the gradient norm before clipping, and sets the next update's
+    rate (the caller counts the update)."""
+    lr = set_scheduled_lr(engine, cfg, updates)
+    own_grad_norm = None
+    if cfg.zero_stage == 0 and cfg.dtype == "fp32":
+        # DeepSpeed clips fp32 ZeRO-0 gradients without recording the norm; measure it here.
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        if grads:
+            own_grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+    engine.step()
+    set_scheduled_lr(engine, cfg, updates + 1)
+    grad_norm = own_grad_norm if own_grad_norm is not None else engine.get_global_grad_norm()
+    if isinstance(grad_norm, torch.Tensor):
+        grad_norm = grad_norm.item()
+    return lr, float(grad_norm) if grad_norm is not None else float("nan")

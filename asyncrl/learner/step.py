@@ -1,0 +1,305 @@
+"""One learner step as a short sequence of named stages (``train_step``).
+
+1. ``collate_step``: the groups' shaped rewards and the padded batch; under truncation mode
+   ``mask`` the truncated rows' tokens are out of the loss.
+2. ``reference_logprobs``: log pi_ref of every response token, when there is a KL reference.
+3. ``write_advantages``: the advantages into the batch (per sequence from the groups; per
+   token from the critic for ``gae``), less the KL penalty when it is in the reward.
+4. ``proximal_logprobs``: pi_prox, the policy before the step's first update, computed once by a
+   no-grad forward pass when the step takes several updates; with one update that update's own
+   forward pass gives it (``logprobs.detach()``) and the step is exactly the single-update form.
+5. ``update``, ``ppo_epochs`` times over the ``mini_batch_bounds``: per micro batch the forward
+   pass (``trainer.score``), the loss (``micro_loss``: the corrected policy loss, the entropy
+   bonus, the KL term) and its backward; then one optimizer update.
+6. ``step_stats``: the step's figures (``asyncrl.learner.step_stats``); ``version += 1``.
+
+Mini-batches are runs of whole groups in batch order, the same each epoch, as verl cuts them
+(OpenRLHF reshuffles each epoch); a group is never split, so group statistics stay within one
+update. Each micro batch's loss is its token-sum divided by the token count of the *whole*
+mini-batch (and its sequences), so the accumulated gradient is exactly that of the mini-batch's
+loss, independent of how it is cut into micro batches; with one mini-batch, that of the batch.
+Only the last micro batch of an update is an accumulation boundary
+(``asyncrl.learner.deepspeed_setup``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from asyncrl.learner.batch import TrainBatch, collate
+from asyncrl.learner.config import AlgorithmConfig
+from asyncrl.learner.critic import critic_advantages
+from asyncrl.learner.group_advantages import shaped_rewards, weighted_advantages
+from asyncrl.learner.kl import KL_ESTIMATORS
+from asyncrl.learner.logprobs import TokenScores
+from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
+from asyncrl.learner.packing import MicroBatchPlan, plan_micro_batches
+from asyncrl.learner.step_stats import add_micro_figures, step_stats
+from asyncrl.learner.truncation import is_truncated
+from asyncrl.wire.schema import Group
+
+if TYPE_CHECKING:
+    from asyncrl.learner.trainer import PolicyTrainer
+
+
+@dataclass
+class StepInputs:
+    """What every update of a step shares; none of it changes within the step."""
+
+    batch: TrainBatch
+    """The padded batch, its advantages written (on the CPU)."""
+    in_loss: torch.Tensor
+    """(B,) bool: rows whose tokens are in the loss (not truncated rows under truncation mode mask)."""
+    proximal: torch.Tensor | None
+    """(B, L-1) log pi_prox, when the step takes several updates; None: each update's own."""
+    ref: torch.Tensor | None
+    """(B, L-1) log pi_ref, or None without a KL reference."""
+    beta: float
+    """The KL coefficient for this step."""
+    norm_tokens: int
+    """seq-mean-token-sum-norm's constant."""
+    version_before: int
+    """The learner's version before the step (pi_prox's)."""
+
+
+def train_step(trainer: PolicyTrainer, groups: list[Group], weights=None) -> dict:
+    """One learner step of ``trainer`` on ``groups`` (see ``PolicyTrainer.train_step``)."""
+    start = time.perf_counter()
+    algo = trainer.algo
+    version_before = trainer.version
+    beta = trainer.kl_controller.value
+    batch, shaped, truncated = collate_step(algo, groups, trainer.pad_id)
+    in_loss = ~truncated if algo.truncation.mode == "mask" else torch.ones_like(truncated)  # (B,)
+    ref = reference_logprobs(trainer, batch)  # (B, L-1) or None
+    critic_stats = write_advantages(trainer, batch, groups, shaped, ref, weights, beta)
+    minis = mini_batch_bounds(groups, trainer.mini_batches)
+    proximal = proximal_logprobs(trainer, batch) if len(minis) * trainer.ppo_epochs > 1 else None
+    norm_tokens = algo.loss_norm_tokens or int(batch.response_mask.sum(dim=1).max().item())
+    step = StepInputs(batch, in_loss, proximal, ref, beta, norm_tokens, version_before)
+
+    epochs = []
+    for _ in range(trainer.ppo_epochs):
+        sums: Counter = Counter()
+        for lo, hi in minis:
+            update(trainer, step, lo, hi, sums)
+        epochs.append(sums)
+    trainer.version += 1
+    stats = step_stats(
+        batch,
+        groups,
+        epochs,
+        shaped,
+        truncated,
+        in_loss,
+        critic_stats,
+        version_before=version_before,
+        version=trainer.version,
+        updates=trainer.updates,
+        grad_clip=trainer.cfg.grad_clip,
+        penalise=algo.truncation.mode == "penalise",
+        with_reference=trainer.reference is not None,
+    )
+    if trainer.reference is not None:
+        stats["kl_coef"] = beta
+        trainer.kl_controller.update(stats["ref_kl"], n_samples=len(batch))
+    stats["seconds"] = time.perf_counter() - start
+    return stats
+
+
+def collate_step(
+    algo: AlgorithmConfig, groups: list[Group], pad_id: int
+) -> tuple[TrainBatch, list[np.ndarray], torch.Tensor]:
+    """The step's padded batch (advantages still 0), its shaped rewards (one row per group) and
+    which rows were truncated, (B,) bool; under truncation mode ``mask`` those rows' tokens
+    are out of the loss (and still in their group's baseline)."""
+    shaped = shaped_rewards(algo, groups)
+    batch = collate(groups, [np.zeros(len(g.samples), dtype=np.float32) for g in groups], pad_id)
+    truncated = torch.from_numpy(np.concatenate([is_truncated(g) for g in groups]))  # (B,) in collate's order
+    if algo.truncation.mode == "mask":
+        batch.response_mask[truncated] = 0.0
+    return batch, shaped, truncated
+
+
+def mini_batch_bounds(groups: list[Group], mini_batches: int) -> list[tuple[int, int]]:
+    """Row ranges of the step's mini-batches: ``mini_batches`` runs of whole groups, in batch
+    order, as equal in groups as they can be (fewer when the batch has fewer groups)."""
+    offsets = np.cumsum([0] + [len(g.samples) for g in groups])
+    parts = np.array_split(np.arange(len(groups)), min(mini_batches, len(groups)))
+    return [(int(offsets[p[0]]), int(offsets[p[-1] + 1])) for p in parts]
+
+
+def micro_plans(trainer: PolicyTrainer, batch: TrainBatch, lo: int, hi: int) -> list[MicroBatchPlan]:
+    """Rows ``lo:hi`` cut into micro batches (``micro_batch_size`` sequences, or packed to
+    ``micro_batch_tokens``: ``asyncrl.learner.packing``), their ``lo``/``hi`` rows of ``batch``."""
+    cfg = trainer.cfg
+    lengths = batch.attention_mask[lo:hi].sum(dim=1).tolist()
+    plans = plan_micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, trainer.row_tokens)
+    for plan in plans:
+        plan.lo, plan.hi = plan.lo + lo, plan.hi + lo
+    return plans
+
+
+def micro_bounds(micro_batch_size: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Rows ``lo:hi`` cut into micro batches of ``micro_batch_size`` sequences (no packing:
+    the reference and the critic run on padded rows)."""
+    return [(a, min(a + micro_batch_size, hi)) for a in range(lo, hi, micro_batch_size)]
+
+
+def reference_logprobs(trainer: PolicyTrainer, batch: TrainBatch) -> torch.Tensor | None:
+    """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by
+    micro batches; None without a reference."""
+    if trainer.reference is None:
+        return None
+    out = torch.zeros_like(batch.behaviour_logprobs)
+    with torch.no_grad():
+        for lo, hi in micro_bounds(trainer.cfg.micro_batch_size, 0, len(batch)):
+            micro = batch.slice(lo, hi).to(trainer.device)
+            ref = trainer.reference.logprobs(  # (b, l-1)
+                micro.input_ids, micro.attention_mask, micro.response_mask, trainer.distribution
+            )
+            out[lo:hi, : ref.shape[1]] = ref.cpu()
+    return out
+
+
+def write_advantages(trainer: PolicyTrainer, batch: TrainBatch, groups, shaped, ref, weights, beta) -> dict:
+    """Each sequence's advantage into ``batch.advantages`` (per token for gae): from the shaped
+    rewards, less beta * KL(mu, ref) summed over the sequence when ``kl.use_in`` is reward,
+    scaled by the groups' importance weights. Returns the critic's stats (gae), else {}."""
+    algo = trainer.algo
+    rewards = shaped
+    if ref is not None and algo.kl.use_in == "reward" and algo.adv_estimator != "gae":  # gae: per token
+        kl = KL_ESTIMATORS[algo.kl.estimator](batch.behaviour_logprobs, ref)  # (B, L-1)
+        seq_kl = (kl * batch.response_mask).sum(dim=1).numpy()  # (B,)
+        offsets = np.cumsum([0] + [len(g.samples) for g in groups])
+        rewards = [r - beta * seq_kl[offsets[i] : offsets[i + 1]] for i, r in enumerate(rewards)]
+    if algo.adv_estimator == "gae":
+        bounds = micro_bounds(trainer.cfg.micro_batch_size, 0, len(batch))
+        micro_refs = [
+            None if ref is None else ref[lo:hi, : batch.slice(lo, hi).response_mask.shape[1]] for lo, hi in bounds
+        ]
+        return critic_advantages(
+            trainer.critic,
+            algo,
+            batch,
+            bounds,
+            np.concatenate(rewards),
+            micro_refs,
+            weights,
+            beta,
+            policy_logprobs=lambda micro: trainer.score(micro.to(trainer.device), entropy=False).logprobs.cpu(),
+        )
+    rows = weighted_advantages(algo, groups, weights, rewards)
+    batch.advantages[:] = torch.from_numpy(np.concatenate(rows).astype(np.float32))[:, None]
+    return {}
+
+
+def proximal_logprobs(trainer: PolicyTrainer, batch: TrainBatch) -> torch.Tensor:
+    """log pi_prox, (B, L-1) on the CPU: the current policy's logprobs of every response token
+    by a no-grad forward pass in micro batches (the same forward the updates run), before any
+    update of the step.
+
+    Every update of the step takes its ratio and clip against these (the decoupled
+    objective's proximal policy; plain PPO's old policy), as PPO does over epochs. With
+    ``algorithm.proximal: log_linear`` they are the same: its interpolation between mu and
+    pi_theta at the proximal version gives pi_theta itself, and the step's updates make no
+    published version to interpolate towards.
+    """
+    out = torch.zeros_like(batch.behaviour_logprobs)
+    trainer.engine.train()  # the mode of the updates' forward passes (dropout, if any)
+    with torch.no_grad():
+        for plan in micro_plans(trainer, batch, 0, len(batch)):
+            micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
+            logprobs = trainer.score(micro, entropy=False, plan=plan).logprobs  # (b, l-1)
+            out[plan.lo : plan.hi, : logprobs.shape[1]] = logprobs.cpu()
+    return out
+
+
+def update(trainer: PolicyTrainer, step: StepInputs, lo: int, hi: int, sums: Counter) -> None:
+    """One optimizer update on the mini-batch of rows ``lo:hi``: forward/backward by micro
+    batches, gradients accumulated, then the step; its figures are added to ``sums``."""
+    batch = step.batch
+    total_tokens = max(int(batch.response_mask[lo:hi].sum().item()), 1)
+    num_seqs = int(step.in_loss[lo:hi].sum())
+    plans = micro_plans(trainer, batch, lo, hi)
+    trainer.engine.train()
+    update_loss = 0.0
+    for index, plan in enumerate(plans):
+        micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
+        # Only the last micro batch is an accumulation boundary: ZeRO-1/2 hand the summed
+        # gradients to the optimizer partitions there, not after every micro batch.
+        trainer.engine.set_gradient_accumulation_boundary(index == len(plans) - 1)
+        scores = trainer.score(micro, entropy=True, plan=plan)
+        loss, policy_loss, parts, entropy_sum, kl_sum = micro_loss(
+            trainer.algo, step, plan, micro, scores, total_tokens, num_seqs
+        )
+        if kl_sum is not None:
+            sums["ref_kl_sum"] += float(kl_sum.detach())
+        trainer.engine.backward(loss, scale_wrt_gas=False)
+        update_loss += add_micro_figures(
+            sums, micro, plan, scores, parts, loss, policy_loss, entropy_sum, step.version_before
+        )
+    lr, grad_norm = trainer.optimizer_update()
+    sums["lr"] = lr
+    sums.setdefault("grad_norms", []).append(grad_norm)
+    sums.setdefault("update_losses", []).append(update_loss)
+
+
+def micro_loss(
+    algo: AlgorithmConfig,
+    step: StepInputs,
+    plan: MicroBatchPlan,
+    micro: TrainBatch,
+    scores: TokenScores,
+    total_tokens: int,
+    num_seqs: int,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None]:
+    """One micro batch's share of its mini-batch's loss, normalised by the mini-batch's
+    ``total_tokens`` and ``num_seqs``:
+
+        loss = policy loss (``compute_policy_loss``) - entropy_coef * sum_t H_t / N
+               + beta * sum_t KL_t(pi_theta, pi_ref) / N       (when ``kl.use_in`` is loss)
+
+    Returns ``(loss, policy_loss, parts, entropy_sum, kl_sum)``: ``parts`` the policy loss's
+    per-token parts, ``kl_sum`` None without a reference.
+    """
+    a, b = plan.lo, plan.hi
+    mask = micro.response_mask  # (b, l-1)
+    width = mask.shape[1]
+    logprobs = scores.logprobs  # (b, l-1)
+    if step.proximal is not None:
+        prox = step.proximal[a:b, :width].to(logprobs.device)
+    elif algo.proximal == "log_linear":
+        prox = log_linear_proximal_logprobs(
+            micro.behaviour_logprobs, logprobs, micro.policy_version, step.version_before, step.version_before
+        )
+    else:  # the step's only update: the current policy is the proximal one (ratio == 1)
+        prox = logprobs.detach()
+    policy_loss, parts = compute_policy_loss(
+        logprobs,
+        prox,
+        micro.behaviour_logprobs,
+        micro.advantages,
+        mask,
+        algo,
+        num_tokens=total_tokens,
+        num_seqs=num_seqs,
+        norm_tokens=step.norm_tokens,
+    )
+    loss = policy_loss
+    entropy = scores.entropy if algo.entropy_coef > 0 else scores.entropy.detach()  # (b, l-1)
+    entropy_sum = (entropy * mask).sum()
+    if algo.entropy_coef > 0:
+        loss = loss - algo.entropy_coef * entropy_sum / total_tokens
+    kl_sum = None
+    if step.ref is not None:
+        kl = KL_ESTIMATORS[algo.kl.estimator](logprobs, step.ref[a:b, :width].to(logprobs.device))  # (b, l-1)
+        kl_sum = (kl * mask).sum()
+        if algo.kl.use_in == "loss":
+            loss = loss + step.beta * kl_sum / total_tokens
+    return loss, policy_loss, parts, entropy_sum, kl_sum

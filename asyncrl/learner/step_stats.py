@@ -1,0 +1,150 @@
+"""The figures of one learner step: summed per micro batch, then turned into the step's stats.
+
+``add_micro_figures`` adds one micro batch's sums (losses, tokens, kept and clipped tokens,
+importance weights, KL estimates, entropy, padding) to its epoch's ``Counter``; ``step_stats``
+turns the epochs' sums into the stats ``PolicyTrainer.train_step`` returns (its docstring lists
+them). pi_prox and mu do not change within a step, so the importance-weight figures are those of
+one pass (the first epoch); the others are over every update.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import torch
+
+from asyncrl.learner.batch import TrainBatch
+from asyncrl.learner.logprobs import TokenScores
+from asyncrl.learner.packing import MicroBatchPlan
+from asyncrl.wire.schema import Group
+
+
+@torch.no_grad()
+def add_micro_figures(
+    sums: Counter,
+    micro: TrainBatch,
+    plan: MicroBatchPlan,
+    scores: TokenScores,
+    parts: dict[str, torch.Tensor],
+    loss: torch.Tensor,
+    policy_loss: torch.Tensor,
+    entropy_sum: torch.Tensor,
+    version_before: int,
+) -> float:
+    """Add one micro batch's figures to ``sums``; return its total loss as a float.
+
+    ``parts``: ``compute_policy_loss``'s per-token parts; ``entropy_sum``: the micro batch's
+    entropy summed over its response tokens; ``version_before``: the learner's version before the
+    step (staleness 0 marks the sampler/learner mismatch tokens).
+    """
+    mask = micro.response_mask  # (b, l-1)
+    sums["policy_loss"] += float(policy_loss.detach())
+    sums["tokens"] += float(mask.sum())
+    sums["slots_used"] += plan.tokens
+    sums["slots"] += plan.capacity
+    sums["entropy_sum"] += float(entropy_sum.detach())
+    sums["outside"] += float((scores.outside * mask).sum())
+    keep, w, raw = parts["keep"], parts["weight"], parts["weight_raw"]
+    sums["kept"] += float(keep.sum())
+    sums["clipped"] += float((parts["clipped"] * keep).sum())
+    log_ratio = parts["log_ratio"]  # log pi_theta - log anchor
+    sums["approx_kl_sum"] += float((((log_ratio.exp() - 1) - log_ratio) * keep).sum())
+    sums["w_sum"] += float((w * mask).sum())
+    sums["w_sq_sum"] += float((w.square() * mask).sum())
+    sums["raw_sum"] += float((raw * mask).sum())
+    k3 = (raw - 1) - raw.log()  # (b, l-1) per-token k3 of KL(mu || pi_prox)
+    sums["behaviour_kl_sum"] += float((k3 * mask).sum())
+    fresh = mask * (version_before - micro.policy_version == 0).to(mask.dtype)[:, None]
+    sums["fresh_tokens"] += float(fresh.sum())
+    sums["mismatch_kl_sum"] += float((k3 * fresh).sum())
+    if bool((mask > 0).any()):
+        sums["is_weight_max"] = max(sums["is_weight_max"], float(raw[mask > 0].max()))
+    return float(loss.detach())
+
+
+def step_stats(
+    batch: TrainBatch,
+    groups: list[Group],
+    epochs: list[Counter],
+    shaped: list[np.ndarray],
+    truncated: torch.Tensor,
+    in_loss: torch.Tensor,
+    critic_stats: dict,
+    *,
+    version_before: int,
+    version: int,
+    updates: int,
+    grad_clip: float,
+    penalise: bool,
+    with_reference: bool,
+) -> dict:
+    """The step's stats (see ``PolicyTrainer.train_step``) from each epoch's sums.
+
+    ``shaped``: the shaped rewards (the overlong penalty is their mean excess over the task's
+    reward, when ``penalise``); ``truncated``, ``in_loss``: (B,) bool; ``critic_stats``: the
+    critic's figures (gae), else {}; ``version``/``updates``: after the step; ``with_reference``:
+    whether a KL reference was used (then ``ref_kl``)."""
+    first = epochs[0]
+    tokens = sum(e["tokens"] for e in epochs)
+    kept = sum(e["kept"] for e in epochs)
+    total_tokens = max(batch.num_tokens, 1)
+    losses = [loss for e in epochs for loss in e["update_losses"]]
+    policy_losses = sum(e["policy_loss"] for e in epochs)
+    staleness = (version_before - batch.policy_version).tolist()
+    stats = {
+        "version": version,
+        "updates": updates,
+        "loss": float(np.mean(losses)),
+        "policy_loss": policy_losses / len(losses),
+        "lr": epochs[-1]["lr"],
+        **clip_stats([n for e in epochs for n in e["grad_norms"]], grad_clip),
+        "clipfrac": sum(e["clipped"] for e in epochs) / max(kept, 1.0),
+        "approx_kl": sum(e["approx_kl_sum"] for e in epochs) / max(kept, 1.0),
+        "is_weight_mean": first["raw_sum"] / total_tokens,
+        "is_weight_max": first["is_weight_max"],
+        "is_weight_ess": first["w_sum"] ** 2 / max(total_tokens * first["w_sq_sum"], 1e-12),
+        "masked_frac": 1.0 - first["kept"] / total_tokens if batch.num_tokens else 0.0,
+        "behaviour_kl": first["behaviour_kl_sum"] / total_tokens,
+        "mismatch_kl": first["mismatch_kl_sum"] / first["fresh_tokens"] if first["fresh_tokens"] else float("nan"),
+        "entropy": sum(e["entropy_sum"] for e in epochs) / max(tokens, 1.0),
+        "outside_truncation_frac": sum(e["outside"] for e in epochs) / max(tokens, 1.0),
+        "padding_frac": 1.0 - sum(e["slots_used"] for e in epochs) / max(sum(e["slots"] for e in epochs), 1.0),
+        "staleness": staleness,
+        "staleness_mean": float(np.mean(staleness)),
+        "staleness_max": int(max(staleness)),
+        "reward_mean": float(np.mean([s.reward for g in groups for s in g.samples])),
+        "truncated_frac": float(truncated.float().mean()),
+        "sequences": int(in_loss.sum()),
+        "tokens": batch.num_tokens,
+        **critic_stats,
+    }
+    if len(losses) > 1:
+        stats["loss_by_update"] = losses
+        stats["grad_norm_by_update"] = [n for e in epochs for n in e["grad_norms"]]
+    if len(epochs) > 1:
+        stats["clipfrac_by_epoch"] = [e["clipped"] / max(e["kept"], 1.0) for e in epochs]
+        stats["approx_kl_by_epoch"] = [e["approx_kl_sum"] / max(e["kept"], 1.0) for e in epochs]
+    if penalise:
+        task = np.concatenate([[s.reward for s in g.samples] for g in groups])
+        stats["overlong_penalty"] = float(np.mean(np.concatenate(shaped) - task))
+    if with_reference:
+        stats["ref_kl"] = sum(e["ref_kl_sum"] for e in epochs) / max(tokens, 1.0)
+    return stats
+
+
+def clip_stats(grad_norms: list[float], grad_clip: float) -> dict:
+    """Gradient clipping over a step's updates: ``grad_norm`` (mean norm before clipping),
+    ``grad_norm_max``, ``grad_clipped`` (share of updates clipped) and ``grad_clip_coef`` (mean
+    factor the gradient was scaled by, min(1, grad_clip / norm); 1 when nothing was clipped)."""
+    norms = np.asarray(grad_norms, dtype=np.float64)
+    if grad_clip > 0:
+        coef = np.minimum(1.0, grad_clip / np.maximum(norms, 1e-12))
+    else:
+        coef = np.ones_like(norms)
+    return {
+        "grad_norm": float(norms.mean()),
+        "grad_norm_max": float(norms.max()),
+        "grad_clipped": float((coef < 1.0).mean()),
+        "grad_clip_coef": float(coef.mean()),
+    }
