@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrl.learner.totals import Counters
-from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter
+from asyncrl.rundir.ledger import GroupIdSet, GroupLedger
 from asyncrl.wire.messages import Batch as BatchReply
 from asyncrl.wire.messages import PriorityUpdates, TrainedGroups, WantBatch
 from asyncrl.wire.schema import Group
@@ -57,7 +57,7 @@ class BatchRequester:
     """
 
     def __init__(
-        self, client: RequestClient, cfg: RunConfig, ledger: LedgerWriter, counters: Counters, trained_ids: GroupIdSet
+        self, client: RequestClient, cfg: RunConfig, ledger: GroupLedger, counters: Counters, trained_ids: GroupIdSet
     ):
         self.client = client
         self.cfg = cfg

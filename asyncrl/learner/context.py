@@ -1,57 +1,40 @@
-"""What the learner process needs from its process context: a small declared interface.
+"""What the learner process uses of its process's context: the declared interface that
+``asyncrl.fleet.context.ProcessContext`` satisfies (the learner imports no fleet).
 
-``run_learner`` reads the run's config, its endpoints, its run directory, the checkpoint it
-resumes from, its ledger, sends events and polls for a stop; nothing else. Declaring that as a
-``typing.Protocol`` lets a test (or another launcher) hand the loop any object that has those
-members, and keeps the learner from depending on ``asyncrl.fleet`` (a higher layer):
-``asyncrl.fleet.context.ProcessContext`` satisfies it structurally, without naming it.
+``run_learner`` reads the run's config, its endpoints, its run directory and the checkpoint it
+resumes from, writes ledger lines, sends events and polls for a stop; nothing else.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from asyncrl.rundir.ledger import GroupLedger
+from asyncrl.wire.endpoints import Endpoints
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
-    from asyncrl.rundir.ledger import LedgerWriter
-    from asyncrl.wire.endpoints import Endpoints
 
 
+@runtime_checkable
 class LearnerContext(Protocol):
-    """The members of a process context that ``run_learner`` uses."""
-
-    @property
-    def cfg(self) -> RunConfig:
-        """The run's resolved config."""
-        ...
-
-    @property
-    def endpoints(self) -> Endpoints:
-        """Addresses of the buffer's request socket, the weight channels and the KL reference."""
-        ...
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The run directory (checkpoints, the final model, weight files); None for a process
-        joined by address."""
-        ...
-
-    @property
-    def resume_dir(self) -> Path | None:
-        """The checkpoint to resume from, or None for a fresh start."""
-        ...
-
-    @property
-    def ledger(self) -> LedgerWriter:
-        """This process's lines of the run's group ledger (``trained``, ``dropped``, ``held``)."""
-        ...
+    cfg: RunConfig
+    """The run's resolved config."""
+    endpoints: Endpoints
+    """The run's addresses (the buffer's ``buffer_requests``, the weight channels, the KL ``reference``)."""
+    ledger: GroupLedger
+    """This process's ledger lines (``trained``, ``dropped`` duplicates, ``held`` at the stop)."""
+    run_dir: Path | None
+    """The run directory (checkpoint parts, weight files, the final model in ``final``)."""
+    resume_dir: Path | None
+    """The checkpoint to restore from (its ``learner`` part), or None."""
 
     def emit(self, type: str, **fields) -> None:
-        """Send an event (``ready``, ``step``, ``broadcast``, ``checkpoint_part``, ``done``,
-        ``final``) to the controller."""
+        """Send an event (``ready``, ``broadcast``, ``checkpoint_part``, ``step``, ``done``,
+        ``final``) to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 
     def stop_requested(self) -> bool:
-        """Whether the controller has asked this process to stop."""
+        """Whether the controller said stop; never blocks."""
         ...

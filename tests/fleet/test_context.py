@@ -11,6 +11,7 @@ from asyncrl.dispatcher.context import DispatcherContext
 from asyncrl.fleet.context import ProcessContext
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.generators.multiplex import LoopContext, _Merged
+from asyncrl.learner.context import LearnerContext
 from asyncrl.rewards.context import RewardContext
 from asyncrl.wire.endpoints import Endpoints
 
@@ -19,6 +20,7 @@ PROTOCOLS = {
     "generator": GeneratorContext,
     "reward": RewardContext,
     "buffer": BufferContext,
+    "learner": LearnerContext,
 }
 
 
