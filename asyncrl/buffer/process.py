@@ -15,6 +15,7 @@ from asyncrl.buffer.context import BufferContext
 from asyncrl.buffer.observer import BufferMetrics
 from asyncrl.buffer.replay import ReplayBuffer
 from asyncrl.buffer.service import BufferService
+from asyncrl.wire.messages import CheckpointCommand
 from asyncrl.wire.sockets import Publisher, ReplyServer, StreamReceiver
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,9 @@ def run_buffer(ctx: BufferContext) -> None:
 
     def stop_or_command() -> bool:
         for command in ctx.commands():
-            if command.get("command") == "checkpoint":
-                save_checkpoint_part(buf, Path(command["dir"]))
-                ctx.emit("checkpoint_part", part="buffer", version=command["version"])
+            if isinstance(command, CheckpointCommand):
+                save_checkpoint_part(buf, Path(command.dir))
+                ctx.emit("checkpoint_part", part="buffer", version=command.version)
         return ctx.stop_requested()
 
     service.serve(stop_or_command)

@@ -21,6 +21,7 @@ from asyncrl.config import RunConfig
 from asyncrl.controller.commands import CommandSender
 from asyncrl.rundir.checkpoints import commit, discard_staging, latest_checkpoint, staging_dir
 from asyncrl.rundir.ledger import LedgerWriter
+from asyncrl.wire.messages import CheckpointCommand, CheckpointCommittedCommand, CheckpointPartEvent
 
 log = logging.getLogger("asyncrl")
 
@@ -45,21 +46,23 @@ class CheckpointCoordinator:
         self.pending: PendingCheckpoint | None = None
         self.committed: list[int] = []
 
-    def on_part(self, ev: dict) -> None:
+    def on_part(self, ev: CheckpointPartEvent) -> None:
         """A process saved its part at a version: ask for the next part, or commit."""
-        version, part = int(ev["version"]), ev["part"]
+        version, part = ev.version, ev.part
         stage = staging_dir(self.run_dir, version)
         if part == "learner":
             if self.pending is not None:
                 log.warning("checkpoint %d abandoned: the next one (%d) is due", self.pending.version, version)
                 self.abandon()
             self.pending = PendingCheckpoint(version, time.monotonic() + self.cfg.checkpoint.timeout_s)
-            self.commands.send("buffer", "checkpoint", dir=str(stage), version=version, ack=f"buffer@{version}")
+            self.commands.send("buffer", CheckpointCommand(dir=str(stage), version=version), ack=f"buffer@{version}")
         elif self.pending is None or self.pending.version != version:
             return  # a late answer about an abandoned checkpoint
         elif part == "buffer":
             self.commands.acked(f"buffer@{version}")
-            self.commands.send("dispatcher", "checkpoint", dir=str(stage), version=version, ack=f"dispatcher@{version}")
+            self.commands.send(
+                "dispatcher", CheckpointCommand(dir=str(stage), version=version), ack=f"dispatcher@{version}"
+            )
         elif part == "dispatcher.json":
             self.commands.acked(f"dispatcher@{version}")
             shutil.copy2(self.run_dir / "config.yaml", stage / "config.yaml")  # the resolved config it ran with
@@ -72,7 +75,7 @@ class CheckpointCoordinator:
             )
             self.committed.append(version)
             self.pending = None
-            self.commands.send("dispatcher", "checkpoint_committed", version=version)
+            self.commands.send("dispatcher", CheckpointCommittedCommand(version=version))
             log.info("checkpoint committed: %s", path)
 
     def expire(self) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
 from asyncrl.wire.messages import Control
 from asyncrl.wire.sockets import Publisher
 
@@ -25,17 +27,17 @@ class CommandSender:
         self.unacked: dict[str, dict] = {}
         """Key -> the command and when it was last sent, until its answer clears the key."""
 
-    def send(self, role: str, command: str, ack: str | None = None, **fields) -> None:
-        """Send a command to a role; with ``ack``, resend it until ``acked(ack)``."""
-        message = Control(command=command, roles=[role], id=ack or f"{command}@{time.monotonic()}", extra=fields)
+    def send(self, role: str, command: Control, ack: str | None = None) -> None:
+        """Send ``command`` to a role; with ``ack``, resend it until ``acked(ack)``."""
+        message = msgspec.structs.replace(command, roles=[role], id=ack or f"{command.command}@{time.monotonic()}")
         self.publisher.send(message)
         if ack is not None:
             self.unacked[ack] = {"body": message, "sent": time.monotonic()}
 
-    def broadcast(self, command: str, roles: list[str] | None = None) -> None:
+    def broadcast(self, command: Control, roles: list[str] | None = None) -> None:
         """Send ``command`` to ``roles`` (every role when None) once, unkept (``go`` and ``stop``
         are repeated by their senders' loops)."""
-        self.publisher.send(Control(command=command, roles=roles))
+        self.publisher.send(msgspec.structs.replace(command, roles=roles))
 
     def acked(self, key: str | None) -> None:
         """The answer to ``key`` arrived: stop resending it."""

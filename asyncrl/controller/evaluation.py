@@ -55,12 +55,12 @@ class Evaluations:
         if self.heldout is not None:
             self._record(self.heldout.answer(body))
 
-    def on_step(self, ev: dict) -> None:
+    def on_step(self, version: int) -> None:
         """Start the periodic round a learner step makes due (the last step's is ``after``)."""
         every = self.cfg.every_versions
-        if self.heldout is not None and every and ev["version"] % every == 0:
-            if ev["version"] < self.total_steps:
-                self.heldout.start(f"v{ev['version']}", ev["version"])
+        if self.heldout is not None and every and version % every == 0:
+            if version < self.total_steps:
+                self.heldout.start(f"v{version}", version)
 
     def run_round(self, label: str, version: int, next_event: NextEvent) -> dict:
         """Run an evaluation round to its end (each request bounded by its timeout, so the wait

@@ -26,7 +26,18 @@ from asyncrl.controller.supervision import Supervisor
 from asyncrl.observability.metrics import WEIGHT_SERVED_SECONDS
 from asyncrl.observability.progress import RunProgress
 from asyncrl.weights.timeline import PublicationTimeline
-from asyncrl.wire.messages import EvalResult, Event
+from asyncrl.wire.messages import (
+    BroadcastEvent,
+    CheckpointPartEvent,
+    DoneEvent,
+    ErrorEvent,
+    EvalResult,
+    Event,
+    ReadyEvent,
+    RequeuedEvent,
+    StepEvent,
+    VersionEvent,
+)
 from asyncrl.wire.sockets import StreamReceiver
 
 log = logging.getLogger("asyncrl")
@@ -40,7 +51,7 @@ class EventPump:
         receiver: StreamReceiver,
         fleet,
         reports: ProcessReports,
-        route: Callable[[dict], None],
+        route: Callable[[Event], None],
         duties: Iterable[Callable[[], None]] = (),
         on_eval_result: Callable[[dict], None] | None = None,
     ):
@@ -53,7 +64,7 @@ class EventPump:
         self.duties = list(duties)
         self.on_eval_result = on_eval_result
 
-    def next(self, deadline: float | None, waiting_for: str, wait: float = 0.5) -> dict | None:
+    def next(self, deadline: float | None, waiting_for: str, wait: float = 0.5) -> Event | None:
         """The next event, or None after ``wait`` seconds without one (or for a message that is
         not an event). Raises ``RunError`` naming ``waiting_for`` once past ``deadline``."""
         if deadline is not None and time.monotonic() > deadline:
@@ -69,8 +80,8 @@ class EventPump:
             return None
         if not isinstance(msg[1], Event):
             return None
-        ev = msg[1].as_dict()
-        self.reports.record(ev, started_here=ev["source"] in self.fleet.procs)
+        ev = msg[1]
+        self.reports.record(ev, started_here=ev.source in self.fleet.procs)
         self.route(ev)
         return ev
 
@@ -98,35 +109,32 @@ class EventRouter:
         self.timeline = timeline
         self.console = console
 
-    def route(self, ev: dict) -> None:
-        kind = ev["type"]
-        if kind == "checkpoint_part":
+    def route(self, ev: Event) -> None:
+        # the timeline, steps.jsonl and the console keep the event as the map it travels as
+        if isinstance(ev, CheckpointPartEvent):
             self.checkpoints.on_part(ev)
-        elif kind == "requeued":
-            self.commands.acked(ev.get("id"))
-        elif kind == "done" and ev["role"] == "learner":
+        elif isinstance(ev, RequeuedEvent):
+            self.commands.acked(ev.id)
+        elif isinstance(ev, DoneEvent) and ev.role == "learner":
             self.progress.on_learner_done(ev)
-        elif kind == "error":
+        elif isinstance(ev, ErrorEvent):
             self.supervisor.on_error(ev)
-        elif kind == "broadcast":
-            observe_served(self.timeline.on_broadcast(ev))
-        elif kind == "version":
-            self.progress.generator_versions[ev["source"]] = ev["version"]
-            observe_served(self.timeline.on_served(ev))
-            log.info(
-                "%s now serves policy version %d (applied in %.0f ms)",
-                ev["source"],
-                ev["version"],
-                1000 * ev["apply_s"],
-            )
-        elif kind == "step":
-            self.progress.on_step(ev)
-            self.evaluations.on_step(ev)
+        elif isinstance(ev, BroadcastEvent):
+            observe_served(self.timeline.on_broadcast(ev.as_map()))
+        elif isinstance(ev, VersionEvent):
+            self.progress.generator_versions[ev.source] = ev.version
+            observe_served(self.timeline.on_served(ev.as_map()))
+            log.info("%s now serves policy version %d (applied in %.0f ms)", ev.source, ev.version, 1000 * ev.apply_s)
+        elif isinstance(ev, StepEvent):
+            record = self.progress.on_step(ev)
+            self.evaluations.on_step(ev.version)
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
-                f.write(json.dumps(ev) + "\n")
-        if kind == "ready" and ev["role"] == "generator":
-            self.progress.generator_versions[ev["source"]] = ev.get("version", 0)
-        self.console.update(ev)
+                f.write(json.dumps(record) + "\n")
+            self.console.update(record)
+            return
+        elif isinstance(ev, ReadyEvent) and ev.role == "generator":
+            self.progress.generator_versions[ev.source] = ev.version or 0
+        self.console.update(ev.as_map())
 
 
 def observe_served(records: list[dict]) -> None:

@@ -37,6 +37,7 @@ from asyncrl.roles import ROLE_NAMES
 from asyncrl.rundir.ledger import LedgerWriter
 from asyncrl.weights.timeline import PublicationTimeline
 from asyncrl.wire.endpoints import free_ports
+from asyncrl.wire.messages import CheckpointPartEvent, Event, GoCommand, ReadyEvent, StepEvent
 
 log = logging.getLogger("asyncrl")
 
@@ -99,15 +100,15 @@ class Lifecycle:
         deadline = time.monotonic() + startup_bound(cfg, fleet.model_dir)
         while len(ready) < len(fleet.procs):
             ev = self.pump.next(deadline, "every process to report ready")
-            if ev and ev["type"] == "ready":
-                ready.add(ev["source"])
+            if isinstance(ev, ReadyEvent):
+                ready.add(ev.source)
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
         write_scrape_config(self.run_dir)
         if evaluate_first:
             record = self.evaluations.run_round("before", 0, self.pump.next)
             self.evaluations.before = record["exact_match"]
         for _ in range(GO_REPEATS):
-            self.commands.broadcast("go")
+            self.commands.broadcast(GoCommand())
             time.sleep(0.01)
         self.progress.go_at = time.monotonic()
 
@@ -120,9 +121,9 @@ class Lifecycle:
         warned = False
         while self.progress.learner_done is None or self.checkpoints.pending is not None:
             ev = self.pump.next(None, "the learner's next step")
-            if ev and ev["type"] in ("step", "ready", "checkpoint_part"):
+            if isinstance(ev, StepEvent | ReadyEvent | CheckpointPartEvent):
                 # a restarted process's "ready" restarts the clock but measures no step
-                self.watch.progress(measure=ev["type"] != "ready" and ev.get("role") == "learner")
+                self.watch.progress(measure=not isinstance(ev, ReadyEvent) and ev.role == "learner")
                 warned = False
             state = self.watch.state()
             if state == "stalled":
@@ -135,7 +136,7 @@ class Lifecycle:
                 warned = True  # the watchdog: say what everyone waits for long before giving up
                 self.log_waits(self.watch.waited())
             if time.monotonic() - last_go > GO_EVERY_S:
-                self.commands.broadcast("go")
+                self.commands.broadcast(GoCommand())
                 last_go = time.monotonic()
         self.supervisor.training = False
 
@@ -187,7 +188,7 @@ class Lifecycle:
         for name in sorted(self.fleet.procs):
             ev = self.reports.last_event.get(name)
             alive = name not in dead
-            said = f"{ev['type']} {now - self.reports.last_event_at[name]:.0f} s ago" if ev else "nothing yet"
+            said = f"{ev.type} {now - self.reports.last_event_at[name]:.0f} s ago" if ev else "nothing yet"
             log.warning("  %s (%s): %s%s", name, "alive" if alive else "exited", said, waits_for(ev))
 
     def dump_state(self) -> None:
@@ -196,7 +197,7 @@ class Lifecycle:
             log.error("  %s: %s", name, self.reports.last_event.get(name, "(nothing received)"))
 
 
-def waits_for(ev: dict | None) -> str:
+def waits_for(ev: Event | None) -> str:
     """What a process waits for, read from its last event."""
     if ev is None:
         return " (starting)"
@@ -206,7 +207,7 @@ def waits_for(ev: dict | None) -> str:
         "ready": " (waiting for work)",
         "checkpoint_part": " (writing or waiting on a checkpoint)",
     }
-    return waits.get(ev["type"], "")
+    return waits.get(ev.type, "")
 
 
 def stop_on_sigterm():

@@ -10,30 +10,36 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asyncrl.roles import JOINABLE
+
+if TYPE_CHECKING:
+    from asyncrl.wire.messages import DoneEvent, Event, StepEvent
 
 
 @dataclass
 class ProcessReports:
     """Per process name: the last event and when it came, the final report; the joined processes."""
 
-    last_event: dict[str, dict] = field(default_factory=dict)
+    last_event: dict[str, Event] = field(default_factory=dict)
     last_event_at: dict[str, float] = field(default_factory=dict)
     finals: dict[str, dict] = field(default_factory=dict)
+    """Each process's ``final`` report, as the map it travels as (the summary's accounting and
+    JSON read it so: its fields depend on the role)."""
     joined: dict[str, str] = field(default_factory=dict)
     """Processes that joined by address (not started by this controller): name -> role."""
 
-    def record(self, ev: dict, started_here: bool) -> None:
+    def record(self, ev: Event, started_here: bool) -> None:
         """Note ``ev`` as its source's last word (and its final report, if it is one); a source
         of a joinable role that this controller did not start has joined the run."""
-        source = ev["source"]
+        source = ev.source
         self.last_event[source] = ev
         self.last_event_at[source] = time.monotonic()
-        if not started_here and ev.get("role") in JOINABLE:
-            self.joined.setdefault(source, ev["role"])
-        if ev["type"] == "final":
-            self.finals[source] = ev
+        if not started_here and ev.role in JOINABLE:
+            self.joined.setdefault(source, ev.role)
+        if ev.type == "final":
+            self.finals[source] = ev.as_map()
 
     def joined_without_final(self, roles: list[str]) -> list[str]:
         """Joined processes of ``roles`` that have not sent their final report."""
@@ -52,23 +58,23 @@ class TrainingProgress:
     """Each learner step's ``step_s``."""
     generator_versions: dict[str, int] = field(default_factory=dict)
     """Generator name -> the policy version it last said it serves."""
-    learner_done: dict | None = None
+    learner_done: DoneEvent | None = None
     """The learner's ``done`` event, once it took its last step."""
     go_at: float = 0.0
     """Monotonic time of the first "go"."""
     done_at: float = 0.0
     """Monotonic time of the learner's ``done`` (0 until then)."""
 
-    def on_step(self, ev: dict) -> None:
-        """Count a learner step and stamp it with seconds since go (the x axis of throughput plots)."""
-        ev["t"] = time.monotonic() - self.go_at
+    def on_step(self, ev: StepEvent) -> dict:
+        """Count a learner step; returns its record (the event's map) stamped with seconds since go
+        in ``t`` (the x axis of throughput plots)."""
         self.steps_seen += 1
-        if ev.get("step_s") is not None:
-            self.step_seconds.append(float(ev["step_s"]))
+        self.step_seconds.append(ev.step_s)
+        return {**ev.as_map(), "t": time.monotonic() - self.go_at}
 
-    def on_learner_done(self, ev: dict) -> None:
+    def on_learner_done(self, ev: DoneEvent) -> None:
         self.learner_done = ev
         self.done_at = time.monotonic()
 
     def final_version(self) -> int:
-        return self.learner_done["version"]
+        return self.learner_done.version

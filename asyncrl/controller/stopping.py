@@ -17,6 +17,7 @@ from asyncrl.controller.events import EventPump
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
 from asyncrl.controller.watchdog import StallWatch
 from asyncrl.weights.timeline import PublicationTimeline
+from asyncrl.wire.messages import StopCommand
 
 log = logging.getLogger("asyncrl")
 
@@ -59,7 +60,7 @@ class Stopper:
                         JOINED_STOP_S,
                     )
                     return
-            self.commands.broadcast("stop", roles)
+            self.commands.broadcast(StopCommand(), roles)
             self.pump.next(deadline, f"{', '.join(roles)} to stop", wait=0.2)
 
     def await_final_weights(

@@ -17,6 +17,7 @@ from asyncrl.controller.errors import RunError
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
 from asyncrl.fleet.config import SupervisionConfig
 from asyncrl.fleet.supervision import Backoff
+from asyncrl.wire.messages import ErrorEvent, RequeueCommand
 
 if TYPE_CHECKING:
     from asyncrl.controller.commands import CommandSender
@@ -73,9 +74,9 @@ class Supervisor:
             self.progress.generator_versions.pop(name, None)
             scope = REQUEUE_SCOPE.get(role)
             if scope is not None:
-                extra = {"generator": name} if role == "generator" else {}
+                generator = name if role == "generator" else None
                 ack = f"requeue@{name}@{time.monotonic()}"
-                commands.send("dispatcher", "requeue", scope=scope, ack=ack, **extra)
+                commands.send("dispatcher", RequeueCommand(scope=scope, generator=generator), ack=ack)
         now = time.monotonic()
         for name, due in list(self.restart_due.items()):
             if now >= due:
@@ -83,12 +84,12 @@ class Supervisor:
                 fleet.restart(name, {"ASYNCRL_RESUME": ""})  # stateless, or the buffer started empty
         return None
 
-    def on_error(self, ev: dict) -> None:
+    def on_error(self, ev: ErrorEvent) -> None:
         """A process reported a failure: while supervision acts, its exit is what counts;
         otherwise the run stops."""
         if not (self.training and self.cfg.restart):
-            raise RunError(f"{ev['source']} failed: {ev['error']}")
-        log.error("%s failed: %s", ev["source"], ev["error"])
+            raise RunError(f"{ev.source} failed: {ev.error}")
+        log.error("%s failed: %s", ev.source, ev.error)
 
     def on_restore(self) -> None:
         """The whole run restarts from a checkpoint: no restart is due any more."""

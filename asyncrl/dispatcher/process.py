@@ -24,7 +24,13 @@ from asyncrl.dispatcher.context import DispatcherContext
 from asyncrl.dispatcher.cursor import PromptCursor
 from asyncrl.dispatcher.outstanding import Outstanding
 from asyncrl.rundir.ledger import group_id_of
-from asyncrl.wire.messages import Control, PromptRow
+from asyncrl.wire.messages import (
+    CheckpointCommand,
+    CheckpointCommittedCommand,
+    Control,
+    PromptRow,
+    RequeueCommand,
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +149,8 @@ class Dispatcher:
 
     def on_command(self, command: Control) -> None:
         ctx, outstanding = self.ctx, self.outstanding
-        kind = command.get("command")
-        if kind == "requeue":
-            scope, generator, ack = command["scope"], command.get("generator"), command.get("id")
+        if isinstance(command, RequeueCommand):
+            scope, generator, ack = command.scope, command.generator, command.id
             if ack in outstanding.handled:  # the controller repeats until it hears back
                 ctx.emit("requeued", scope=scope, generator=generator, groups=0, id=ack)
                 return
@@ -153,13 +158,13 @@ class Dispatcher:
             n = outstanding.requeue(scope, generator)
             log.warning("dispatcher: %s (%s): %d groups to dispatch again", scope, generator, n)
             ctx.emit("requeued", scope=scope, generator=generator, groups=n, id=ack)
-        elif kind == "checkpoint":
-            path = Path(command["dir"]) / "dispatcher.json"
+        elif isinstance(command, CheckpointCommand):
+            path = Path(command.dir) / "dispatcher.json"
             if not path.exists():
-                save_dispatcher(path, self.cursor, self.admission, outstanding, int(command["version"]))
-            ctx.emit("checkpoint_part", part="dispatcher.json", version=command["version"])
-        elif kind == "checkpoint_committed":
-            outstanding.forget_trained(int(command["version"]))
+                save_dispatcher(path, self.cursor, self.admission, outstanding, command.version)
+            ctx.emit("checkpoint_part", part="dispatcher.json", version=command.version)
+        elif isinstance(command, CheckpointCommittedCommand):
+            outstanding.forget_trained(command.version)
 
     def finish(self) -> None:
         # The last replies may still sit in the socket's queue: give them time to leave before the

@@ -21,7 +21,7 @@ from asyncrl.observability.procmem import tree_peak_rss_bytes
 from asyncrl.rundir.ledger import LedgerWriter
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import Control, Event, Message
+from asyncrl.wire.messages import EVENTS, Control, GoCommand, Message, StopCommand
 from asyncrl.wire.sockets import StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,17 @@ class ProcessContext:
         """The checkpoint this process starts from (set by the controller on a resume), or None."""
 
     def emit(self, type: str, **fields) -> None:
-        """Send an event to the controller (blocks at most 10 s if it is not reading). A ``final``
-        report carries the process's peak RSS (its live descendants included) as ``peak_rss_bytes``."""
+        """Send the controller an event of ``type`` with ``fields``, the ones its type in
+        ``asyncrl.wire.messages.EVENTS`` declares (blocks at most 10 s if it is not reading). A
+        ``final`` report carries the process's peak RSS (its live descendants included) as
+        ``peak_rss_bytes``."""
+        if type not in EVENTS:
+            raise ValueError(f"event type ({type!r}) must be one of {sorted(EVENTS)}")
         if type == "final":
             fields.setdefault("peak_rss_bytes", tree_peak_rss_bytes())
+        event = EVENTS[type](source=self.name, role=self.role, **fields)  # an undeclared field: TypeError here
         try:
-            self.events.send(Event(source=self.name, role=self.role, type=type, extra=fields), timeout=10)
+            self.events.send(event, timeout=10)
         except TimeoutError:
             log.warning("%s: controller did not take event %r within 10 s", self.name, type)
 
@@ -96,9 +101,9 @@ class ProcessContext:
         for _kind, command in self.control.recv_latest():
             if not isinstance(command, Control) or (command.roles is not None and self.role not in command.roles):
                 continue
-            if command.command == "stop":
+            if isinstance(command, StopCommand):
                 self._stop = True
-            elif command.command == "go":
+            elif isinstance(command, GoCommand):
                 self._go = True
             elif len(self._commands) < 1000:  # a flood of commands is bounded, not buffered
                 self._commands.append(command)

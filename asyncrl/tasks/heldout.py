@@ -129,28 +129,28 @@ class EvalRound:
             sent_at=time.time(),
         )
 
-    def answer(self, body: EvalResult | dict) -> float | None:
-        """Score an ``eval_result`` (or a map of its fields); returns the request's round trip in
+    def answer(self, body: EvalResult) -> float | None:
+        """Score an ``eval_result``; returns the request's round trip in
         seconds (None: a late or repeated answer, ignored)."""
         from asyncrl.tasks.answers import score_answer
 
-        chunk = body["chunk"]
+        chunk = body.chunk
         if chunk in self.correct or not 0 <= chunk < self.num_chunks:
             return None
         prompts = self.chunk_prompts(chunk)
-        if len(body["texts"]) != len(prompts):
+        if len(body.texts) != len(prompts):
             log.warning(
                 "eval %s: chunk %d came back with %d answers for %d prompts; ignored",
                 self.label,
                 chunk,
-                len(body["texts"]),
+                len(body.texts),
                 len(prompts),
             )
             return None
-        self.correct[chunk] = sum(score_answer(p.task, t, p.answer) for p, t in zip(prompts, body["texts"]))
-        self.versions.add(int(body["version"]))
-        self.generators[body["generator"]] = self.generators.get(body["generator"], 0) + len(prompts)
-        self.seconds += float(body["seconds"])
+        self.correct[chunk] = sum(score_answer(p.task, t, p.answer) for p, t in zip(prompts, body.texts))
+        self.versions.add(body.version)
+        self.generators[body.generator] = self.generators.get(body.generator, 0) + len(prompts)
+        self.seconds += body.seconds
         sent = self.out.pop(chunk, None)
         if chunk in self.todo:
             self.todo.remove(chunk)
@@ -243,10 +243,10 @@ class HeldOutEvaluator:
             r.out[chunk] = {"sent": now, "deadline": now + timeout, "timeout": timeout}
         return None
 
-    def answer(self, body: EvalResult | dict) -> dict | None:
+    def answer(self, body: EvalResult) -> dict | None:
         """Take an ``eval_result``; the round's record when this completed it."""
         r = self.current
-        if r is None or body["round"] != r.label:
+        if r is None or body.round != r.label:
             return None  # an answer to a round that has ended
         round_trip = r.answer(body)
         if round_trip is not None:

@@ -62,13 +62,15 @@ class FileWeightSubscriber:
         best = None
         msg = self.sub.recv(timeout) if timeout > 0 else None
         for kind, body in ([msg] if msg else []) + self.sub.recv_latest():
-            v = int(body["policy_version"])
-            if kind == "weights" and v > served_version and (best is None or v > int(best["policy_version"])):
+            if kind != "weights":
+                continue
+            v = body.policy_version
+            if v > served_version and (best is None or v > best.policy_version):
                 best = body
         if best is None:
             return None
         meta = {k: v for k, v in best.as_dict().items() if k not in ("policy_version", "path")}
-        return WeightUpdate(int(best["policy_version"]), [], meta, path=best["path"])
+        return WeightUpdate(best.policy_version, [], meta, path=best.path)
 
     def close(self) -> None:
         self.sub.close()

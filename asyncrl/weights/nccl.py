@@ -33,6 +33,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import torch
@@ -41,6 +42,9 @@ from asyncrl.weights.announcer import VersionAnnouncer
 from asyncrl.weights.buckets import device_checksum, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 from asyncrl.wire.sockets import Subscriber
+
+if TYPE_CHECKING:
+    from asyncrl.wire.messages import WeightsAnnouncement
 
 log = logging.getLogger(__name__)
 
@@ -266,17 +270,19 @@ class NcclWeightSubscriber:
         best = None
         msg = self.sub.recv(timeout) if timeout > 0 else None
         for kind, body in ([msg] if msg else []) + self.sub.recv_latest():
-            v = int(body["policy_version"])
-            if kind == "weights" and v > max(served_version, self.received):
-                if best is None or v > int(best["policy_version"]):
+            if kind != "weights":
+                continue
+            v = body.policy_version
+            if v > max(served_version, self.received):
+                if best is None or v > best.policy_version:
                     best = body
         return None if best is None else self.receive(best)
 
-    def _join(self, body: dict) -> None:
-        world = int(body["world_size"])
+    def _join(self, body: WeightsAnnouncement) -> None:
+        world = int(body.world_size)
         if not self.rank < world:
             raise WeightSyncError(f"{self.name}: rank {self.rank} is outside the learner's group of {world}")
-        host, port = str(body["store"]).rsplit(":", 1)
+        host, port = str(body.store).rsplit(":", 1)
         timeout = datetime.timedelta(seconds=self.timeout_s)
         try:
             self.store = torch.distributed.TCPStore(host, int(port), None, False, timeout=timeout)
@@ -284,7 +290,7 @@ class NcclWeightSubscriber:
             self.store.add(JOINED, 1)
         except Exception as e:
             raise WeightSyncError(
-                f"{self.name}: waited {self.timeout_s:.1f} s to join the learner's {self.backend} group at {body['store']} "
+                f"{self.name}: waited {self.timeout_s:.1f} s to join the learner's {self.backend} group at {body.store} "
                 f"as rank {self.rank} of {world}: {type(e).__name__}: {e}"
             ) from e
 
@@ -294,10 +300,10 @@ class NcclWeightSubscriber:
         except Exception as e:
             raise TimeoutError(f"{self.name}: waited {self.timeout_s:.1f} s for {what}: {type(e).__name__}") from e
 
-    def receive(self, body: dict) -> WeightUpdate:
+    def receive(self, body: WeightsAnnouncement) -> WeightUpdate:
         """Take the version ``body`` announces from the group: every bucket, checked."""
         start = time.perf_counter()
-        version = int(body["policy_version"])
+        version = body.policy_version
         if self.group is None:
             self._join(body)
         tensors, buffers, total, index = [], [], 0, 0

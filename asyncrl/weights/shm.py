@@ -76,7 +76,7 @@ from asyncrl.weights.buckets import (
 )
 from asyncrl.weights.mappings import MappingCache
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
-from asyncrl.wire.messages import WeightsAck, WeightsError
+from asyncrl.wire.messages import WeightsAck, WeightsAnnouncement, WeightsError
 from asyncrl.wire.sockets import StreamReceiver, StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -337,16 +337,16 @@ class ShmWeightPublisher:
         while (msg := self.acks.recv(0)) is not None:
             kind, body = msg
             if kind == "weights_ack":
-                sub, v = str(body["subscriber"]), int(body["policy_version"])
+                sub, v = body.subscriber, body.policy_version
                 self.acked[sub] = max(v, self.acked.get(sub, -1))
             elif kind == "weights_error":
                 self.errors.append(body)
                 log.error(
                     "%s: %s failed to apply version %s: %s",
                     self.name,
-                    body.get("subscriber"),
-                    body.get("policy_version"),
-                    body.get("error"),
+                    body.subscriber,
+                    body.policy_version,
+                    body.error,
                 )
         self._prune()
 
@@ -442,7 +442,7 @@ class ShmWeightSubscriber:
             if msg is None or msg[0] != "weights":
                 continue
             body = msg[1]
-            version = int(body["policy_version"])
+            version = body.policy_version
             if version <= max(self._taken, self._served):
                 continue  # a repeat, or older than what is served
             try:
@@ -465,13 +465,13 @@ class ShmWeightSubscriber:
             if superseded is not None:
                 superseded.done()  # never applied, no longer needed: the learner may reuse it
 
-    def _take_part(self, body: dict) -> None:
+    def _take_part(self, body: WeightsAnnouncement) -> None:
         """Map and check one bucket of a version still being written (announced early); ``fetch``
         then only maps the buckets it has not seen. A part gone already is left to ``fetch``."""
-        version, entry = int(body["policy_version"]), body["bucket"]
+        version, entry = body.policy_version, body.extra["bucket"]
         for old in [v for v in self._parts if v < version]:
             del self._parts[old]
-        path = Path(body["dir"]) / entry["file"]
+        path = Path(body.dir) / entry["file"]
         try:
             mm = self._map(path, int(entry["nbytes"]), version)
         except WeightSyncError:
@@ -492,14 +492,14 @@ class ShmWeightSubscriber:
                 f"{self.name}: version {version} is gone from shared memory ({path}): a newer one replaced it"
             ) from None
 
-    def fetch(self, body: dict) -> WeightUpdate:
+    def fetch(self, body: WeightsAnnouncement) -> WeightUpdate:
         """Map and verify the version that ``body`` announces."""
         start = time.perf_counter()
-        version = int(body["policy_version"])
-        folder = Path(body["dir"])
+        version = body.policy_version
+        folder = Path(body.dir)
         tensors, total, checks = [], 0, []
         early = self._parts.pop(version, {})
-        for b in body["buckets"]:
+        for b in body.buckets:
             mm, seen, check = early.get(b["file"], (None, None, None))
             if seen is None or seen["crc"] != b["crc"] or seen["nbytes"] != b["nbytes"]:
                 mm = self._map(folder / b["file"], int(b["nbytes"]), version)
@@ -520,10 +520,9 @@ class ShmWeightSubscriber:
         }
         update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
         update.shm = [
-            {"path": str(folder / b["file"]), "nbytes": int(b["nbytes"]), "tensors": b["tensors"]}
-            for b in body["buckets"]
+            {"path": str(folder / b["file"]), "nbytes": int(b["nbytes"]), "tensors": b["tensors"]} for b in body.buckets
         ]
-        update._on_done = lambda error: self._report(body.get("ack"), version, error)
+        update._on_done = lambda error: self._report(body.ack, version, error)
         return update
 
     def _report(self, address: str | None, version: int, error: str | None) -> None:

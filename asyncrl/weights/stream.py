@@ -286,36 +286,36 @@ class ZmqWeightSubscriber:
 
     def _receive_version(self, begin: WeightsBegin) -> WeightUpdate:
         start = time.perf_counter()
-        version = int(begin["policy_version"])
+        version = begin.policy_version
         tensors, total, index = [], 0, 0
         buffers: list[bytearray] = []
         while True:
             kind, body = self._recv_header(self.timeout_s, f"bucket {index} (or the end) of version {version}")
-            if int(body.get("policy_version", -1)) != version or kind not in ("weights_bucket", "weights_end"):
+            # another kind may carry no version at all
+            sent_version = getattr(body, "policy_version", None)
+            if sent_version != version or kind not in ("weights_bucket", "weights_end"):
                 self._drain()
-                raise WeightSyncError(
-                    f"{self.name}: version {version} interrupted by {kind} of version {body.get('policy_version')}"
-                )
+                raise WeightSyncError(f"{self.name}: version {version} interrupted by {kind} of version {sent_version}")
             if kind == "weights_end":
-                if int(body["num_buckets"]) != index:
+                if body.num_buckets != index:
                     raise WeightSyncError(
-                        f"{self.name}: version {version} ended after {index} buckets, the learner sent {body['num_buckets']}"
+                        f"{self.name}: version {version} ended after {index} buckets, the learner sent {body.num_buckets}"
                     )
                 meta = begin.extra
                 update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
                 # The newest version's buffers are kept for the next one (same sizes); older ones go.
                 update._on_done = lambda error: setattr(self, "_spare", buffers)
                 return update
-            if int(body["index"]) != index:
+            if body.index != index:
                 self._drain()
                 raise WeightSyncError(
-                    f"{self.name}: version {version}: got bucket {body['index']}, expected {index} (frames were dropped)"
+                    f"{self.name}: version {version}: got bucket {body.index}, expected {index} (frames were dropped)"
                 )
             what = f"{self.name}: version {version} bucket {index}"
-            data = self._recv_buffer(int(body["nbytes"]))
+            data = self._recv_buffer(body.nbytes)
             buffers.append(data)
-            specs = specs_from_wire(body["tensors"])
-            self._receive_bucket(memoryview(data), specs, int(body["crc"]), body.get("hash", "crc32"), what)
+            specs = specs_from_wire(body.tensors)
+            self._receive_bucket(memoryview(data), specs, body.crc, body.hash, what)
             tensors.extend(unpack(data, specs))
             total += len(data)
             index += 1

@@ -7,7 +7,8 @@ every receiver counts and logs once:
 2. ``malformed``: not msgpack, not a map, or nested too deeply (an envelope decode that reads
    only ``schema`` and ``kind``, ~2 µs for a 70 kB group: the other fields are skipped);
 3. ``bad_schema``: ``schema`` is not ``SCHEMA_VERSION``; 4. ``bad_kind``: ``kind`` is unknown;
-5. the kind's type: msgspec decodes the frame into it, checking every field's type and bounds
+5. the kind's type (for ``event`` and ``control``, the variant its ``type`` or ``command`` tag
+   names: an unknown one fails like a bad field): msgspec decodes the frame into it, checking every field's type and bounds
    (the type's ``reject_reason``, ``bad_fields`` unless it says otherwise; ``bad_array`` for an
    array map of an open message), then the type's ``check`` (``nonfinite_logprobs``...).
 
@@ -17,13 +18,13 @@ declares ``np.ndarray``. ``encode_map`` writes a raw map of any keys, for frames
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import msgpack
 import msgspec
 import numpy as np
 
-from asyncrl.wire.messages import KINDS, TYPES, Message
+from asyncrl.wire.messages import KINDS, TYPES, VARIANTS, Message
 from asyncrl.wire.schema import SCHEMA_VERSION, WireError, array_from_map, array_to_map, is_array_map, restore_arrays
 
 
@@ -49,7 +50,11 @@ class _Envelope(msgspec.Struct):
 
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _ENVELOPE = msgspec.msgpack.Decoder(_Envelope)
-_DECODERS = {kind: msgspec.msgpack.Decoder(cls, dec_hook=_dec_hook) for kind, cls in TYPES.items() if not cls.open}
+_DECODERS = {
+    kind: msgspec.msgpack.Decoder(Union[VARIANTS[kind]] if kind in VARIANTS else cls, dec_hook=_dec_hook)  # noqa: UP007
+    for kind, cls in TYPES.items()
+    if not cls.open
+}
 
 
 def encode(message: Message) -> bytes:

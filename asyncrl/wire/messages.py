@@ -6,8 +6,10 @@ validating: a field of the wrong type, a missing required field or a value outsi
 bounds rejects the frame with the type's ``reject_reason`` (``bad_fields`` unless it says
 otherwise), and ``check`` adds what a type cannot say (non-finite numbers, array shapes). Fields
 with defaults are optional on the wire (older senders omit them); keys a type does not declare are
-ignored, except by *open* messages (``Event``, the weight announcements), whose other keys travel
-beside the declared ones and are kept in ``extra``.
+ignored, except by *open* messages (the weight announcements), whose other keys travel beside the
+declared ones and are kept in ``extra``. Events and commands are tagged unions inside their kind:
+``type`` says which event (``EVENTS``), ``command`` which command (``COMMANDS``), and each is
+declared with its own fields.
 
 Constructing a message does not validate it (msgspec checks on decode): a sender may build any
 message, and the receiver judges it. The records inside messages (``Group``, ``Sample``) are the
@@ -26,8 +28,8 @@ data plane's, declared in ``asyncrl.wire.schema``.
 | weights | WeightsAnnouncement | learner -> generators (PUB) |
 | weights_ack / weights_error | WeightsAck / WeightsError | generator -> learner (shm transport) |
 | weights_begin / weights_bucket / weights_end | WeightsBegin / WeightsBucket / WeightsEnd | learner -> generators (stream) |
-| event | Event | any process -> controller |
-| control | Control | controller -> every process (PUB) |
+| event | Event (ReadyEvent, StepEvent... by ``type``) | any process -> controller |
+| control | Control (StopCommand, CheckpointCommand... by ``command``) | controller -> every process (PUB) |
 """
 
 from __future__ import annotations
@@ -47,9 +49,7 @@ PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
 
 class Message(msgspec.Struct, kw_only=True, tag_field="kind"):
     """Base of every message; ``schema`` is the wire protocol's version, checked before anything else.
-
-    Fields are read as attributes; the read-only mapping methods (``message["field"]``, ``get``,
-    ``keys``, ``in``) read it as the map it travels as, for code and tools that take maps."""
+    Fields are read as attributes."""
 
     schema: int = SCHEMA_VERSION
     reject_reason: ClassVar[str] = "bad_fields"
@@ -64,23 +64,6 @@ class Message(msgspec.Struct, kw_only=True, tag_field="kind"):
     def check(self) -> None:
         """Rules beyond field types, run after decoding; raises ``WireError``. Nothing by default."""
 
-    def __getitem__(self, name: str):
-        """Read a field by name, as from the map the message travels as."""
-        try:
-            return getattr(self, name)
-        except AttributeError:
-            raise KeyError(name) from None
-
-    def get(self, name: str, default=None):
-        return getattr(self, name, default)
-
-    def keys(self) -> list[str]:
-        """Field names (less ``schema``): with ``__getitem__``, ``{**message}`` is its map."""
-        return [name for name in self.__struct_fields__ if name != "schema"]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.keys()
-
 
 class Exchange(Message, kw_only=True):
     """A request or reply over DEALER/ROUTER: ``request_id`` pairs a reply with its request."""
@@ -94,16 +77,6 @@ class OpenMessage(Message, kw_only=True):
     open: ClassVar[bool] = True
     extra: dict[str, Any] = {}
 
-    def __getitem__(self, name: str):
-        if name in self.__struct_fields__ and name != "extra":
-            return getattr(self, name)
-        return self.extra[name]
-
-    def get(self, name: str, default=None):
-        if name in self.__struct_fields__ and name != "extra":
-            return getattr(self, name)
-        return self.extra.get(name, default)
-
     @classmethod
     def from_map(cls, body: dict):
         """The message of a flat map: its declared fields set, the other keys to ``extra`` (unvalidated)."""
@@ -112,9 +85,6 @@ class OpenMessage(Message, kw_only=True):
             **{k: v for k, v in body.items() if k in declared},
             extra={k: v for k, v in body.items() if k not in declared},
         )
-
-    def keys(self) -> list[str]:
-        return list(self.as_dict())
 
     def as_dict(self) -> dict:
         """The flat map as it travels, less ``kind`` and ``schema``: declared fields that are set
@@ -393,22 +363,243 @@ class WeightsEnd(Message, tag="weights_end"):
 # -- controller ------------------------------------------------------------------------------------
 
 
-class Event(OpenMessage, tag="event"):
-    """Progress, reports and final counters of ``source`` (of ``role``): ``type`` says which, ``extra``
-    holds its figures."""
+class Event(Message, kw_only=True, tag_field="type"):
+    """Progress, reports and final counters of ``source`` (of ``role``): one type per ``type`` below,
+    tagged by ``type`` inside the wire's ``kind`` ``event``. A generator loop of a process of
+    several (``asyncrl.generators.multiplex``) names itself in ``loop``."""
 
+    kind: str = "event"
+    """The wire's kind (always ``event``; the event's own type is its ``type`` tag)."""
     source: str | None = None
     role: str | None = None
-    type: str | None = None
+    loop: str | None = None
+
+    @property
+    def type(self) -> str:
+        return type(self).__struct_config__.tag
+
+    def as_map(self) -> dict:
+        """The flat map it travels as, less ``kind``, ``schema`` and unset (None) fields: for the
+        controller's records (``steps.jsonl``, final reports, the console)."""
+        out = msgspec.to_builtins(self)
+        return {k: v for k, v in out.items() if k not in ("kind", "schema") and v is not None}
 
 
-class Control(OpenMessage, tag="control"):
-    """A command to the processes of ``roles`` (every role when None): ``stop``, ``go``, ``requeue``,
-    ``checkpoint``, ``checkpoint_committed``; ``id`` names it for its acknowledgement."""
+class ReadyEvent(Event, kw_only=True, tag="ready"):
+    """The process is up and waits for ``go``; a generator says the version it serves."""
 
-    command: str
+    version: int | None = None
+
+
+class ErrorEvent(Event, kw_only=True, tag="error"):
+    """The process failed with ``error`` and is exiting."""
+
+    error: str
+
+
+class CheckpointPartEvent(Event, kw_only=True, tag="checkpoint_part"):
+    """The process wrote its ``part`` of the checkpoint of ``version``."""
+
+    part: str
+    version: int
+    seconds: float | None = None
+
+
+class RequeuedEvent(Event, kw_only=True, tag="requeued"):
+    """The dispatcher answered the requeue command ``id``: ``groups`` of ``scope`` to dispatch again."""
+
+    scope: str
+    groups: int
+    generator: str | None = None
+    id: str | None = None
+
+
+class StepEvent(Event, kw_only=True, tag="step"):
+    """The learner's step that produced ``version``; the trainer's optional stats ride along."""
+
+    version: int
+    loss: float
+    reward: float
+    accuracy: float
+    tokens: int
+    samples: int
+    wait_s: float
+    step_s: float
+    staleness_mean: float
+    staleness_max: float
+    clipfrac: float | None = None
+    is_weight_mean: float | None = None
+    is_weight_max: float | None = None
+    is_weight_ess: float | None = None
+    masked_frac: float | None = None
+    behaviour_kl: float | None = None
+    mismatch_kl: float | None = None
+    entropy: float | None = None
+    ref_kl: float | None = None
+    kl_coef: float | None = None
+    grad_norm: float | None = None
+    grad_norm_max: float | None = None
+    grad_clipped: float | None = None
+    grad_clip_coef: float | None = None
+    lr: float | None = None
+    updates: int | None = None
+    approx_kl: float | None = None
+    clipfrac_by_epoch: list[float] | None = None
+    approx_kl_by_epoch: list[float] | None = None
+    value_loss: float | None = None
+    truncated_frac: float | None = None
+    overlong_penalty: float | None = None
+    padding_frac: float | None = None
+    outside_truncation_frac: float | None = None
+
+
+class DoneEvent(Event, kw_only=True, tag="done"):
+    """The learner took its last step, reaching ``version``."""
+
+    version: int
+
+
+class BroadcastEvent(Event, kw_only=True, tag="broadcast"):
+    """The learner published ``version`` over ``transport``, and what it cost."""
+
+    version: int
+    transport: str
+    published_at: float
+    """The learner's wall clock when it started publishing."""
+    gather_s: float
+    probe_s: float
+    bytes: int
+    buckets: int
+    seconds: float
+    extra_bytes: int | None = None
+    """Peak bytes of buffers the transport held beside the weights (stream transport)."""
+
+
+class VersionEvent(Event, kw_only=True, tag="version"):
+    """A generator now serves ``version``, and how long each stage of getting there took."""
+
+    version: int
+    apply_s: float
+    load_s: float
+    receive_s: float
+    probe_s: float
+    ready_at: float | None
+    served_at: float
+    """Wall clock, joined with the learner's ``published_at`` (``asyncrl.weights.timeline``)."""
+    bytes: int
+    probe_diff: float | None = None
+
+
+class FinalEvent(Event, kw_only=True, tag="final"):
+    """A process's last counters, before it exits; each role sends its own (the controller's
+    accounting, ``asyncrl.controller.accounting``, reconciles them)."""
+
+    peak_rss_bytes: int | None = None
+    """Peak RSS of the process and its live descendants."""
+    # shared by several roles
+    version: int | None = None
+    held: int | None = None
+    dropped: dict[str, int] | None = None
+    requeued: int | None = None
+    rejected_frames: int | None = None
+    busy_s: float | None = None
+    wall_s: float | None = None
+    # buffer
+    inserted: int | None = None
+    sampled: int | None = None
+    resampled: int | None = None
+    held_groups: int | None = None
+    removed: dict[str, int] | None = None
+    priority_updates_ignored: int | None = None
+    # dispatcher
+    dispatched: int | None = None
+    epoch: int | None = None
+    index: int | None = None
+    passed_over: int | None = None
+    # generator
+    generated: int | None = None
+    tokens: int | None = None
+    eval_prompts: int | None = None
+    eval_s: float | None = None
+    # learner
+    trained: int | None = None
+    trained_with_reuse: int | None = None
+    staleness_hist: dict[str, int] | None = None
+    latency_s: dict[str, float] | None = None
+    trained_tokens: int | None = None
+    # reward worker
+    received: int | None = None
+    forwarded: int | None = None
+    handed_out: int | None = None
+    unscored: int | None = None
+    # reference process
+    served: int | None = None
+
+
+EVENTS: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls
+    for cls in (
+        ReadyEvent,
+        ErrorEvent,
+        CheckpointPartEvent,
+        RequeuedEvent,
+        StepEvent,
+        DoneEvent,
+        BroadcastEvent,
+        VersionEvent,
+        FinalEvent,
+    )
+}
+"""Event type -> its declared type: every event a process may send."""
+
+
+class Control(Message, kw_only=True, tag_field="command"):
+    """A command to the processes of ``roles`` (every role when None), one type per ``command``
+    below; ``id`` names it for its acknowledgement."""
+
+    kind: str = "control"
+    """The wire's kind (always ``control``; the command is its ``command`` tag)."""
     roles: list[str] | None = None
     id: str | None = None
+
+    @property
+    def command(self) -> str:
+        return type(self).__struct_config__.tag
+
+
+class StopCommand(Control, kw_only=True, tag="stop"):
+    """Stop: finish what is in hand, send the final report, exit."""
+
+
+class GoCommand(Control, kw_only=True, tag="go"):
+    """Every process is ready: start working."""
+
+
+class RequeueCommand(Control, kw_only=True, tag="requeue"):
+    """The dispatcher hands out again the groups of ``scope`` (of ``generator``) that were lost."""
+
+    scope: str
+    generator: str | None = None
+
+
+class CheckpointCommand(Control, kw_only=True, tag="checkpoint"):
+    """Write this role's part of the checkpoint of ``version`` into ``dir``."""
+
+    dir: str
+    version: NonNegative
+
+
+class CheckpointCommittedCommand(Control, kw_only=True, tag="checkpoint_committed"):
+    """The checkpoint of ``version`` is complete: state kept only until then may go."""
+
+    version: NonNegative
+
+
+COMMANDS: dict[str, type[Control]] = {
+    cls.__struct_config__.tag: cls
+    for cls in (StopCommand, GoCommand, RequeueCommand, CheckpointCommand, CheckpointCommittedCommand)
+}
+"""Command -> its declared type: every command the controller sends."""
 
 
 TYPES: dict[str, type[Message]] = {
@@ -434,9 +625,10 @@ TYPES: dict[str, type[Message]] = {
         WeightsBegin,
         WeightsBucket,
         WeightsEnd,
-        Event,
-        Control,
     )
-}
-"""kind -> its type: every kind the wire knows."""
+} | {"event": Event, "control": Control}
+"""kind -> its type: every kind the wire knows (``event`` and ``control``: the base of their
+tagged unions, ``EVENTS`` and ``COMMANDS``)."""
+VARIANTS: dict[str, tuple[type[Message], ...]] = {"event": tuple(EVENTS.values()), "control": tuple(COMMANDS.values())}
+"""The kinds that are tagged unions: kind -> its variants, one of which a frame of it decodes to."""
 KINDS = tuple(TYPES)

@@ -70,8 +70,8 @@ def test_a_held_request_is_answered_when_groups_arrive(running):
     reply, waited = running.ask(2, timeout_s=30.0)
     assert reply is not None and reply[0] == "batch"
     body = reply[1]
-    assert sorted(g.group_id for g in body["groups"]) == ["a", "b"]
-    assert len(body["group_keys"]) == len(body["probabilities"]) == len(body["is_weights"]) == 2
+    assert sorted(g.group_id for g in body.groups) == ["a", "b"]
+    assert len(body.group_keys) == len(body.probabilities) == len(body.is_weights) == 2
     # Held, not refused (the groups come 0.3 s in), and answered when they came, not at the
     # deadline (30 s): the upper bound leaves a loaded machine seconds of delay, yet is far from it.
     assert 0.25 < waited < 20.0
@@ -84,7 +84,7 @@ def test_a_request_that_cannot_be_served_is_answered_empty_before_its_deadline(r
     monkeypatch.setattr(buffer_channels, "REPLY_MARGIN_S", 2.0)
     running.send(scored("a"))
     reply, waited = running.ask(3, timeout_s=3.0)
-    assert reply is not None and reply[1]["groups"] == []
+    assert reply is not None and reply[1].groups == []
     assert 1.0 <= waited < 3.0  # held until the deadline less the margin, answered before it
     assert len(running.buf) == 1  # nothing was taken
 
@@ -101,7 +101,7 @@ def test_rate_limited_inserts_wait_in_the_socket_and_stream_in_order(running):
     trained = []
     for _ in range(5):
         reply, _ = running.ask(2, timeout_s=5.0)
-        trained += [g.group_id for g in reply[1]["groups"]]
+        trained += [g.group_id for g in reply[1].groups]
     assert trained == [f"g{i}" for i in range(10)]  # each group once, in order, none lost
     assert running.buf.reconcile()["sampled"] == 40
 
@@ -110,14 +110,14 @@ def test_rate_limited_inserts_wait_in_the_socket_and_stream_in_order(running):
 def test_priority_updates_ride_on_the_next_request_and_bad_requests_are_counted(running):
     running.send(scored("a"), scored("b"))
     reply, _ = running.ask(2)
-    keys = reply[1]["group_keys"]
+    keys = reply[1].group_keys
     reply, _ = running.ask(1, priority_updates=PriorityUpdates(group_keys=keys, priorities=[0.5, 0.0]))
-    assert reply is not None and len(reply[1]["groups"]) == 1
+    assert reply is not None and len(reply[1].groups) == 1
     slots = np.asarray(keys) % running.buf.storage.max_items
     assert running.buf.sampler.priorities(slots).tolist() == pytest.approx([0.5, 1e-3])
 
     reply, _ = running.ask(1, priority_updates=PriorityUpdates(group_keys=keys, priorities=[math.nan, 0.1]))
-    assert reply is not None and len(reply[1]["groups"]) == 1  # the batch is still served
+    assert reply is not None and len(reply[1].groups) == 1  # the batch is still served
     assert running.ask(0, timeout_s=0.5)[0] is None  # num_groups 0: rejected, never answered
     reply = running.learner.request(WantBatch(num_groups=1, timeout_s=math.nan), timeout=0.5)
     assert reply is None  # a request that could wait forever is refused

@@ -9,6 +9,7 @@ from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller.checkpointing import CheckpointCoordinator
 from asyncrl.controller.commands import CommandSender
 from asyncrl.rundir.checkpoints import latest_checkpoint, staging_dir
+from asyncrl.wire.messages import CheckpointPartEvent
 
 
 class Control:
@@ -35,20 +36,20 @@ def saved(tmp_path, version, part):
     else:
         path.mkdir(parents=True, exist_ok=True)
         (path / "state.bin").write_bytes(b"x")
-    return {"type": "checkpoint_part", "version": version, "part": part}
+    return CheckpointPartEvent(version=version, part=part)
 
 
 def test_the_parts_are_asked_for_in_order_and_committed_with_all_in(tmp_path):
     c, control = coordinator(tmp_path)
     c.on_part(saved(tmp_path, 4, "learner"))
-    assert [(b["command"], b["roles"]) for b in control.sent] == [("checkpoint", ["buffer"])]
+    assert [(b.command, b.roles) for b in control.sent] == [("checkpoint", ["buffer"])]
     assert set(c.commands.unacked) == {"buffer@4"}
     c.on_part(saved(tmp_path, 4, "buffer"))
-    assert set(c.commands.unacked) == {"dispatcher@4"} and control.sent[-1]["roles"] == ["dispatcher"]
+    assert set(c.commands.unacked) == {"dispatcher@4"} and control.sent[-1].roles == ["dispatcher"]
     assert latest_checkpoint(tmp_path) is None  # not before the last part
     c.on_part(saved(tmp_path, 4, "dispatcher.json"))
     assert c.committed == [4] and c.pending is None and not c.commands.unacked
-    assert latest_checkpoint(tmp_path).name.endswith("4") and control.sent[-1]["command"] == "checkpoint_committed"
+    assert latest_checkpoint(tmp_path).name.endswith("4") and control.sent[-1].command == "checkpoint_committed"
 
 
 def test_an_overtaken_checkpoint_is_abandoned_and_a_late_answer_ignored(tmp_path):

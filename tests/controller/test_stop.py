@@ -8,7 +8,7 @@ from asyncrl.controller.events import EventPump
 from asyncrl.controller.reports import ProcessReports
 from asyncrl.controller.stopping import Stopper
 from asyncrl.controller.watchdog import StallWatch
-from asyncrl.wire.messages import Event
+from asyncrl.wire.messages import EVENTS
 
 
 class Fleet:
@@ -28,7 +28,7 @@ class Events:
         self.events = list(events)
 
     def recv(self, timeout):
-        return ("event", Event.from_map(self.events.pop(0))) if self.events else None
+        return ("event", self.events.pop(0)) if self.events else None
 
 
 class Control:
@@ -48,7 +48,7 @@ def stopper(events):
 
 
 def event(source, type, **fields):
-    return {"source": source, "role": "reward", "type": type, **fields}
+    return EVENTS[type](source=source, role="reward", **fields)
 
 
 def test_the_stop_waits_for_a_joined_workers_final_report():
@@ -56,7 +56,7 @@ def test_the_stop_waits_for_a_joined_workers_final_report():
         [
             event("reward-hot", "ready"),  # joined mid-run: not one of the fleet's
             event("reward-0", "final", received=4),
-            *[event("reward-hot", "heartbeat")] * 3,  # still draining
+            *[event("reward-hot", "ready")] * 3,  # still draining
             event("reward-hot", "final", received=2),
         ]
     )

@@ -43,8 +43,8 @@ def test_a_dead_generator_is_restarted_and_its_prompts_requeued(tmp_path):
     fleet.died["generator-1"] = -9
     assert s.check(fleet, commands) is None
     (body,) = commands.publisher.sent
-    assert body["command"] == "requeue" and body["scope"] == "generator" and body["generator"] == "generator-1"
-    assert list(commands.unacked) == [body["id"]]  # resent until the dispatcher answers
+    assert body.command == "requeue" and body.scope == "generator" and body.generator == "generator-1"
+    assert list(commands.unacked) == [body.id]  # resent until the dispatcher answers
     assert fleet.restarted == ["generator-1"] and "generator-1" not in s.progress.generator_versions
     assert [d["name"] for d in s.deaths] == ["generator-1"]
 

@@ -42,12 +42,12 @@ def test_a_generator_answers_one_request_per_turn_and_counts_it_apart():
         wait_until(lambda: answer_eval_request(engine, receiver, ctx, counters), "a turn that answers a request")
         assert counters.requests == 1 and counters.prompts == 2
         kind, body = events.recv(timeout=5)
-        assert kind == "eval_result" and body["chunk"] == 0 and body["round"] == "v2"
-        assert body["texts"] == ["52", "20"] and body["version"] == 5 and body["generator"] == "generator-0"
-        assert body["queued_s"] >= 0 and body["seconds"] >= 0
+        assert kind == "eval_result" and body.chunk == 0 and body.round == "v2"
+        assert body.texts == ["52", "20"] and body.version == 5 and body.generator == "generator-0"
+        assert body.queued_s >= 0 and body.seconds >= 0
         wait_until(lambda: answer_eval_request(engine, receiver, ctx, counters), "a turn that answers the second")
         assert counters.requests == 2
-        assert events.recv(timeout=5)[1]["texts"] == ["2"]
+        assert events.recv(timeout=5)[1].texts == ["2"]
         assert not answer_eval_request(engine, receiver, ctx, counters)  # nothing waiting: no wait either
     finally:
         for sock in (sender, receiver, events, ctx.events):
@@ -68,7 +68,7 @@ def test_a_prompt_the_engine_refuses_fails_the_request_not_the_generator():
         counters = EvalCounters()
         engine = Refusing(MockEngineConfig())
         wait_until(lambda: answer_eval_request(engine, receiver, ctx, counters), "a turn that answers the request")
-        assert events.recv(timeout=5)[1]["texts"] == ["", ""]
+        assert events.recv(timeout=5)[1].texts == ["", ""]
     finally:
         for sock in (sender, receiver, events, ctx.events):
             sock.close()

@@ -28,7 +28,7 @@ def test_a_group_is_stamped_with_its_oldest_version_and_keeps_only_informative_s
     assert group.policy_version == 4
     assert [s.version_segments for s in group.samples] == [[[0, 4], [3, 5]], None, [[0, 5]]]
     _, body = decode(encode_group(group))
-    assert [s.version_segments for s in body["group"].samples] == [[[0, 4], [3, 5]], None, [[0, 5]]]
+    assert [s.version_segments for s in body.group.samples] == [[[0, 4], [3, 5]], None, [[0, 5]]]
 
 
 def test_unlabelled_completions_take_the_version_given():

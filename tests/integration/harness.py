@@ -11,7 +11,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import Control
+from asyncrl.wire.messages import Event, StopCommand
 from asyncrl.wire.sockets import Publisher, StreamReceiver
 
 
@@ -37,9 +37,9 @@ class Harness:
             env=env,
         )
 
-    def wait_for(self, source: str, type: str, timeout: float = 60) -> dict:
+    def wait_for(self, source: str, type: str, timeout: float = 60) -> Event:
         for ev in self.seen:
-            if ev["source"] == source and ev["type"] == type:
+            if ev.source == source and ev.type == type:
                 return ev
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -49,19 +49,20 @@ class Harness:
             if msg is None:
                 continue
             self.seen.append(msg[1])
-            if msg[1]["source"] == source and msg[1]["type"] == type:
+            if msg[1].source == source and msg[1].type == type:
                 return msg[1]
         raise TimeoutError(f"no {type!r} event from {source} within {timeout} s")
 
     def stop(self, roles: list[str], names: list[str], timeout: float = 30) -> dict[str, dict]:
+        """Stop ``roles`` and return each of ``names``' final report, as the map it travels as."""
         finals = {}
         deadline = time.monotonic() + timeout
         while len(finals) < len(names) and time.monotonic() < deadline:
-            self.control.send(Control(command="stop", roles=roles))
+            self.control.send(StopCommand(roles=roles))
             for n in names:
                 if n not in finals:
                     try:
-                        finals[n] = self.wait_for(n, "final", timeout=0.3)
+                        finals[n] = self.wait_for(n, "final", timeout=0.3).as_map()
                     except TimeoutError:
                         pass
         assert len(finals) == len(names), f"no final report from {set(names) - set(finals)}"

@@ -67,7 +67,7 @@ def test_bad_frames_are_rejected_counted_logged_once_and_serving_goes_on(stream,
     learner = RequestClient(h.endpoints.buffer_requests, name="test.learner")
     reply = learner.request(WantBatch(num_groups=2, policy_version=0, timeout_s=20), timeout=20)
     assert reply is not None and reply[0] == "batch"
-    groups = {g.group_id: g for g in reply[1]["groups"]}
+    groups = {g.group_id: g for g in reply[1].groups}
     assert set(groups) == {"good", "direct"}
     assert [s.reward for s in groups["good"].samples] == [1.0, 0.0, 0.0, 0.0]
 

@@ -62,7 +62,7 @@ def test_a_curve_run_serves_keyed_clients_and_refuses_and_counts_others(curve_ru
     to_buffer.send_frame(wire.encode_group(make_group("keyed", rewards=[1.0, 0.0, 0.0, 1.0])), timeout=10)
     learner = RequestClient(h.endpoints.buffer_requests, name="test.learner")
     reply = learner.request(WantBatch(num_groups=1, policy_version=0, timeout_s=20), timeout=20)
-    assert reply is not None and [g.group_id for g in reply[1]["groups"]] == ["keyed"]  # the intruder's never came
+    assert reply is not None and [g.group_id for g in reply[1].groups] == ["keyed"]  # the intruder's never came
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read() == b"ok\n"
 
     finals = h.stop(["buffer"], ["buffer"])

@@ -67,7 +67,7 @@ def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path)
         start_hot_worker(h, "reward-hot2", connect=h.endpoints.reward_share)  # a second one joins by address
         h.wait_for("reward-hot2", "ready")
         finals = h.stop(["reward"], ["reward-0", "reward-hot2"], timeout=60)
-        finals["reward-hot"] = hot
+        finals["reward-hot"] = hot.as_map()
         finals.update(h.stop(["buffer"], ["buffer"]))
     finally:
         h.close()

@@ -48,7 +48,7 @@ def test_per_token_rewards_sum_into_the_scalar_and_travel_on_the_wire():
     assert [s.reward for s in group.samples] == [3.0, 3.0]
     np.testing.assert_allclose(group.samples[1].token_rewards, [1.0, 1.0, 1.0])
     _, body = wire.decode(wire.encode_group(group))
-    back = body["group"].samples[0]
+    back = body.group.samples[0]
     np.testing.assert_allclose(back.token_rewards, [0.0, 0.0, 2.0])
     assert back.reward_parts == {"tok": 1.0, "bonus": 1.0}
 

@@ -1,10 +1,12 @@
 """The controller's side of held-out evaluation: rounds, windows, timeouts, scores."""
 
+import msgspec
 import pytest
 
 from asyncrl.tasks.heldout import EvalConfig, EvalRound, HeldOutEvaluator
 from asyncrl.tasks.prompts import Prompt
 from asyncrl.wire import WireError, decode, encode, encode_map
+from asyncrl.wire.messages import EvalResult
 
 PROMPTS = [Prompt(str(i), f"{i}+1=", str(i + 1), "addition") for i in range(10)]
 
@@ -32,8 +34,8 @@ class Sender:
 
 
 def answer(request, right=True, version=3, generator="generator-0"):
-    texts = [str(int(p[:-3]) + (1 if right else 2)) for p in request["prompts"]]
-    body = {"round": request["round"], "chunk": request["chunk"], "generator": generator, "version": version}
+    texts = [str(int(p[:-3]) + (1 if right else 2)) for p in request.prompts]
+    body = {"round": request.round, "chunk": request.chunk, "generator": generator, "version": version}
     body.update(texts=texts, seconds=0.5, queued_s=0.1)
     return decode(encode_map("eval_result", body))[1]
 
@@ -48,10 +50,10 @@ def test_a_round_is_scored_over_every_prompt_with_the_versions_that_answered():
     ev = evaluator(clock, sender)
     assert ev.start("v4", 4)
     ev.poll(num_generators=2)
-    assert [r["chunk"] for r in sender.sent] == [0, 1]  # one request per generator at a time
+    assert [r.chunk for r in sender.sent] == [0, 1]  # one request per generator at a time
     assert ev.answer(answer(sender.sent[0], right=True, version=4)) is None
     ev.poll(num_generators=2)
-    assert [r["chunk"] for r in sender.sent] == [0, 1, 2]  # the window moved on
+    assert [r.chunk for r in sender.sent] == [0, 1, 2]  # the window moved on
     assert ev.answer(answer(sender.sent[1], right=False, version=5, generator="generator-1")) is None
     record = ev.answer(answer(sender.sent[2], right=True, version=5))
     # chunks of 4, 4 and 2 prompts: 4 + 2 right of 10
@@ -67,7 +69,7 @@ def test_late_or_repeated_answers_are_ignored():
     ev.start("before", 0)
     ev.poll(1)
     first = answer(sender.sent[0], right=False)
-    ev.answer({**first, "round": "v2"})  # a round that has ended
+    ev.answer(msgspec.structs.replace(first, round="v2"))  # a round that has ended
     record = ev.answer(first)
     assert record["exact_match"] == 0.0
     assert ev.answer(first) is None  # no round open any more
@@ -81,7 +83,7 @@ def test_a_request_past_its_timeout_is_offered_again_then_the_round_fails():
     ev.poll(1)
     clock.now = 18.5
     ev.poll(1)
-    assert [r["chunk"] for r in sender.sent] == [0, 0]  # offered again
+    assert [r.chunk for r in sender.sent] == [0, 0]  # offered again
     clock.now = 37.5
     record = ev.poll(1)
     assert record["exact_match"] is None and "request 0 unanswered 2 times" in record["failed"]
@@ -110,7 +112,10 @@ def test_one_round_at_a_time_and_no_offer_without_a_taker():
 
 def test_answers_must_match_their_request():
     round_ = EvalRound("v2", 2, PROMPTS, chunk_prompts=4, max_new_tokens=4)
-    assert round_.answer({"chunk": 0, "version": 2, "generator": "g", "texts": ["1"], "seconds": 0}) is None
+    assert (
+        round_.answer(EvalResult(round="v2", chunk=0, version=2, generator="g", texts=["1"], seconds=0, queued_s=0))
+        is None
+    )
     assert 0 not in round_.correct
     with pytest.raises(ValueError, match=r"prompts \(0 given\)"):
         EvalRound("v2", 2, [], chunk_prompts=4, max_new_tokens=4)
@@ -118,7 +123,7 @@ def test_answers_must_match_their_request():
 
 def test_the_wire_refuses_malformed_eval_messages():
     good = {"round": "v2", "chunk": 0, "version": 2, "prompts": ["1+1="], "max_new_tokens": 4, "sent_at": 1.0}
-    assert decode(encode_map("eval_request", good))[1]["prompts"] == ["1+1="]
+    assert decode(encode_map("eval_request", good))[1].prompts == ["1+1="]
     for bad in ({**good, "prompts": [1]}, {**good, "chunk": "0"}, {k: v for k, v in good.items() if k != "round"}):
         with pytest.raises(WireError, match="bad_fields"):
             decode(encode_map("eval_request", bad))

@@ -15,7 +15,7 @@ def test_group_round_trip_keeps_arrays_and_fields():
     g = make_group(rewards=[1.0, 0.0, 1.0, 0.0], version=7)
     kind, body = wire.decode(wire.encode_group(g))
     assert kind == "group"
-    back = body["group"]
+    back = body.group
     assert back.group_id == g.group_id and back.policy_version == 7
     for a, b in zip(g.samples, back.samples):
         assert a.uid == b.uid and a.reward == b.reward
@@ -35,7 +35,7 @@ def test_arrays_travel_as_raw_bytes_not_lists():
 def test_batch_round_trip():
     groups = [make_group(f"g{i}", rewards=[1.0] * 4) for i in range(3)]
     kind, body = wire.decode(wire.encode_map("batch", {"groups": [wire.group_to_dict(g) for g in groups]}))
-    assert kind == "batch" and [g.group_id for g in body["groups"]] == ["g0", "g1", "g2"]
+    assert kind == "batch" and [g.group_id for g in body.groups] == ["g0", "g1", "g2"]
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,9 @@ def test_mismatched_lengths_and_non_numeric_dtypes_are_rejected():
         wire.decode(wire.encode_map("group", {"group": d}))
     bad_array = {"__nd__": True, "dtype": "O", "shape": [1], "data": b"\x00" * 8}
     with pytest.raises(wire.WireError) as err:
-        wire.decode(msgpack.packb({"schema": wire.SCHEMA_VERSION, "kind": "event", "x": bad_array}))
+        wire.decode(
+            msgpack.packb({"schema": wire.SCHEMA_VERSION, "kind": "weights", "policy_version": 1, "x": bad_array})
+        )
     assert err.value.reason == "bad_array"
 
 
@@ -140,7 +142,7 @@ def test_wrongly_typed_fields_are_rejected_or_decode_to_well_typed_records(group
         _kind, body = wire.decode(wire.encode_map("group", {"group": d}))
     except wire.WireError:
         return
-    g = body["group"]  # accepted: then every field has the type the schema says
+    g = body.group  # accepted: then every field has the type the schema says
     assert all(
         isinstance(getattr(g, f), str) for f in ("group_id", "prompt_uid", "task", "prompt", "answer", "generator")
     )
@@ -193,7 +195,9 @@ def test_deeply_nested_messages_are_rejected_not_raised(kind):
 
 
 def test_arrays_are_restored_in_any_message_not_only_groups():
-    frame = wire.encode_map("event", {"logprobs": np.ones((2, 3), np.float32), "meta": [{"a": np.arange(2)}]})
+    frame = wire.encode_map(
+        "weights", {"policy_version": 1, "logprobs": np.ones((2, 3), np.float32), "meta": [{"a": np.arange(2)}]}
+    )
     kind, body = wire.decode(frame)
-    assert body["logprobs"].shape == (2, 3) and body["logprobs"].dtype == np.float32
-    assert body["meta"][0]["a"].tolist() == [0, 1]
+    assert body.extra["logprobs"].shape == (2, 3) and body.extra["logprobs"].dtype == np.float32
+    assert body.extra["meta"][0]["a"].tolist() == [0, 1]

@@ -9,7 +9,7 @@ from asyncrl.config import RunConfig, dump_config
 from asyncrl.observability.metrics import REGISTRY
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import Control, Event, Prompts, WantPrompts
+from asyncrl.wire.messages import GoCommand, Prompts, ReadyEvent, WantPrompts
 from asyncrl.wire.security import SecurityConfig, write_keys
 from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, Subscriber
 from tests.waits import wait_until
@@ -89,23 +89,21 @@ def test_curve_round_trips_on_every_socket_pair(keys):
     rx = StreamReceiver("tcp://127.0.0.1:*", name="test.curve.rx")
     tx = StreamSender(rx.address, name="test.curve.tx")
     assert rx.curve and tx.curve
-    tx.send(Event(extra={"x": 1}), timeout=5)
-    assert rx.recv(timeout=5) == ("event", {"x": 1})
+    tx.send(ReadyEvent(version=1), timeout=5)
+    assert rx.recv(timeout=5) == ("event", ReadyEvent(version=1))
 
     server = ReplyServer("tcp://127.0.0.1:*", name="test.curve.server")
     client = RequestClient(server.address, name="test.curve.client")
     assert client.request(WantPrompts(generator="g", max_prompts=1), timeout=0.5) is None
     who, kind, body = server.recv(timeout=5)
-    server.reply(who, Prompts(prompts=[ROW]), body["request_id"])
-    assert client.receive(timeout=5)[1]["prompts"] == [ROW]
+    server.reply(who, Prompts(prompts=[ROW]), body.request_id)
+    assert client.receive(timeout=5)[1].prompts == [ROW]
 
     pub = Publisher("tcp://127.0.0.1:*", name="test.curve.pub")
     sub = Subscriber(pub.address, name="test.curve.sub")
     # A slow joiner misses early messages: repeat until one arrives.
-    got = wait_until(
-        lambda: pub.send(Control(command="go")) or sub.recv(timeout=0.05), "the subscriber to hear the publisher"
-    )
-    assert got == ("control", {"command": "go"})
+    got = wait_until(lambda: pub.send(GoCommand()) or sub.recv(timeout=0.05), "the subscriber to hear the publisher")
+    assert got == ("control", GoCommand())
     for s in (tx, rx, client, server, sub, pub):
         s.close()
 
@@ -134,8 +132,8 @@ def test_clients_without_the_right_keys_are_refused_and_counted(keys, tmp_path, 
     assert rx.recv(timeout=0.3) is None and rx.rejected == 0  # nothing got through to be decoded
 
     good = StreamSender(rx.address, name="test.curve.good")  # the server keeps serving keyed clients
-    good.send(Event(extra={"ok": True}), timeout=5)
-    assert rx.recv(timeout=5) == ("event", {"ok": True})
+    good.send(ReadyEvent(version=2), timeout=5)
+    assert rx.recv(timeout=5) == ("event", ReadyEvent(version=2))
     assert caplog.text.count("failed the CURVE handshake") == 1  # logged once, counted every time
     for name in ("server", "client"):
         assert secret_of(keys / f"{name}.key_secret").decode() not in caplog.text

@@ -5,7 +5,7 @@ import zmq
 from asyncrl import wire
 from asyncrl.observability.metrics import REGISTRY
 from asyncrl.wire import security
-from asyncrl.wire.messages import Event, Prompts, WantPrompts, WeightsAnnouncement
+from asyncrl.wire.messages import ErrorEvent, Prompts, ReadyEvent, WantPrompts, WeightsAnnouncement
 from asyncrl.wire.security import SecurityConfig
 from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, Subscriber
 from tests.factories import make_group
@@ -19,7 +19,7 @@ def test_push_pull_carries_groups_and_skips_bad_frames():
     tx.send_frame(msgpack.packb({"schema": 999, "kind": "group"}))
     tx.send_frame(wire.encode_group(make_group("good")))
     kind, body = rx.recv(timeout=5)
-    assert kind == "group" and body["group"].group_id == "good"
+    assert kind == "group" and body.group.group_id == "good"
     assert rx.rejected == 2
     assert rx.recv(timeout=0.05) is None
     tx.close()
@@ -29,14 +29,14 @@ def test_push_pull_carries_groups_and_skips_bad_frames():
 def test_send_times_out_when_no_receiver_takes_frames():
     tx = StreamSender("tcp://127.0.0.1:1", name="test.nobody")  # connects lazily; no peer ever
     with pytest.raises(TimeoutError):
-        tx.send(Event(extra={"x": 1}), timeout=0.2)
+        tx.send(ReadyEvent(version=1), timeout=0.2)
     tx.close()
 
 
 def test_oversized_frames_are_refused_by_the_socket_and_counted():
     rx = StreamReceiver("tcp://127.0.0.1:*", name="test.small", max_message_bytes=1024)
     tx = StreamSender(rx.address, name="test.big")
-    tx.send(Event(extra={"blob": b"x" * 4096}))
+    tx.send(ErrorEvent(error="x" * 4096))
     assert rx.recv(timeout=0.5) is None  # ZeroMQ cut the peer instead of buffering 4 KiB
     # The cut is seen on the socket's monitor once the sender has reconnected by itself.
     wait_until(lambda: rx.rejected, "the receiver's monitor to count the cut peer", interval=0.05)
@@ -44,8 +44,8 @@ def test_oversized_frames_are_refused_by_the_socket_and_counted():
     assert (
         REGISTRY.get_sample_value("asyncrl_rejected_frames_total", {"socket": "test.small", "reason": "oversized"}) == 1
     )
-    tx.send(Event(extra={"fits": True}))  # the receiver, and the reconnected sender, keep going
-    assert rx.recv(timeout=5) == ("event", {"fits": True}) and rx.rejected == 1
+    tx.send(ReadyEvent(version=3))  # the receiver, and the reconnected sender, keep going
+    assert rx.recv(timeout=5) == ("event", ReadyEvent(version=3)) and rx.rejected == 1
     tx.close()
     rx.close()
 
@@ -74,17 +74,17 @@ def test_a_late_reply_is_returned_by_the_next_request_not_dropped():
     client = RequestClient(server.address, name="test.client")
     assert client.request(WantPrompts(generator="g", max_prompts=1), timeout=0.2) is None  # unanswered: times out
     who, _kind, body = server.recv(timeout=1)
-    server.reply(who, Prompts(prompts=[row("late")]), body["request_id"])
+    server.reply(who, Prompts(prompts=[row("late")]), body.request_id)
     kind, reply = client.request(WantPrompts(generator="g", max_prompts=1), timeout=5)
-    assert kind == "prompts" and reply["prompts"] == [row("late")] and reply["request_id"] == 1
+    assert kind == "prompts" and reply.prompts == [row("late")] and reply.request_id == 1
     who, _kind, body = server.recv(timeout=1)
-    server.reply(who, Prompts(prompts=[row("fresh")]), body["request_id"])
+    server.reply(who, Prompts(prompts=[row("fresh")]), body.request_id)
     kind, reply = client.request(WantPrompts(generator="g", max_prompts=1), timeout=5)
-    assert reply["prompts"] == [row("fresh")] and reply["request_id"] == 2
+    assert reply.prompts == [row("fresh")] and reply.request_id == 2
     who, _kind, body = server.recv(timeout=1)  # request 3 timed out on the client side ...
-    server.reply(who, Prompts(prompts=[row("last")]), body["request_id"])
+    server.reply(who, Prompts(prompts=[row("last")]), body.request_id)
     kind, reply = client.receive(timeout=5)  # ... and its answer is still collected
-    assert reply["prompts"] == [row("last")] and reply["request_id"] == 3
+    assert reply.prompts == [row("last")] and reply.request_id == 3
     client.close()
     server.close()
 
