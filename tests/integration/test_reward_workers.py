@@ -62,12 +62,12 @@ def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path)
             interval=0.1,
         )
         h.procs["reward-hot"].send_signal(signal.SIGTERM)  # leaves mid-stream, holding groups
-        hot = h.wait_for("reward-hot", "final", timeout=30)
+        hot = h.wait_for("reward-hot", "final", timeout=30).as_map()
         assert h.procs["reward-hot"].wait(30) == 0
         start_hot_worker(h, "reward-hot2", connect=h.endpoints.reward_share)  # a second one joins by address
         h.wait_for("reward-hot2", "ready")
         finals = h.stop(["reward"], ["reward-0", "reward-hot2"], timeout=60)
-        finals["reward-hot"] = hot.as_map()
+        finals["reward-hot"] = hot
         finals.update(h.stop(["buffer"], ["buffer"]))
     finally:
         h.close()

@@ -14,6 +14,7 @@ from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.config import WeightSyncConfig
 from asyncrl.weights.nccl import NcclWeightPublisher, NcclWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
+from asyncrl.wire.messages import WeightsAnnouncement
 from tests.waits import has_message, wait_subscribed
 
 
@@ -88,7 +89,7 @@ def test_collective_round_trip_over_gloo_is_bit_identical_for_every_version():
 def test_a_subscriber_waiting_for_a_silent_learner_names_what_it_waited_for():
     pub = NcclWeightPublisher("tcp://127.0.0.1:0", num_subscribers=1, backend="gloo", timeout_s=30)
     sub = NcclWeightSubscriber(pub.address, rank=1, name="gen-0.weights", backend="gloo", timeout_s=1.0)
-    announcement = {"policy_version": 4, "transport": "nccl", "store": pub.store_address, "world_size": 2}
+    announcement = WeightsAnnouncement(policy_version=4, transport="nccl", store=pub.store_address, world_size=2)
     with pytest.raises(
         WeightSyncError, match=r"gen-0.weights: waited 1.0 s to join the learner's gloo group at .* as rank 1 of 2"
     ):
