@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asyncrl.wire.messages import BufferStatus
 
 DISPATCHED, BUFFERED, TRAINED = "dispatched", "buffered", "trained"
 
@@ -58,22 +62,22 @@ class Outstanding:
         else:
             e.state, e.generator, e.at = DISPATCHED, generator, now
 
-    def settle(self, status) -> int:
-        """Apply a status report (a ``BufferStatus``, or a map of its fields): ``inserted``,
+    def settle(self, status: BufferStatus) -> int:
+        """Apply a status report: ``inserted``,
         ``dropped`` ids, ``trained`` [version, ids] pairs.
         Returns how many outstanding groups it retires untrained: each frees its admission slot
         once, however many copies of it are dropped (a copy of a trained group frees nothing)."""
         retired = 0
-        for gid in status.get("inserted", ()):
+        for gid in status.inserted:
             e = self.entries.get(gid)
             if e is not None and e.state == DISPATCHED:
                 e.state = BUFFERED
-        for gid in status.get("dropped", ()):
+        for gid in status.dropped:
             e = self.entries.get(gid)
             if e is not None and e.state != TRAINED:
                 del self.entries[gid]
                 retired += 1
-        for version, gids in status.get("trained", ()):
+        for version, gids in status.trained:
             for gid in gids:
                 e = self.entries.get(gid)
                 if e is not None and not self.keep_trained:

@@ -379,10 +379,14 @@ class Event(Message, kw_only=True, tag_field="type"):
         return type(self).__struct_config__.tag
 
     def as_map(self) -> dict:
-        """The flat map it travels as, less ``kind``, ``schema`` and unset (None) fields: for the
+        """The flat map it travels as, less ``kind``, ``schema`` and the optional fields left unset
+        (None; a required field that is None, such as a step's ``accuracy``, stays): for the
         controller's records (``steps.jsonl``, final reports, the console)."""
         out = msgspec.to_builtins(self)
-        return {k: v for k, v in out.items() if k not in ("kind", "schema") and v is not None}
+        unset = {
+            f.encode_name for f in msgspec.structs.fields(self) if not f.required and out.get(f.encode_name) is None
+        }
+        return {k: v for k, v in out.items() if k not in ("kind", "schema") and k not in unset}
 
 
 class ReadyEvent(Event, kw_only=True, tag="ready"):
@@ -420,7 +424,8 @@ class StepEvent(Event, kw_only=True, tag="step"):
     version: int
     loss: float
     reward: float
-    accuracy: float
+    accuracy: float | None
+    """None when no correctness reward scored the batch (``asyncrl.tasks.answers.batch_accuracy``)."""
     tokens: int
     samples: int
     wait_s: float
