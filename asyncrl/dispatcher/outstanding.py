@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from asyncrl.wire.messages import BufferStatus
+    from collections.abc import Iterable
 
 DISPATCHED, BUFFERED, TRAINED = "dispatched", "buffered", "trained"
 
@@ -62,22 +62,24 @@ class Outstanding:
         else:
             e.state, e.generator, e.at = DISPATCHED, generator, now
 
-    def settle(self, status: BufferStatus) -> int:
-        """Apply a status report: ``inserted``,
-        ``dropped`` ids, ``trained`` [version, ids] pairs.
+    def settle(
+        self, inserted: Iterable[str] = (), dropped: Iterable[str] = (), trained: Iterable[tuple[int, list[str]]] = ()
+    ) -> int:
+        """Apply what became of groups (a buffer status report's, or a generator's drops): ``inserted``
+        and ``dropped`` ids, ``trained`` [version, ids] pairs.
         Returns how many outstanding groups it retires untrained: each frees its admission slot
         once, however many copies of it are dropped (a copy of a trained group frees nothing)."""
         retired = 0
-        for gid in status.inserted:
+        for gid in inserted:
             e = self.entries.get(gid)
             if e is not None and e.state == DISPATCHED:
                 e.state = BUFFERED
-        for gid in status.dropped:
+        for gid in dropped:
             e = self.entries.get(gid)
             if e is not None and e.state != TRAINED:
                 del self.entries[gid]
                 retired += 1
-        for version, gids in status.trained:
+        for version, gids in trained:
             for gid in gids:
                 e = self.entries.get(gid)
                 if e is not None and not self.keep_trained:

@@ -86,12 +86,12 @@ class Dispatcher:
         count restarts with it and counts every copy of a group dispatched again."""
         for status in self.status.latest():
             self.admission.update(status.learner_version)
-            self.admission.dropped += self.outstanding.settle(status)
+            self.admission.dropped += self.outstanding.settle(status.inserted, status.dropped, status.trained)
 
     def hold_requests(self) -> None:
         for client, request in self.requests.take(READ_WAIT_S):
             # Groups the generator dropped (invalid) are settled: their reason is in its ledger.
-            self.admission.dropped += self.outstanding.settle({"dropped": request.dropped})
+            self.admission.dropped += self.outstanding.settle(dropped=request.dropped)
             self.requests.hold(client, request, self.admission.version)
 
     def requeue_expired(self, now: float) -> None:

@@ -8,12 +8,6 @@ from asyncrl.dispatcher.cursor import PromptCursor
 from asyncrl.dispatcher.outstanding import Outstanding
 from asyncrl.rundir.ledger import GroupIdSet
 from asyncrl.tasks.prompts import Prompt
-from asyncrl.wire.messages import BufferStatus
-
-
-def status(fields: dict) -> BufferStatus:
-    """A buffer status report of ``fields`` (ids inserted, dropped, trained)."""
-    return BufferStatus(learner_version=0, **fields)
 
 
 def rows(*seqs):
@@ -26,7 +20,7 @@ def outstanding_with(now=0.0):
         o.dispatched(row, "generator-0", now)
     for row in rows(2, 3):
         o.dispatched(row, "generator-1", now)
-    o.settle(status({"inserted": ["g00000001", "g00000003"]}))
+    o.settle(inserted=["g00000001", "g00000003"])
     return o
 
 
@@ -47,16 +41,16 @@ def test_a_dead_reward_worker_sends_out_every_group_not_yet_in_the_buffer():
 
 def test_a_dead_buffer_sends_out_everything_not_trained_or_dropped():
     o = outstanding_with()
-    o.settle(status({"trained": [[1, ["g00000001"]]], "dropped": ["g00000002"]}))
+    o.settle(trained=[[1, ["g00000001"]]], dropped=["g00000002"])
     assert o.requeue("buffered") == 2 and queued(o) == ["g00000000", "g00000003"]
 
 
 def test_a_queued_group_settled_meanwhile_is_not_sent_again():
     o = outstanding_with()
     assert o.requeue("buffered") == 4  # the buffer died: everything not trained goes out again
-    o.settle(status({"inserted": ["g00000000"]}))  # its original was on its way and reached the new buffer
-    o.settle(status({"trained": [[1, ["g00000001"]]]}))
-    o.settle(status({"dropped": ["g00000002"]}))
+    o.settle(inserted=["g00000000"])  # its original was on its way and reached the new buffer
+    o.settle(trained=[[1, ["g00000001"]]])
+    o.settle(dropped=["g00000002"])
     assert [r["group_id"] for r in o.take_again(8)] == ["g00000003"]
     assert o.passed_over == 3 and not o.again
     assert o.requeue("buffered") == 2  # what reached the buffer can be lost with it again
@@ -71,7 +65,7 @@ def test_an_expired_lease_sends_a_group_out_again():
 
 def test_trained_groups_are_kept_until_a_checkpoint_holds_them():
     o = outstanding_with()
-    o.settle(status({"trained": [[4, ["g00000001"]], [6, ["g00000003"]]]}))
+    o.settle(trained=[[4, ["g00000001"]], [6, ["g00000003"]]])
     assert {r["group_id"] for r in o.to_checkpoint(version=5)} == {"g00000000", "g00000002", "g00000003"}
     o.forget_trained(5)
     assert "g00000001" not in o.entries and "g00000003" in o.entries
@@ -83,7 +77,7 @@ def test_dispatcher_checkpoint_round_trip_sends_out_what_no_other_part_holds(tmp
     cursor.take(4)
     admission.dispatched, admission.version = 4, 3
     o = outstanding_with()
-    o.settle(status({"trained": [[2, ["g00000002"]], [3, ["g00000000"]]]}))
+    o.settle(trained=[[2, ["g00000002"]], [3, ["g00000000"]]])
     ckpt = tmp_path / "v3"
     (ckpt / "buffer").mkdir(parents=True)
     (ckpt / "learner").mkdir()
@@ -105,7 +99,7 @@ def test_dispatcher_checkpoint_round_trip_sends_out_what_no_other_part_holds(tmp
 def test_without_checkpoints_trained_groups_are_forgotten_at_once():
     o = Outstanding(keep_trained=False)
     o.dispatched(rows(0)[0], "generator-0", 0.0)
-    o.settle(status({"trained": [[1, ["g00000000"]]]}))
+    o.settle(trained=[[1, ["g00000000"]]])
     assert o.entries == {}
 
 
@@ -120,7 +114,7 @@ def test_a_dropped_duplicate_copy_does_not_settle_its_group():
 
 def test_a_group_frees_its_admission_slot_once_however_many_copies_are_dropped():
     o = outstanding_with()
-    assert o.settle(status({"dropped": ["g00000000"]})) == 1
-    assert o.settle(status({"dropped": ["g00000000"]})) == 0  # a second copy of it
-    o.settle(status({"trained": [[1, ["g00000001"]]]}))
-    assert o.settle(status({"dropped": ["g00000001"]})) == 0  # a copy of a trained group
+    assert o.settle(dropped=["g00000000"]) == 1
+    assert o.settle(dropped=["g00000000"]) == 0  # a second copy of it
+    o.settle(trained=[[1, ["g00000001"]]])
+    assert o.settle(dropped=["g00000001"]) == 0  # a copy of a trained group
