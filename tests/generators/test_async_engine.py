@@ -115,7 +115,7 @@ def test_a_generation_spanning_an_update_records_two_segments_and_samples_the_ne
     )
     assert group.policy_version == 0
     _, body = decode(encode_group(group))
-    got = {s.uid: s.version_segments for s in body["group"].samples}
+    got = {s.uid: s.version_segments for s in body.group.samples}
     assert got == {s.uid: s.version_segments for s in group.samples}
     assert any(seg is not None and len(seg) == 2 for seg in got.values())
 

@@ -98,7 +98,7 @@ def test_probe_catches_a_deliberately_corrupted_bucket(engine, learner):
     with pytest.raises(WeightSyncError, match=f"probe after applying version {version}: .* > atol 0.001"):
         _apply(engine, sub, pub, RecordingContext())
     wait_until(lambda: pub.errors, "the subscriber's error report", tick=pub.announce)
-    assert pub.errors and pub.errors[0]["subscriber"] == "gen-0.weights" and "probe" in pub.errors[0]["error"]
+    assert pub.errors and pub.errors[0].subscriber == "gen-0.weights" and "probe" in pub.errors[0].error
     pub.close()
     sub.close()
 
