@@ -446,7 +446,7 @@ class ShmWeightSubscriber:
             if version <= max(self._taken, self._served):
                 continue  # a repeat, or older than what is served
             try:
-                if "part" in body.extra:
+                if body.part is not None:
                     self._take_part(body)
                     continue
                 announced_at = time.monotonic()
@@ -468,7 +468,7 @@ class ShmWeightSubscriber:
     def _take_part(self, body: WeightsAnnouncement) -> None:
         """Map and check one bucket of a version still being written (announced early); ``fetch``
         then only maps the buckets it has not seen. A part gone already is left to ``fetch``."""
-        version, entry = body.policy_version, body.extra["bucket"]
+        version, entry = body.policy_version, body.bucket
         for old in [v for v in self._parts if v < version]:
             del self._parts[old]
         path = Path(body.dir) / entry["file"]

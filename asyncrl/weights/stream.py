@@ -301,7 +301,7 @@ class ZmqWeightSubscriber:
                     raise WeightSyncError(
                         f"{self.name}: version {version} ended after {index} buckets, the learner sent {body.num_buckets}"
                     )
-                meta = begin.extra
+                meta = {k: v for k, v in begin.as_dict().items() if k != "policy_version"}
                 update = WeightUpdate(version, tensors, meta, total, time.perf_counter() - start)
                 # The newest version's buffers are kept for the next one (same sizes); older ones go.
                 update._on_done = lambda error: setattr(self, "_spare", buffers)

@@ -306,8 +306,9 @@ class EvalResult(Message, tag="eval_result"):
 
 class WeightsAnnouncement(OpenMessage, tag="weights"):
     """Weights of ``policy_version`` are ready: at ``path`` (file transport), in shared memory
-    (``dir``, ``buckets``) or over NCCL (``store``, ``world_size``); ``extra`` carries the
-    publisher's meta (a ``probe``, timestamps)."""
+    (``dir``, ``buckets``) or over NCCL (``store``, ``world_size``), with the publisher's
+    ``probe``; or (shm) one bucket, ``part``, announced while the next ones are written. Keys
+    it does not declare land in ``extra``."""
 
     policy_version: NonNegative
     transport: str | None = None
@@ -317,6 +318,12 @@ class WeightsAnnouncement(OpenMessage, tag="weights"):
     ack: str | None = None
     store: str | None = None
     world_size: int | None = None
+    probe: dict[str, Any] | None = None
+    """The learner's probe of the version: a prompt, a continuation and its logprobs
+    (``asyncrl.weights.probe``), checked by a generator after applying it."""
+    part: NonNegative | None = None
+    """The index of the one bucket an early (shm) announcement is about, in ``bucket``."""
+    bucket: dict[str, Any] | None = None
 
 
 class WeightsAck(Message, tag="weights_ack"):
@@ -336,9 +343,10 @@ class WeightsError(Message, tag="weights_error"):
 
 
 class WeightsBegin(OpenMessage, tag="weights_begin"):
-    """A streamed version begins; ``extra`` carries the publisher's meta."""
+    """A streamed version begins, with the publisher's ``probe`` (see ``WeightsAnnouncement``)."""
 
     policy_version: NonNegative
+    probe: dict[str, Any] | None = None
 
 
 class WeightsBucket(Message, tag="weights_bucket"):
