@@ -29,9 +29,9 @@ def faults(key: str, attempt: int, body: dict):
     if kind == 2 and attempt == 1:
         return ("status", 503, None)
     if kind == 3 and attempt == 1:
-        return ("sleep", 2.0, score)  # past the client's timeout
+        return ("sleep", 6.0, score)  # well past the client's timeout
     if kind == 4:
-        return ("sleep", 0.2, score)  # slow but in time
+        return ("sleep", 0.2, score)  # slow, but in time even on a loaded machine (timeout_s 2.0)
     if kind == 5:
         return ("garbage",)
     if kind == 6:
@@ -53,7 +53,7 @@ def test_every_sample_ends_scored_or_unscored_with_its_reason(server, monkeypatc
     cfg = JsonScorerConfig(
         url=server.url,
         api_key_env="TEST_SCORER_KEY",
-        timeout_s=0.5,
+        timeout_s=2.0,
         max_retries=MAX_RETRIES,
         backoff_base_s=0.01,
         backoff_max_s=0.2,
