@@ -30,13 +30,20 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logprobs - ref_logprobs).square()
 
 
+K3_BOUND = 10.0
+"""Bound on one token's k3 value (the references' ±10)."""
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(log pi_ref - log pi_theta) - 1 - (log pi_ref - log pi_theta), per token, (B, T).
 
-    The log-ratio is clamped to [-20, 20] before exp so that one wild token cannot overflow.
+    The log-ratio is clamped to [-20, 20] before exp so that exp cannot overflow, and the value to
+    [-K3_BOUND, K3_BOUND] (as verl and OpenRLHF do) so that one wild token, whose k3 could otherwise
+    reach e^20 ~ 4.9e8, cannot swamp the loss; k3 >= 0, so only the upper bound ever acts. Tokens
+    past the bound get no gradient from the KL term.
     """
     log_ratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
-    return log_ratio.exp() - 1.0 - log_ratio
+    return (log_ratio.exp() - 1.0 - log_ratio).clamp(-K3_BOUND, K3_BOUND)
 
 
 def kl_abs(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

@@ -318,15 +318,18 @@ def value_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss, per token (B, T), and whether the clipped branch was taken.
 
-        v_clipped = old_values + clip(values - old_values, -value_clip, value_clip)
+        v_clipped = clip(values, old_values - value_clip, old_values + value_clip)
         loss_t    = 0.5 * max((values - R)^2, (v_clipped - R)^2)           (value_clip None: the first)
 
-    Aggregate it like the policy loss (e.g. ``token_mean(loss, mask)``).
+    Aggregate it like the policy loss (e.g. ``token_mean(loss, mask)``). The references write
+    ``old + clip(values - old, ±c)``, which is the same value but differs from ``values`` by an ulp
+    when nothing is clipped; clamping ``values`` itself keeps ``v_clipped == values`` exactly inside
+    the range, so the clip fraction counts only tokens that were clipped.
     """
     unclipped = (values - returns).square()
     if value_clip is None:
         return 0.5 * unclipped * mask, torch.zeros_like(unclipped, dtype=torch.bool)
-    v_clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    v_clipped = torch.clamp(values, old_values - value_clip, old_values + value_clip)
     clipped = (v_clipped - returns).square()
     return 0.5 * torch.max(unclipped, clipped) * mask, (clipped > unclipped) & (mask > 0)
 

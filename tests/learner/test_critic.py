@@ -42,6 +42,20 @@ def test_value_loss_by_hand():
     torch.testing.assert_close(loss, torch.tensor([[0.5, 0.18]]))
 
 
+def test_values_well_inside_the_clip_range_count_as_unclipped():
+    # |values - old| <= 0.15 < clip 0.2 everywhere. Old values of many magnitudes make
+    # old + clip(values - old) differ from values by an ulp for some tokens (v - old is rounded):
+    # those must not count as clipped, nor change the loss.
+    generator = torch.Generator().manual_seed(0)
+    shape = (256, 256)
+    old = (torch.rand(shape, generator=generator) - 0.5) * 0.1 * torch.exp(-20 * torch.rand(shape, generator=generator))
+    values = (torch.rand(shape, generator=generator) - 0.5) * 0.2
+    returns = torch.full(shape, 3.0)
+    loss, clipped = value_loss(values, old, returns, torch.ones(shape), value_clip=0.2)
+    assert not clipped.any()
+    torch.testing.assert_close(loss, 0.5 * (values - returns).square(), rtol=0, atol=0)
+
+
 def test_token_rewards_put_the_reward_on_the_last_response_token():
     groups = make_groups(40, num_groups=1, group_size=2)
     batch = collate(groups, [[0.0, 0.0]], pad_id=0)

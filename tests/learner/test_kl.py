@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncrl.learner.config import KLConfig
-from asyncrl.learner.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, make_kl_controller
+from asyncrl.learner.kl import K3_BOUND, KL_ESTIMATORS, AdaptiveKLController, FixedKLController, make_kl_controller
 
 
 def test_estimators_by_hand():
@@ -47,3 +47,13 @@ def test_controllers():
     assert isinstance(make_kl_controller(KLConfig()), FixedKLController)
     with pytest.raises(ValueError, match=r"coef \(0.0\) must be > 0"):
         AdaptiveKLController(0.0, 1.0, 10)
+
+
+def test_k3_is_bounded_in_both_tails():
+    # log(ref/pi) = -50 (pi far above ref): -1 - (-20 after the clamp) = 19, bounded to 10.
+    # log(ref/pi) = +30 (ref far above pi): e^20 - 21 ~ 4.9e8, bounded to 10.
+    lp = torch.tensor([[0.0, -40.0, -1.0]])
+    ref = torch.tensor([[-50.0, -10.0, -1.5]])
+    k3 = KL_ESTIMATORS["k3"](lp, ref)
+    assert k3[0, 0].item() == K3_BOUND and k3[0, 1].item() == K3_BOUND
+    assert k3[0, 2].item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)  # inside: untouched
