@@ -159,7 +159,7 @@ class RunConfig(Config):
 
     @model_validator(mode="after")
     def _check_placement(self) -> RunConfig:
-        self.placement.check_counts(self.run.num_generators)
+        self.placement.check_counts(self.run.num_generators, self.learner.ranks)
         gpus, tp = self.placement.generator.num_gpus, self.engine.tensor_parallel_size
         if gpus and gpus != tp:
             raise ValueError(

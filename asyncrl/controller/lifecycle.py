@@ -31,7 +31,7 @@ from asyncrl.controller.reports import ProcessReports, TrainingProgress
 from asyncrl.controller.stopping import Stopper
 from asyncrl.controller.supervision import Supervisor
 from asyncrl.controller.watchdog import StallWatch
-from asyncrl.fleet.launcher import process_names, run_roles
+from asyncrl.fleet.launcher import learner_rank_env, process_names, run_roles
 from asyncrl.observability.scrape import write_scrape_config
 from asyncrl.roles import ROLE_NAMES
 from asyncrl.rundir.ledger import LedgerWriter
@@ -41,8 +41,6 @@ from asyncrl.wire.messages import CheckpointPartEvent, Event, GoCommand, ReadyEv
 
 log = logging.getLogger("asyncrl")
 
-LEARNER_RANK_ENV = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-"""The learner's DeepSpeed rendezvous on this machine: one rank (a port free now is added)."""
 GO_REPEATS = 10
 """Times the first "go" is sent, 10 ms apart: PUB drops it for a subscriber not yet connected."""
 GO_EVERY_S = 1.0
@@ -91,10 +89,11 @@ class Lifecycle:
         cfg, fleet = self.cfg, self.fleet
         env = {"ASYNCRL_RESUME": str(checkpoint) if checkpoint is not None else ""}
         for r in run_roles(cfg):  # asyncrl.roles: the start order
-            role_env = env
-            if r.name == "learner":
-                role_env = {**env, **LEARNER_RANK_ENV, "MASTER_PORT": str(free_ports(1)[0])}
-            for name in process_names(cfg, r.name):
+            names = process_names(cfg, r.name)
+            role_envs = [env] * len(names)
+            if r.name == "learner":  # one rendezvous port, free now, for the group
+                role_envs = [{**env, **rank} for rank in learner_rank_env(len(names), free_ports(1)[0])]
+            for name, role_env in zip(names, role_envs):
                 fleet.start(r.name, name, role_env)
         ready = set()
         deadline = time.monotonic() + startup_bound(cfg, fleet.model_dir)

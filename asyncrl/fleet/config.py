@@ -56,7 +56,7 @@ class RolePlacement(Config):
     count: int | None = Field(None, ge=1)
     """Instances of this role; None: as many as the run starts (``run.num_generators`` generators,
     one of every other role). When given it must agree with the run; for the learner it is the
-    number of ranks, kept in one placement group."""
+    number of ranks (``learner.ranks``), kept in one placement group."""
     num_cpus: float = Field(1.0, ge=0)
     """Logical CPUs each instance reserves on its node."""
     num_gpus: float = Field(0.0, ge=0)
@@ -97,7 +97,7 @@ class PlacementConfig(Config):
         for role, n in expected.items():
             count = getattr(self, role).count
             if count is not None and count != n:
-                source = "run.num_generators" if role == "generator" else "the run"
+                source = {"generator": "run.num_generators", "learner": "learner.ranks"}.get(role, "the run")
                 raise ValueError(f"placement.{role}.count ({count}) must equal the {n} that {source} starts")
 
 

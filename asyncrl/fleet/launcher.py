@@ -52,7 +52,7 @@ def make_fleet(cfg: RunConfig, run_dir: Path, model_dir: Path, env: dict[str, st
     launcher = cfg.launcher
     if launcher.address == "local" and launcher.num_cpus is None:
         launcher = launcher.model_copy(update={"num_cpus": max(os.cpu_count() or 1, math.ceil(placed_cpus(cfg)))})
-    return RayFleet(run_dir, model_dir, settings, launcher, cfg.placement, binding_roles(cfg))
+    return RayFleet(run_dir, model_dir, settings, launcher, cfg.placement, binding_roles(cfg), cfg.learner.ranks)
 
 
 def placed_cpus(cfg: RunConfig) -> float:
@@ -77,7 +77,35 @@ def process_names(cfg: RunConfig, role: str) -> list[str]:
         return generator_process_names(cfg)  # several simulated engines may share one process
     if role == "reward":
         return ["reward-0"]  # the owner of the stream; more workers may join by address
+    if role == "learner":
+        return learner_process_names(cfg.learner.ranks)
     return [role]
+
+
+def learner_process_names(ranks: int) -> list[str]:
+    """The learner's processes, by rank: rank 0 is ``learner`` (it talks to the buffer, the
+    generators and the controller for the group), rank r > 0 ``learner-r``.
+
+    >>> learner_process_names(3)
+    ['learner', 'learner-1', 'learner-2']
+    """
+    return ["learner"] + [f"learner-{rank}" for rank in range(1, ranks)]
+
+
+def learner_rank_env(ranks: int, master_port: int) -> list[dict[str, str]]:
+    """Each learner rank's DeepSpeed rendezvous on this machine, in rank order: ``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` (rank 0's, shared by all).
+    A Ray fleet on several machines replaces the master's address with rank 0's node."""
+    return [
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(ranks),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port),
+        }
+        for rank in range(ranks)
+    ]
 
 
 def binding_roles(cfg: RunConfig) -> list[str]:

@@ -98,17 +98,19 @@ class RayFleet:
         launcher: LauncherConfig,
         placement: PlacementConfig,
         binding_roles: list[str],
+        learner_ranks: int = 1,
     ):
         """Join or start the cluster, reserve the learner's placement group, and place every role
         that binds addresses (``binding_roles``), so that ``endpoints.json`` is final from here on.
-        ``settings``: environment variables every component gets on top of its node's own."""
+        ``settings``: environment variables every component gets on top of its node's own;
+        ``learner_ranks``: the learner's processes (``learner.ranks``), one bundle each."""
         self.run_dir = Path(run_dir)
         self.model_dir = model_dir
         self.settings = settings
         self.launcher = launcher
         self.placement = placement
         self.binding_roles = list(binding_roles)
-        self.learner_ranks = placement.learner.count or 1
+        self.learner_ranks = learner_ranks
         self.procs: dict[str, Component] = {}
         self.reserved: dict[str, Component] = {}
         self.master: dict[str, str] = {}

@@ -321,6 +321,10 @@ class LearnerConfig(Config):
 
     total_steps: int = Field(100, ge=1)
     """Learner steps to train (the final policy version)."""
+    ranks: int = Field(1, ge=1)
+    """Learner processes forming one DeepSpeed data-parallel group (gloo on CPUs, NCCL on GPUs).
+    Every step each rank trains on its share of the same batch, whole groups each; the loss and
+    gradient equal one rank's on the whole batch (``asyncrl.learner.sharding``)."""
     batch_groups: int = Field(16, ge=1)
     """Groups (prompts) per learner step; samples per step = batch_groups × sampling.n."""
     ppo_epochs: int = Field(1, ge=1)
@@ -333,6 +337,15 @@ class LearnerConfig(Config):
     """Seconds one request for a batch waits before it is asked again (and the wait logged)."""
     trainer: TrainerConfig = TrainerConfig()
     """The DeepSpeed engine and the loss."""
+
+    @model_validator(mode="after")
+    def _check_ranks(self) -> LearnerConfig:
+        if self.ranks > self.batch_groups:
+            raise ValueError(
+                f"learner.ranks ({self.ranks}) must be <= learner.batch_groups ({self.batch_groups}): "
+                "each rank trains whole groups of the batch"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_mini_batches(self) -> LearnerConfig:

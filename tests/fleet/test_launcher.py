@@ -37,7 +37,7 @@ def test_launcher_ray_is_short_for_kind_ray_and_dotted_keys_reach_it():
         (["launcher.bind_host=node"], r"bind_host \('node'\) must be 127.0.0.1 with launcher.kind local"),
         (["launcher.kind=ray", "launcher.bind_host=node"], r"weights.transport \(shm\) shares /dev/shm of one host"),
         (["placement.generator.count=3"], r"placement.generator.count \(3\) must equal the 2 that run.num_generators"),
-        (["placement.learner.count=2"], r"placement.learner.count \(2\) must equal the 1 that the run starts"),
+        (["placement.learner.count=2"], r"placement.learner.count \(2\) must equal the 1 that learner.ranks starts"),
         (["placement.generator.num_gpus=2"], r"num_gpus \(2.0\) must equal engine.tensor_parallel_size \(1\)"),
         (["placement.reward.num_gpus=1.5"], r"num_gpus \(1.5\) above 1 must be a whole number"),
         (["placement.critic={num_cpus: 1}"], r"critic"),
