@@ -121,9 +121,11 @@ class TrainerConfig(Config):
         return self
 
 
-AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "gae"]
+AdvEstimator = Literal[
+    "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "opo", "pass_at_k", "gae"
+]
 PolicyLoss = Literal["ppo_clip", "gspo", "cispo"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 Correction = Literal["none", "behaviour_ppo", "tis", "mis", "decoupled"]
 
 
@@ -215,11 +217,19 @@ class AlgorithmConfig(Config):
     """
 
     adv_estimator: AdvEstimator = "grpo"
-    """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs generator.greedy_baseline), gae (per-token, needs algorithm.critic)."""
+    """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs generator.greedy_baseline), opo (minus the group's length-weighted mean reward), pass_at_k (the analytical advantage of pass@k training, k = pass_k), gae (per-token, needs algorithm.critic)."""
+    std_estimator: Literal["population", "unbiased"] = "population"
+    """Every standard deviation the advantages take (GRPO's group std, REINFORCE++'s batch std, the critic's whitening): population (divide the variance by N, as OpenRLHF) or unbiased (by N - 1, as verl; GRPO's advantages shrink by sqrt((n - 1) / n), x0.71 at n = 2)."""
+    reinforce_pp_whitening: Literal["token", "sequence"] = "token"
+    """reinforce_pp(_baseline): whiten over every response token of the batch (the paper's, OpenRLHF's and verl's: long answers weigh more), or over sequences (each answer once)."""
+    pass_k: int = Field(1, ge=1)
+    """pass_at_k: the k of pass@k (<= sampling.n); 1 is GRPO."""
     policy_loss: PolicyLoss = "ppo_clip"
     """ppo_clip (token ratio, clip_low/clip_high, dual_clip), gspo (sequence ratio, length-normalised), cispo (clipped stop-gradient weight on log pi)."""
     loss_agg_mode: LossAggMode = "token-mean"
-    """How token losses become one number: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (token sums over a constant, Dr. GRPO)."""
+    """How token losses become one number: token-mean, token-sum (no normalisation), seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (token sums over a constant, Dr. GRPO)."""
+    kl_entropy_agg_mode: LossAggMode | None = None
+    """How the entropy bonus and the KL term of the loss (kl.use_in: loss) are aggregated; None: as loss_agg_mode (verl's choice); token-mean: every token weighs the same whatever the policy loss does (this learner's behaviour before the key existed)."""
     loss_norm_tokens: int | None = Field(None, ge=1)
     """The constant of seq-mean-token-sum-norm; None: ``sampling.max_tokens``."""
     clip_low: float = Field(0.2, gt=0)
@@ -245,7 +255,7 @@ class AlgorithmConfig(Config):
     critic: CriticConfig | None = None
     """The value model; required by (and only used by) ``adv_estimator: gae``."""
     entropy_coef: float = Field(0.0, ge=0)
-    """Entropy bonus: loss -= entropy_coef * token-mean entropy of pi_theta."""
+    """Entropy bonus: loss -= entropy_coef * the entropy of pi_theta aggregated by kl_entropy_agg_mode."""
     truncation: TruncationConfig = TruncationConfig()
     """Answers cut off at ``sampling.max_tokens``: keep (default), mask, penalise or drop."""
 
@@ -285,6 +295,11 @@ class AlgorithmConfig(Config):
                 f"algorithm.dual_clip ({self.dual_clip}) applies to policy_loss 'ppo_clip' only, "
                 f"not algorithm.policy_loss '{self.policy_loss}'"
             )
+        if self.pass_k != 1 and self.adv_estimator != "pass_at_k":
+            raise ValueError(
+                f"algorithm.pass_k ({self.pass_k}) is set but algorithm.adv_estimator '{self.adv_estimator}' "
+                "does not use it (only 'pass_at_k' does)"
+            )
         if self.kl.controller == "adaptive" and self.kl.coef == 0:
             raise ValueError(
                 "algorithm.kl.controller 'adaptive' needs algorithm.kl.coef > 0 (it multiplies beta), got 0"
@@ -307,10 +322,21 @@ class AlgorithmConfig(Config):
                 "algorithm.adv_estimator 'remax' needs the reward of each prompt's greedy answer: "
                 "set generator.greedy_baseline: true"
             )
-        group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")  # gae and reinforce_pp need no group
+        group_estimators = (
+            "grpo",
+            "dr_grpo",
+            "rloo",
+            "reinforce_pp_baseline",
+            "opo",
+            "pass_at_k",
+        )  # gae, reinforce_pp: none
         if self.adv_estimator in group_estimators and group_size < 2:
             raise ValueError(
                 f"algorithm.adv_estimator '{self.adv_estimator}' needs sampling.n >= 2 (a group baseline), got {group_size}"
+            )
+        if self.adv_estimator == "pass_at_k" and self.pass_k > group_size:
+            raise ValueError(
+                f"algorithm.pass_k ({self.pass_k}) must be <= sampling.n ({group_size}): k answers of a group"
             )
 
 

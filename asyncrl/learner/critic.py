@@ -11,7 +11,8 @@ the policy's update.
 
 ``critic_advantages`` is the policy step's side of it: the token rewards (with the KL penalty
 when ``kl.use_in`` is reward), V-trace's log(pi_prox / mu), one critic step, then the
-advantages written into the batch, optionally whitened, scaled by each group's importance weight.
+advantages written into the batch, optionally whitened (``whiten_tokens``), scaled by each
+group's importance weight.
 
 Alignment as in ``batch.py``: ``values[:, t]`` is V of the state at position t, the state in
 which ``input_ids[:, t + 1]`` is chosen, so values line up with ``response_mask``.
@@ -51,6 +52,18 @@ class ValueModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1).float()  # (B, L)
+
+
+def whiten_tokens(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """(values - mean) / (std + eps) over the tokens where ``mask`` is 1, 0 elsewhere; (B, T).
+
+    The variance divides by the token count N, or by N - 1 when ``unbiased``
+    (``algorithm.std_estimator``; verl's ``masked_whiten`` is unbiased, OpenRLHF's population).
+    """
+    n = mask.sum()
+    mean = (values * mask).sum() / n.clamp(min=1)
+    var = ((values - mean) * mask).square().sum() / (n - 1 if unbiased else n).clamp(min=1)
+    return (values - mean) / (var.sqrt() + eps) * mask
 
 
 def token_rewards(batch: TrainBatch, rewards: torch.Tensor) -> torch.Tensor:
@@ -161,9 +174,7 @@ def critic_advantages(
         batch.advantages[lo:hi, : adv.shape[1]] = adv.cpu()
     mask = batch.response_mask
     if algo.critic.whiten_advantages:
-        mean = (batch.advantages * mask).sum() / mask.sum().clamp(min=1)
-        var = (((batch.advantages - mean) * mask).square()).sum() / mask.sum().clamp(min=1)
-        batch.advantages.copy_((batch.advantages - mean) / (var.sqrt() + 1e-6) * mask)
+        batch.advantages.copy_(whiten_tokens(batch.advantages, mask, algo.std_estimator == "unbiased"))
     if weights is not None:
         w = torch.as_tensor(np.asarray(weights, dtype=np.float32).reshape(-1))
         if w.numel() != int(batch.group_index.max()) + 1 or not bool(torch.isfinite(w).all() and (w >= 0).all()):

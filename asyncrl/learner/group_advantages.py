@@ -2,8 +2,9 @@
 
 ``shaped_rewards`` adds the overlong penalty (``algorithm.truncation.mode: penalise``);
 ``group_advantages`` applies ``algorithm.adv_estimator`` (``asyncrl.learner.advantages``) group by
-group, or over the batch for the estimators that need it; ``weighted_advantages`` scales each
-group's row by its importance weight. One (n_g,) array per group throughout. The critic's
+group, or over the batch for the estimators that need it, with the options ``algorithm`` sets
+(``estimator_options``); ``weighted_advantages`` scales each group's row by its importance
+weight. One (n_g,) array per group throughout. The critic's
 per-token advantages (``gae``) are ``asyncrl.learner.critic``'s.
 """
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS, remax_advantages
 from asyncrl.learner.config import AlgorithmConfig
-from asyncrl.learner.truncation import overlong_penalty
+from asyncrl.learner.truncation import is_truncated, overlong_penalty
 from asyncrl.wire.schema import Group
 
 
@@ -34,6 +35,25 @@ def shaped_rewards(algo: AlgorithmConfig, groups: list[Group]) -> list[np.ndarra
     return rewards
 
 
+def loss_lengths(algo: AlgorithmConfig, groups: list[Group]) -> list[np.ndarray]:
+    """Each sample's response tokens in the loss, one (n_g,) row per group: its response length,
+    0 for a truncated sample under ``algorithm.truncation.mode: mask`` (out of the loss)."""
+    rows = [np.asarray([len(s.response_ids) for s in g.samples], dtype=np.float64) for g in groups]
+    if algo.truncation.mode == "mask":
+        rows = [np.where(is_truncated(g), 0.0, row) for row, g in zip(rows, groups)]
+    return rows
+
+
+def estimator_options(algo: AlgorithmConfig) -> dict:
+    """The keyword arguments ``algorithm`` gives every ``ADV_ESTIMATORS`` function (each takes
+    the ones it uses): the std estimator, REINFORCE++'s whitening, pass@k's k."""
+    return {
+        "unbiased": algo.std_estimator == "unbiased",
+        "whitening": algo.reinforce_pp_whitening,
+        "k": algo.pass_k,
+    }
+
+
 def group_advantages(
     algo: AlgorithmConfig, groups: list[Group], rewards: list[np.ndarray] | None = None
 ) -> list[np.ndarray]:
@@ -41,7 +61,8 @@ def group_advantages(
 
     ``rewards``: per-group reward rows to use instead of ``shaped_rewards`` (a KL-penalised
     reward). Groups of equal size are stacked (G, n); group-local estimators also take ragged
-    groups.
+    groups. The estimators that weigh samples by length (REINFORCE++'s token whitening, OPO's
+    baseline) get ``loss_lengths``.
     """
     if rewards is None:
         rewards = shaped_rewards(algo, groups)
@@ -54,14 +75,16 @@ def group_advantages(
     # gae's advantages are per token and need the critic (the training step); here, for replay
     # priorities, it stands in with the group-centred rewards.
     estimator = ADV_ESTIMATORS["dr_grpo" if algo.adv_estimator == "gae" else algo.adv_estimator]
+    options = estimator_options(algo)
+    lengths = loss_lengths(algo, groups)
     sizes = {len(r) for r in rewards}
     if len(sizes) == 1:
-        return list(estimator(np.stack(rewards)))  # (G, n) -> G rows
+        return list(estimator(np.stack(rewards), lengths=np.stack(lengths), **options))  # (G, n) -> G rows
     if algo.adv_estimator in BATCH_ESTIMATORS:
         raise ValueError(
             f"algorithm.adv_estimator '{algo.adv_estimator}' needs groups of one size, got sizes {sorted(sizes)}"
         )
-    return [estimator(r[None])[0] for r in rewards]
+    return [estimator(r[None], lengths=n[None], **options)[0] for r, n in zip(rewards, lengths)]
 
 
 def weighted_advantages(

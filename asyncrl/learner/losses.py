@@ -265,6 +265,13 @@ def log_linear_proximal_logprobs(
 # ---------------------------------------------------------------------------------------------
 # aggregation: (B, T) token losses -> scalar. Denominators may be given for the whole batch, so
 # that micro batches' losses sum to the batch's loss.
+#
+# A fully masked row (no token in the loss: a sequence-level masked IS drop, or a row of zero
+# length) adds 0 to every numerator. The token modes do not count it at all. The seq-mean modes
+# count it as a sequence of loss 0 when they count the rows themselves (num_seqs None:
+# mask.shape[0]); given num_seqs, the caller decides, and the learner's step counts every row in
+# the loss (all but truncated rows under truncation mode mask), so a row masked IS dropped whole
+# still counts. verl, counting the rows itself, leaves fully masked rows out of the mean.
 
 
 def token_mean(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
@@ -273,14 +280,24 @@ def token_mean(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=Non
     return (token_loss * mask).sum() / max(float(n), 1.0)
 
 
+def token_sum(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
+    """sum_{b,t} mask * loss   (no normalisation: the loss and its gradient grow with the batch's
+    tokens, so the learning rate carries the scale; micro batches' sums add up to the batch's)."""
+    return (token_loss * mask).sum()
+
+
 def seq_mean_token_sum(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
-    """mean_b sum_t mask * loss   (each sequence's token sum; long answers weigh more)."""
+    """sum_b sum_t mask * loss / num_seqs   (each sequence's token sum; long answers weigh more).
+
+    num_seqs None: mask.shape[0], fully masked rows included (each adds 0)."""
     n = mask.shape[0] if num_seqs is None else num_seqs
     return (token_loss * mask).sum() / max(float(n), 1.0)
 
 
 def seq_mean_token_mean(token_loss, mask, num_tokens=None, num_seqs=None, norm_tokens=None):
-    """mean_b (sum_t mask * loss / |y_b|)   (original GRPO: every sequence weighs the same)."""
+    """sum_b (sum_t mask * loss / |y_b|) / num_seqs   (original GRPO: every sequence weighs the same).
+
+    num_seqs None: mask.shape[0], fully masked rows included (|y_b| = 0: their mean is 0)."""
     n = mask.shape[0] if num_seqs is None else num_seqs
     per_seq = (token_loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
     return per_seq.sum() / max(float(n), 1.0)
@@ -290,6 +307,8 @@ def seq_mean_token_sum_norm(token_loss, mask, num_tokens=None, num_seqs=None, no
     """sum_{b,t} mask * loss / (num_seqs * norm_tokens)   (Dr. GRPO: a constant, no length bias).
 
     ``norm_tokens`` is a constant (the maximum response length); None: this batch's T.
+    num_seqs None: mask.shape[0], fully masked rows included (each adds 0). verl divides by
+    norm_tokens only (its sum over the mini-batch's sequences is not divided by their count).
     """
     n = mask.shape[0] if num_seqs is None else num_seqs
     norm = mask.shape[1] if norm_tokens is None else norm_tokens
@@ -298,11 +317,32 @@ def seq_mean_token_sum_norm(token_loss, mask, num_tokens=None, num_seqs=None, no
 
 LOSS_AGG_MODES: dict[str, Callable[..., torch.Tensor]] = {
     "token-mean": token_mean,
+    "token-sum": token_sum,
     "seq-mean-token-sum": seq_mean_token_sum,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
-"""Loss aggregation by ``algorithm.loss_agg_mode``."""
+"""Loss aggregation by ``algorithm.loss_agg_mode`` (and ``algorithm.kl_entropy_agg_mode``)."""
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    norm_tokens: float | None = None,
+) -> torch.Tensor:
+    """(B, T) per-token ``values`` to one number by ``LOSS_AGG_MODES[mode]``.
+
+    ``num_tokens``/``num_seqs``: the whole mini-batch's response tokens and sequences when
+    ``values`` is one micro batch of it (None: this tensor's), so that the micro batches' results
+    sum to the mini-batch's and their accumulated gradient is the mini-batch's;
+    ``norm_tokens``: seq-mean-token-sum-norm's constant.
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"aggregation mode ({mode!r}) must be one of {sorted(LOSS_AGG_MODES)}")
+    return LOSS_AGG_MODES[mode](values, mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,9 +440,7 @@ def compute_policy_loss(
         clip_high=algo.clip_high,
         dual_clip=algo.dual_clip,
     )
-    loss = LOSS_AGG_MODES[algo.loss_agg_mode](
-        weight.detach() * pg_loss, keep, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens
-    )
+    loss = aggregate(weight.detach() * pg_loss, keep, algo.loss_agg_mode, num_tokens, num_seqs, norm_tokens)
     with torch.no_grad():
         parts = {
             "weight_raw": _log_weights(proximal_logprobs, behaviour_logprobs, mask, "token").exp(),

@@ -38,7 +38,7 @@ from asyncrl.learner.critic import critic_advantages
 from asyncrl.learner.group_advantages import shaped_rewards, weighted_advantages
 from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.logprobs import TokenScores
-from asyncrl.learner.losses import compute_policy_loss, log_linear_proximal_logprobs
+from asyncrl.learner.losses import aggregate, compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.learner.packing import MicroBatchPlan, plan_micro_batches
 from asyncrl.learner.step_stats import add_micro_figures, step_stats
 from asyncrl.learner.truncation import is_truncated
@@ -262,8 +262,11 @@ def micro_loss(
     """One micro batch's share of its mini-batch's loss, normalised by the mini-batch's
     ``total_tokens`` and ``num_seqs``:
 
-        loss = policy loss (``compute_policy_loss``) - entropy_coef * sum_t H_t / N
-               + beta * sum_t KL_t(pi_theta, pi_ref) / N       (when ``kl.use_in`` is loss)
+        loss = policy loss (``compute_policy_loss``) - entropy_coef * agg(H)
+               + beta * agg(KL(pi_theta, pi_ref))              (when ``kl.use_in`` is loss)
+
+    agg: ``aggregate`` by ``kl_entropy_agg_mode`` (None: ``loss_agg_mode``) over the same
+    mini-batch normalisers as the policy loss.
 
     Returns ``(loss, policy_loss, parts, entropy_sum, kl_sum)``: ``parts`` the policy loss's
     per-token parts, ``kl_sum`` None without a reference.
@@ -294,12 +297,13 @@ def micro_loss(
     loss = policy_loss
     entropy = scores.entropy if algo.entropy_coef > 0 else scores.entropy.detach()  # (b, l-1)
     entropy_sum = (entropy * mask).sum()
+    agg = (algo.kl_entropy_agg_mode or algo.loss_agg_mode, total_tokens, num_seqs, step.norm_tokens)
     if algo.entropy_coef > 0:
-        loss = loss - algo.entropy_coef * entropy_sum / total_tokens
+        loss = loss - algo.entropy_coef * aggregate(entropy, mask, *agg)
     kl_sum = None
     if step.ref is not None:
         kl = KL_ESTIMATORS[algo.kl.estimator](logprobs, step.ref[a:b, :width].to(logprobs.device))  # (b, l-1)
         kl_sum = (kl * mask).sum()
         if algo.kl.use_in == "loss":
-            loss = loss + step.beta * kl_sum / total_tokens
+            loss = loss + step.beta * aggregate(kl, mask, *agg)
     return loss, policy_loss, parts, entropy_sum, kl_sum

@@ -125,3 +125,105 @@ def test_vtrace_by_hand():
     vs, adv = vtrace_targets(rewards, values, torch.tensor([[0.0, 0.0, math.log(0.5)]]), mask)
     torch.testing.assert_close(vs, torch.tensor([[0.85, 0.85, 0.85]]))
     torch.testing.assert_close(adv, torch.tensor([[0.35, 0.25, 0.15]]))
+
+
+# --- the references' forms: token-level whitening, the std estimator, OPO, pass@k ----------------
+
+from asyncrl.learner.advantages import opo_advantages, pass_at_k_advantages  # noqa: E402
+from asyncrl.learner.config import AlgorithmConfig  # noqa: E402
+from asyncrl.learner.group_advantages import group_advantages, loss_lengths  # noqa: E402
+from tests.factories import make_group  # noqa: E402
+
+
+def test_reinforce_pp_whitens_over_tokens_so_long_answers_weigh_more():
+    r = np.array([[1.0, 0.0], [1.0, 1.0]])
+    lengths = np.array([[3, 1], [1, 1]])
+    # tokens: five carry 1, one carries 0 -> mean 5/6, var (5 (1/6)^2 + (5/6)^2) / 6 = 5/36
+    s = np.sqrt(5 / 36)
+    expected = [[(1 / 6) / s, (-5 / 6) / s], [(1 / 6) / s, (1 / 6) / s]]
+    np.testing.assert_allclose(reinforce_pp_advantages(r, lengths=lengths, eps=0.0), expected, rtol=1e-6)
+    torch.testing.assert_close(
+        reinforce_pp_advantages(torch.tensor(r), lengths=lengths, eps=0.0), torch.tensor(expected, dtype=torch.float64)
+    )
+    # the sequence form is the one before: every sample once, mean 0.75, std sqrt(0.1875)
+    s = np.sqrt(0.1875)
+    seq = reinforce_pp_advantages(r, lengths=lengths, whitening="sequence", eps=0.0)
+    np.testing.assert_allclose(seq, [[0.25 / s, -0.75 / s], [0.25 / s, 0.25 / s]], rtol=1e-6)
+    # group baseline: [[0.5, -0.5], [0, 0]] over tokens 3x0.5, 1x-0.5, 2x0 -> mean 1/6, var 5/36... by hand:
+    # mean (1.5 - 0.5) / 6 = 1/6; var (3 (1/3)^2 + (2/3)^2 + 2 (1/6)^2) / 6 = (1/3 + 4/9 + 1/18) / 6 = 5/36
+    s = np.sqrt(5 / 36)
+    np.testing.assert_allclose(
+        reinforce_pp_advantages(r, group_baseline=True, lengths=lengths, eps=0.0),
+        [[(1 / 3) / s, (-2 / 3) / s], [(-1 / 6) / s, (-1 / 6) / s]],
+        rtol=1e-6,
+    )
+    with pytest.raises(ValueError, match=r"whitening \('tokens'\) must be 'token' or 'sequence'"):
+        reinforce_pp_advantages(r, whitening="tokens")
+
+
+def test_unbiased_std_scales_grpo_by_sqrt_n_minus_one_over_n():
+    r = np.array([[1.0, 0.0]])
+    np.testing.assert_allclose(grpo_advantages(r, eps=0.0), [[1.0, -1.0]])
+    np.testing.assert_allclose(grpo_advantages(r, eps=0.0, unbiased=True), [[np.sqrt(0.5), -np.sqrt(0.5)]])
+    torch.testing.assert_close(
+        grpo_advantages(torch.tensor(r), eps=0.0, unbiased=True), torch.tensor([[np.sqrt(0.5), -np.sqrt(0.5)]])
+    )
+    # REINFORCE++ over 4 samples [1, 0, 0, 1] (one token each): std 0.5, unbiased sqrt(1/3)
+    np.testing.assert_allclose(
+        reinforce_pp_advantages(np.array([[1.0, 0.0], [0.0, 1.0]]), eps=0.0, unbiased=True),
+        [[0.5 / np.sqrt(1 / 3), -0.5 / np.sqrt(1 / 3)], [-0.5 / np.sqrt(1 / 3), 0.5 / np.sqrt(1 / 3)]],
+    )
+
+
+def test_opo_baseline_is_the_length_weighted_mean_reward():
+    # b = (3 * 1 + 1 * 0) / 4 = 0.75
+    np.testing.assert_allclose(opo_advantages(np.array([[1.0, 0.0]]), lengths=np.array([[3, 1]])), [[0.25, -0.75]])
+    # equal lengths: Dr. GRPO's plain mean; a group of empty answers too
+    np.testing.assert_allclose(opo_advantages(np.array([[1.0, 0.0]]), lengths=np.array([[0, 0]])), [[0.5, -0.5]])
+    torch.testing.assert_close(
+        opo_advantages(torch.tensor([[2.0, 0.0, 1.0]]), lengths=np.array([[1, 2, 1]])),
+        torch.tensor([[1.25, -0.75, 0.25]]),
+    )
+    with pytest.raises(ValueError, match=r"opo needs each sample's response length"):
+        opo_advantages(np.array([[1.0, 0.0]]))
+
+
+def test_pass_at_k_matches_the_binary_closed_form_and_grpo_at_k_1():
+    # N = 4, one right: R_bar = 1 - C(3,2)/C(4,2) = 1/2, sigma = 1/2;
+    # A_pos = (1 - 1/2) / (1/2) = 1, A_neg = (1 - 1/2 - C(2,1)/C(3,1)) / (1/2) = -1/3
+    np.testing.assert_allclose(
+        pass_at_k_advantages(np.array([[1.0, 0.0, 0.0, 0.0]]), k=2, eps=0.0), [[1.0, -1 / 3, -1 / 3, -1 / 3]]
+    )
+    r = np.array([[1.0, 0.0, 0.0, 1.0], [0.2, 0.9, 0.4, 0.4]])
+    np.testing.assert_allclose(pass_at_k_advantages(r, k=1), grpo_advantages(r), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"k \(5\) must be in \[1, group size 4\]"):
+        pass_at_k_advantages(r, k=5)
+
+
+def test_pass_at_k_with_graded_rewards_by_hand():
+    # [0, 1, 2], k = 2: pairs {0,1} -> 1, {0,2} -> 2, {1,2} -> 2: R_bar = 5/3, E[max^2] = 3, var = 2/9;
+    # answer 0 is in {0,1}, {0,2}: 1.5; answer 1 in {0,1}, {1,2}: 1.5; answer 2: 2
+    s = np.sqrt(2 / 9)
+    expected = [[(1.5 - 5 / 3) / s, (1.5 - 5 / 3) / s, (2 - 5 / 3) / s]]
+    np.testing.assert_allclose(pass_at_k_advantages(np.array([[0.0, 1.0, 2.0]]), k=2, eps=0.0), expected, rtol=1e-6)
+    out = pass_at_k_advantages(torch.tensor([[0.0, 1.0, 2.0]]), k=2, eps=0.0)
+    torch.testing.assert_close(out, torch.tensor(expected, dtype=torch.float32))
+
+
+def test_group_advantages_weigh_by_the_tokens_in_the_loss():
+    groups = [make_group("a", n=2, rewards=[1.0, 0.0], length=3), make_group("b", n=2, rewards=[1.0, 1.0], length=1)]
+    groups[0].samples[1].response_ids = groups[0].samples[1].response_ids[:1]  # lengths [[3, 1], [1, 1]]
+    rows = group_advantages(AlgorithmConfig(adv_estimator="reinforce_pp"), groups)
+    expected = reinforce_pp_advantages(np.array([[1.0, 0.0], [1.0, 1.0]]), lengths=np.array([[3, 1], [1, 1]]))
+    np.testing.assert_allclose(np.stack(rows), expected, rtol=1e-6)
+    seq = group_advantages(AlgorithmConfig(adv_estimator="reinforce_pp", reinforce_pp_whitening="sequence"), groups)
+    np.testing.assert_allclose(np.stack(seq), reinforce_pp_advantages(np.array([[1.0, 0.0], [1.0, 1.0]])), rtol=1e-6)
+    opo = group_advantages(AlgorithmConfig(adv_estimator="opo"), groups)
+    np.testing.assert_allclose(np.stack(opo), [[0.25, -0.75], [0.0, 0.0]])
+    unbiased = group_advantages(AlgorithmConfig(std_estimator="unbiased"), groups)
+    np.testing.assert_allclose(unbiased[0], [np.sqrt(0.5), -np.sqrt(0.5)], rtol=1e-5)
+    # truncation mode mask: a truncated answer's tokens are out of the loss, so out of the statistics
+    groups[0].samples[0].finish_reason = "length"
+    masked = AlgorithmConfig(adv_estimator="opo", truncation={"mode": "mask"})
+    assert [row.tolist() for row in loss_lengths(masked, groups)] == [[0.0, 1.0], [1.0, 1.0]]
+    np.testing.assert_allclose(group_advantages(masked, groups)[0], [1.0, 0.0])

@@ -37,6 +37,10 @@ def test_defaults_are_decoupled_grpo_and_the_demo_loads():
         ({"kl": {"controller": "adaptive"}}, r"algorithm.kl.controller 'adaptive' needs algorithm.kl.coef > 0"),
         ({"kl": {"coef": -1.0}}, r"kl.coef \(-1.0\) must be >= 0"),
         ({"correction": "vtrace"}, r"correction"),
+        ({"pass_k": 4}, r"algorithm.pass_k \(4\) is set but algorithm.adv_estimator 'grpo' does not use it"),
+        ({"std_estimator": "bessel"}, r"std_estimator"),
+        ({"reinforce_pp_whitening": "batch"}, r"reinforce_pp_whitening"),
+        ({"kl_entropy_agg_mode": "mean"}, r"kl_entropy_agg_mode"),
         ({"clip_hgih": 0.3}, r"clip_hgih"),
     ],
 )
@@ -49,6 +53,20 @@ def test_group_estimators_need_a_group():
     with pytest.raises(ValueError, match=r"algorithm.adv_estimator 'rloo' needs sampling.n >= 2"):
         load_config(None, ["algorithm.adv_estimator=rloo", "sampling.n=1"])
     assert load_config(None, ["algorithm.adv_estimator=reinforce_pp", "sampling.n=1"]).sampling.n == 1
+
+
+def test_pass_at_k_needs_k_answers_per_group():
+    with pytest.raises(ValueError, match=r"algorithm.pass_k \(8\) must be <= sampling.n \(4\)"):
+        load_config(None, ["algorithm.adv_estimator=pass_at_k", "algorithm.pass_k=8", "sampling.n=4"])
+    cfg = load_config(None, ["algorithm.adv_estimator=pass_at_k", "algorithm.pass_k=4", "sampling.n=4"])
+    assert cfg.algorithm.pass_k == 4
+    with pytest.raises(ValueError, match=r"algorithm.adv_estimator 'opo' needs sampling.n >= 2"):
+        load_config(None, ["algorithm.adv_estimator=opo", "sampling.n=1"])
+
+
+def test_the_references_defaults():
+    a = AlgorithmConfig()
+    assert (a.std_estimator, a.reinforce_pp_whitening, a.kl_entropy_agg_mode) == ("population", "token", None)
 
 
 def test_remax_needs_the_generators_greedy_answers():

@@ -107,3 +107,17 @@ def test_critic_config_rules():
     with pytest.raises(ValueError, match=r"algorithm.critic is set but algorithm.adv_estimator 'grpo' does not use it"):
         AlgorithmConfig(critic=CriticConfig())
     assert AlgorithmConfig(adv_estimator="gae", critic={}).critic.lam == 0.95
+
+
+def test_token_whitening_takes_the_std_estimator():
+    from asyncrl.learner.critic import whiten_tokens
+
+    values = torch.tensor([[1.0, 3.0, 9.0], [5.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    # tokens 1, 3, 5: mean 3, variance 8/3 (population) or 8/2 (unbiased); padding stays 0
+    torch.testing.assert_close(
+        whiten_tokens(values, mask, eps=0.0), torch.tensor([[-2.0, 0.0, 0.0], [2.0, 0.0, 0.0]]) / math.sqrt(8 / 3)
+    )
+    torch.testing.assert_close(
+        whiten_tokens(values, mask, unbiased=True, eps=0.0), torch.tensor([[-2.0, 0.0, 0.0], [2.0, 0.0, 0.0]]) / 2.0
+    )

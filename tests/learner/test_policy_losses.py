@@ -11,6 +11,7 @@ from asyncrl.learner.losses import (
     CORRECTIONS,
     LOSS_AGG_MODES,
     POLICY_LOSSES,
+    aggregate,
     cispo_loss,
     compute_policy_loss,
     gspo_loss,
@@ -143,6 +144,22 @@ def test_aggregation_modes_by_hand():
     assert LOSS_AGG_MODES["seq-mean-token-sum"](loss, mask).item() == pytest.approx((6 + 4) / 2)
     assert LOSS_AGG_MODES["seq-mean-token-mean"](loss, mask).item() == pytest.approx((2 + 4) / 2)
     assert LOSS_AGG_MODES["seq-mean-token-sum-norm"](loss, mask, norm_tokens=4).item() == pytest.approx(10 / 8)
+    assert LOSS_AGG_MODES["token-sum"](loss, mask).item() == pytest.approx(10)
+    assert aggregate(loss, mask, "token-sum", num_tokens=99, num_seqs=7).item() == pytest.approx(10)
+    with pytest.raises(ValueError, match=r"aggregation mode \('sum'\) must be one of"):
+        aggregate(loss, mask, "sum")
+
+
+def test_a_fully_masked_row_counts_as_a_sequence_of_loss_0_in_the_seq_mean_modes():
+    loss = t([1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0])
+    mask = t([1, 1, 1], [1, 0, 0], [0, 0, 0])  # row 2: every token masked
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(10 / 4)  # not counted at all
+    assert aggregate(loss, mask, "token-sum").item() == pytest.approx(10)
+    assert aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4 + 0) / 3)
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4 + 0) / 3)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", norm_tokens=4).item() == pytest.approx(10 / 12)
+    # given num_seqs, the caller's count decides
+    assert aggregate(loss, mask, "seq-mean-token-mean", num_seqs=2).item() == pytest.approx((2 + 4) / 2)
 
 
 @pytest.mark.parametrize("mode", sorted(LOSS_AGG_MODES))

@@ -326,7 +326,7 @@ def test_importance_weights_scale_each_groups_token_loss(model_dir, groups):
 from asyncrl.learner.advantages import ADV_ESTIMATORS  # noqa: E402
 from asyncrl.learner.config import AlgorithmConfig  # noqa: E402
 from asyncrl.learner.kl import KL_ESTIMATORS  # noqa: E402
-from asyncrl.learner.losses import compute_policy_loss  # noqa: E402
+from asyncrl.learner.losses import LOSS_AGG_MODES, compute_policy_loss  # noqa: E402
 
 ALGORITHMS = {
     "cispo_tis_seq_rloo": dict(
@@ -370,8 +370,10 @@ def plain_torch_steps(model_dir, groups, algo, steps=2):
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
     rewards = np.array([[s.reward for s in g.samples] for g in groups], dtype=np.float32)
-    batch = collate(groups, ADV_ESTIMATORS[algo.adv_estimator](rewards), pad_id=0)
+    lengths = np.array([[len(s.response_ids) for s in g.samples] for g in groups])
+    batch = collate(groups, ADV_ESTIMATORS[algo.adv_estimator](rewards, lengths=lengths), pad_id=0)
     mask = batch.response_mask
+    regulariser_agg = LOSS_AGG_MODES[algo.kl_entropy_agg_mode or algo.loss_agg_mode]
     for _ in range(steps):
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         lp = token_logprobs(logits, batch.input_ids)
@@ -382,11 +384,12 @@ def plain_torch_steps(model_dir, groups, algo, steps=2):
             ref_lp = token_logprobs(
                 ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
             )
-            loss = loss + algo.kl.coef * (KL_ESTIMATORS[algo.kl.estimator](lp, ref_lp) * mask).sum() / mask.sum()
+            kl = KL_ESTIMATORS[algo.kl.estimator](lp, ref_lp)
+            loss = loss + algo.kl.coef * regulariser_agg(kl, mask, norm_tokens=algo.loss_norm_tokens)
         if algo.entropy_coef > 0:
             z = logits[:, :-1]
             entropy = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
-            loss = loss - algo.entropy_coef * (entropy * mask).sum() / mask.sum()
+            loss = loss - algo.entropy_coef * regulariser_agg(entropy, mask, norm_tokens=algo.loss_norm_tokens)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
