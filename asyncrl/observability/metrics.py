@@ -172,6 +172,25 @@ REWARD_UNSCORED = Counter(
     ["reward", "reason"],
     registry=REGISTRY,
 )
+BREAKER_STATE = Gauge(
+    "asyncrl_reward_breaker_state",
+    "Circuit breaker of an HTTP reward: 0 closed, 1 half open (one probe call), 2 open (calls fail at once).",
+    ["reward"],
+    registry=REGISTRY,
+)
+BREAKER_TRANSITIONS = Counter(
+    "asyncrl_reward_breaker_transitions",
+    "Circuit breaker transitions of an HTTP reward, by the state entered (open, half_open, closed).",
+    ["reward", "state"],
+    registry=REGISTRY,
+)
+BREAKER_RECOVERY = Histogram(
+    "asyncrl_reward_breaker_recovery_seconds",
+    "Seconds from a circuit breaker's opening to its closing again (an outage as the client saw it).",
+    ["reward"],
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)
 REWARD_QUEUE_DEPTH = Gauge(
     "asyncrl_reward_queue_groups", "Groups waiting in a reward worker, by state.", ["state"], registry=REGISTRY
 )

@@ -1,28 +1,42 @@
 """An async HTTP client for rewards behind an API: limits, timeouts, retries, a circuit breaker.
 
-One ``HttpClient`` per reward. A call (``post_json``) goes through, in order:
+One ``HttpClient`` per reward. An attempt of a call (``post_json``) goes through, in order:
 
-1. a semaphore of ``concurrency`` requests in flight;
-2. the circuit breaker: after ``breaker_failures`` consecutive failed calls it opens and every call
-   fails at once (``circuit_open``, not retried) for ``breaker_cooldown_s``; then one probe call is
-   let through (half open) and its outcome closes or re-opens it;
-3. two token buckets: ``rpm`` requests and ``tpm`` tokens per minute, refilled continuously,
-   holding ``burst_s`` seconds' worth (a smooth rate, not a minute's burst at once); a call waits
-   until its tokens are there (a call larger than the bucket waits for a full one);
-4. the request, with a ``timeout_s`` deadline, the header ``Idempotency-Key`` (the sample uid, so
-   a retried request is one request to a server that honours it) and ``Authorization: Bearer``
-   from the environment variable ``api_key_env`` (read once, never logged or put in errors);
-5. on a timeout, a connection error, 429 or 5xx: up to ``max_retries`` retries, sleeping
-   ``uniform(0, min(backoff_max_s, backoff_base_s · 2^attempt))`` (exponential backoff, full
-   jitter), or the server's ``Retry-After`` seconds when it sends one (capped at backoff_max_s).
-   Other 4xx and malformed JSON fail at once: retrying would give the same answer.
+1. the circuit breaker (``asyncrl.rewards.breaker``): open, the attempt fails at once
+   (``circuit_open``, not retried) without waiting for anything below; half open, exactly one
+   call gets one attempt (the probe) and its outcome closes or re-opens the breaker;
+2. one of ``concurrency`` slots (the breaker is checked again once it has one, so calls queued
+   behind failing ones fail fast too);
+3. a pause every call of the client observes after a server's ``Retry-After`` (a rate limit
+   backs off once for the client, not rediscovered sample by sample);
+4. the ``rpm`` and ``tpm`` token buckets (``asyncrl.rewards.ratelimit``), taken last, while
+   holding the slot: a call never holds tokens while it waits for anything else, so tokens are
+   not hoarded during a stall and spent in a burst after it. ``tpm`` charges a call its full
+   token count (the bucket may go into debt); the judge estimates prompt characters / 4 +
+   ``max_tokens``, other calls the request body's bytes / 4 (the reply is not counted);
+5. the request, with a ``timeout_s`` deadline, the header ``Idempotency-Key`` (reward name and
+   sample uid: a retried request is one request to a server that honours it, and two rewards
+   scoring the same sample never share a key) and ``Authorization: Bearer`` with the key from the
+   environment variable ``api_key_env`` (read, stripped and checked when the client is built,
+   never logged or put in errors);
+6. on a timeout, a connection error, 429, 5xx or a reply that is not a JSON object (truncated,
+   malformed): up to ``max_retries`` retries, sleeping ``uniform(0, min(backoff_max_s,
+   backoff_base_s · 2^attempt))`` (exponential backoff, full jitter), or the server's
+   ``Retry-After`` seconds in full when it sends one; a ``Retry-After`` beyond
+   ``max_retry_after_s`` fails the call at once (``retry_after_too_long``). Other 4xx fail at
+   once: retrying would give the same answer.
 
-What still fails raises ``CallFailed(kind)``; the reward turns it into ``Unscored(kind)``.
+What still fails raises ``CallFailed(kind)``; the reward turns it into ``Unscored(kind)``. A
+closed client is closed for good: calls fail with ``client_closed`` and no request is sent.
+
+The limits are per process: with several reward workers in one run (``asyncrl reward-worker``),
+each applies ``concurrency``, ``rpm`` and ``tpm`` on its own, so the API sees up to N times them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -32,10 +46,16 @@ from pydantic import Field
 
 from asyncrl.configbase import Config
 from asyncrl.observability.metrics import REWARD_ERRORS, REWARD_REQUESTS, REWARD_RETRIES
+from asyncrl.rewards.breaker import PASS, PROBE, CircuitBreaker
+from asyncrl.rewards.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = ("timeout", "connection", "http_429", "http_5xx")
+RETRYABLE = ("timeout", "connection", "http_429", "http_5xx", "bad_json")
+REFUSALS = ("circuit_open", "client_closed")
+"""Kinds of failure the client decides itself, without asking the API: they say nothing of its health."""
+
+PER_PROCESS = " Per reward worker process: N workers of a run let the API see up to N times this."
 
 
 class HttpConfig(Config):
@@ -44,90 +64,67 @@ class HttpConfig(Config):
     url: str
     """Endpoint to POST to, e.g. ``http://127.0.0.1:8000/v1/chat/completions``."""
     api_key_env: str | None = None
-    """Name of the environment variable holding the API key (sent as a Bearer token); None sends none."""
+    """Name of the environment variable holding the API key (sent as a Bearer token; surrounding
+    whitespace is stripped; a key with whitespace, control or non-ASCII characters inside is
+    refused when the worker starts); None sends none."""
     concurrency: int = Field(32, ge=1)
-    """Requests in flight at most."""
+    """Requests in flight at most.""" + PER_PROCESS
     rpm: float | None = Field(None, gt=0)
-    """Requests per minute at most (token bucket); None: unlimited."""
+    """Requests per minute at most (token bucket); None: unlimited.""" + PER_PROCESS
     tpm: float | None = Field(None, gt=0)
-    """Tokens (prompt + completion, estimated) per minute at most (token bucket); None: unlimited."""
+    (
+        """Tokens per minute at most (token bucket, each call charged in full, estimated: the judge's
+    prompt characters / 4 + max_tokens, a JSON scorer's request bytes / 4); None: unlimited."""
+        + PER_PROCESS
+    )
     burst_s: float = Field(1.0, gt=0, le=60)
     """Seconds of the rpm/tpm limits a burst may spend at once: bucket capacity = rate · burst_s."""
     timeout_s: float = Field(30.0, gt=0)
     """Deadline of one request, connection included."""
     max_retries: int = Field(4, ge=0)
-    """Retries after the first attempt on a timeout, connection error, 429 or 5xx."""
+    """Retries after the first attempt on a timeout, connection error, 429, 5xx or malformed reply."""
     backoff_base_s: float = Field(0.5, gt=0)
     """First backoff ceiling; attempt k sleeps uniform(0, min(backoff_max_s, base·2^k))."""
     backoff_max_s: float = Field(30.0, gt=0)
-    """Largest sleep between retries, Retry-After included."""
+    """Largest backoff sleep between retries (a server's Retry-After is honoured in full up to max_retry_after_s)."""
+    max_retry_after_s: float = Field(120.0, gt=0)
+    """Longest Retry-After waited for; a server asking for longer fails the call at once (``retry_after_too_long``)."""
     breaker_failures: int = Field(20, ge=1)
     """Consecutive failed calls (after their retries) that open the circuit breaker."""
     breaker_cooldown_s: float = Field(10.0, gt=0)
-    """Seconds the open breaker fails calls at once before letting a probe through."""
+    """Seconds the open breaker fails calls at once before one probe call tests the API again."""
 
 
 class CallFailed(Exception):
     """A call that failed for good; ``kind`` labels it (``http_429``, ``timeout``, ``bad_json``...)."""
 
-    def __init__(self, kind: str, detail: str = ""):
+    def __init__(self, kind: str, detail: str = "", retry_after: float | None = None):
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
         self.detail = detail
+        self.retry_after = retry_after
+        self.retryable = kind in RETRYABLE
 
 
-class TokenBucket:
-    """``rate_per_min`` tokens per minute, holding at most ``capacity`` (default: one minute's)."""
-
-    def __init__(self, rate_per_min: float, capacity: float | None = None):
-        self.rate = rate_per_min / 60.0  # tokens per second
-        self.capacity = capacity if capacity is not None else rate_per_min
-        self.tokens = self.capacity
-        self.stamp = time.monotonic()
-        self._lock = asyncio.Lock()
-
-    async def take(self, n: float = 1.0) -> None:
-        """Wait until ``n`` tokens are there, then take them (FIFO among waiters)."""
-        n = min(n, self.capacity)  # one request bigger than the bucket still goes, alone
-        async with self._lock:
-            while True:
-                now = time.monotonic()
-                self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-                self.stamp = now
-                if self.tokens >= n:
-                    self.tokens -= n
-                    return
-                await asyncio.sleep((n - self.tokens) / self.rate)
-
-
-class CircuitBreaker:
-    """Closed -> open after ``failures`` consecutive failures -> half open after ``cooldown_s``."""
-
-    def __init__(self, failures: int, cooldown_s: float):
-        self.failures = failures
-        self.cooldown_s = cooldown_s
-        self.consecutive = 0
-        self.opened_at: float | None = None
-        self.probing = False
-
-    def allow(self) -> bool:
-        if self.opened_at is None:
-            return True
-        if time.monotonic() - self.opened_at >= self.cooldown_s and not self.probing:
-            self.probing = True  # half open: one call decides
-            return True
-        return False
-
-    def record(self, ok: bool) -> None:
-        self.probing = False
-        if ok:
-            self.consecutive, self.opened_at = 0, None
-            return
-        self.consecutive += 1
-        if self.consecutive >= self.failures or self.opened_at is not None:
-            if self.opened_at is None:
-                log.warning("circuit breaker opens after %d consecutive failures", self.consecutive)
-            self.opened_at = time.monotonic()
+def read_api_key(env: str | None) -> str | None:
+    """The API key in environment variable ``env``, stripped; a ValueError (that never shows the
+    key) if it is unset, empty or holds characters an HTTP header cannot carry."""
+    if env is None:
+        return None
+    raw = os.environ.get(env)
+    if raw is None:
+        raise ValueError(f"api_key_env ({env!r}) names an environment variable that is not set")
+    key = raw.strip()
+    if not key:
+        raise ValueError(f"the API key in ${env} is empty (or only whitespace)")
+    for position, char in enumerate(key):
+        if not 33 <= ord(char) <= 126:
+            what = "whitespace" if char.isspace() else "a control character" if ord(char) < 32 else "non-ASCII"
+            raise ValueError(
+                f"the API key in ${env} has {what} at position {position}; a key must be printable ASCII "
+                "without spaces (the key itself is not shown)"
+            )
+    return key
 
 
 class HttpClient:
@@ -136,104 +133,134 @@ class HttpClient:
     def __init__(self, name: str, cfg: HttpConfig):
         self.name = name
         self.cfg = cfg
-        self._key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-        if cfg.api_key_env and self._key is None:
-            raise ValueError(f"api_key_env ({cfg.api_key_env!r}) names an environment variable that is not set")
-        self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
+        self._key = read_api_key(cfg.api_key_env)
+        self.breaker = CircuitBreaker(name, cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.rpm = TokenBucket(cfg.rpm, max(1.0, cfg.rpm * cfg.burst_s / 60)) if cfg.rpm else None
         self.tpm = TokenBucket(cfg.tpm, max(1.0, cfg.tpm * cfg.burst_s / 60)) if cfg.tpm else None
-        self._semaphore: asyncio.Semaphore | None = None
+        self._slots = asyncio.Semaphore(cfg.concurrency)  # one for the client's life: never two
         self._session = None
+        self._closed = False
+        self._paused_until = 0.0  # monotonic time before which no call starts (a Retry-After)
         self.requests = self.retries = 0
 
     def __repr__(self) -> str:  # never show the key
         return f"HttpClient({self.name!r}, url={self.cfg.url!r})"
 
-    async def _open(self):
+    def _open(self):
         if self._session is None:
             import aiohttp
 
-            self._semaphore = asyncio.Semaphore(self.cfg.concurrency)
             connector = aiohttp.TCPConnector(limit=self.cfg.concurrency, limit_per_host=self.cfg.concurrency)
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
     async def close(self) -> None:
+        """Close for good: calls in flight and later ones fail with ``client_closed``."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
-            self._session = None
 
-    async def post_json(self, body: dict, idempotency_key: str, tokens: float = 0.0) -> dict:
-        """The JSON reply to ``body``, or ``CallFailed`` after the retries."""
-        try:
-            reply = await self._with_retries(body, idempotency_key, tokens)
-        except CallFailed as e:
-            if e.kind != "circuit_open":
-                self.breaker.record(ok=e.kind not in RETRYABLE and e.kind != "http_4xx")
-            raise
-        self.breaker.record(ok=True)
-        return reply
+    async def post_json(self, body: dict, idempotency_key: str, tokens: float | None = None) -> dict:
+        """The JSON object replied to ``body``, or ``CallFailed`` after the retries.
 
-    async def _with_retries(self, body: dict, idempotency_key: str, tokens: float) -> dict:
+        ``tokens``: what the call costs in the ``tpm`` bucket; None estimates the body's bytes / 4.
+        """
+        data = json.dumps(body).encode()
+        tokens = len(data) / 4 if tokens is None else tokens
         attempt = 0
         while True:
             try:
-                return await self._attempt(body, idempotency_key, tokens)
+                reply = await self._attempt(data, idempotency_key, tokens)
             except CallFailed as e:
                 REWARD_ERRORS.labels(self.name, e.kind).inc()
-                if e.kind not in RETRYABLE or attempt >= self.cfg.max_retries:
+                if not e.retryable or attempt >= self.cfg.max_retries:
+                    if e.kind not in REFUSALS:
+                        self.breaker.failed(e.kind)
                     raise
                 ceiling = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2**attempt)
                 delay = random.uniform(0, ceiling)
-                retry_after = getattr(e, "retry_after", None)
-                if retry_after is not None:
-                    delay = min(self.cfg.backoff_max_s, retry_after) + random.uniform(0, 0.1 * ceiling)
+                if e.retry_after is not None:  # in full (at most max_retry_after_s: see _send), a little later
+                    delay = e.retry_after + random.uniform(0, 0.1 * ceiling)
                 attempt += 1
                 self.retries += 1
                 REWARD_RETRIES.labels(self.name).inc()
                 await asyncio.sleep(delay)
+                continue
+            self.breaker.succeeded()
+            return reply
 
-    async def _attempt(self, body: dict, idempotency_key: str, tokens: float) -> dict:
+    async def _attempt(self, data: bytes, idempotency_key: str, tokens: float) -> dict:
+        if self._closed:
+            raise CallFailed("client_closed", "the reward's client was closed")
+        ticket = self.breaker.admit()
+        if ticket is None:
+            raise CallFailed("circuit_open", f"after {self.breaker.consecutive} consecutive failed calls")
+        try:
+            return await self._send(data, idempotency_key, tokens, ticket)
+        except BaseException as e:  # the probe's one attempt ended without a reply: re-open
+            if ticket == PROBE:
+                kind = e.kind if isinstance(e, CallFailed) else type(e).__name__
+                self.breaker.probe_failed(kind)
+                if isinstance(e, CallFailed):
+                    e.retryable = False  # the probe gets one attempt; the breaker is open again
+            raise
+
+    async def _send(self, data: bytes, idempotency_key: str, tokens: float, ticket: str) -> dict:
         import aiohttp
 
-        session = await self._open()
-        if self.rpm is not None:
-            await self.rpm.take(1)
-        if self.tpm is not None and tokens > 0:
-            await self.tpm.take(tokens)
-        headers = {"Idempotency-Key": idempotency_key}
-        if self._key is not None:
-            headers["Authorization"] = f"Bearer {self._key}"
-        async with self._semaphore:
-            # Checked once a slot is free, so calls queued behind failing ones fail fast too.
-            if not self.breaker.allow():
-                raise CallFailed("circuit_open", f"after {self.breaker.consecutive} consecutive failures")
+        async with self._slots:
+            if ticket == PASS and self.breaker.state != "closed":
+                raise CallFailed("circuit_open", "the breaker opened while this call waited")
+            while (pause := self._paused_until - time.monotonic()) > 0:  # at most max_retry_after_s
+                await asyncio.sleep(pause)
+            if self.rpm is not None:
+                await self.rpm.take(1)
+            if self.tpm is not None and tokens > 0:
+                await self.tpm.take(tokens)
+            if self._closed:
+                raise CallFailed("client_closed", "the reward's client was closed")
+            session = self._open()
+            headers = {"Idempotency-Key": idempotency_key, "Content-Type": "application/json"}
+            if self._key is not None:
+                headers["Authorization"] = f"Bearer {self._key}"
             self.requests += 1
             REWARD_REQUESTS.labels(self.name).inc()
             try:
                 timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
-                async with session.post(self.cfg.url, json=body, headers=headers, timeout=timeout) as resp:
+                async with session.post(self.cfg.url, data=data, headers=headers, timeout=timeout) as resp:
                     if resp.status == 429 or resp.status >= 500:
-                        kind = "http_429" if resp.status == 429 else "http_5xx"
-                        failed = CallFailed(kind, f"status {resp.status}")
-                        failed.retry_after = _retry_after(resp.headers.get("Retry-After"))
-                        raise failed
+                        raise self._rate_or_server_error(resp.status, resp.headers.get("Retry-After"))
                     if resp.status >= 400:
                         raise CallFailed("http_4xx", f"status {resp.status}")
                     text = await resp.text()
             except asyncio.TimeoutError:
                 raise CallFailed("timeout", f"no reply within {self.cfg.timeout_s} s") from None
-            except aiohttp.ClientError as e:
+            except (aiohttp.ClientError, RuntimeError) as e:  # RuntimeError: the session was closed under it
+                if self._closed:
+                    raise CallFailed("client_closed", "the reward's client was closed") from None
+                if isinstance(e, RuntimeError):
+                    raise
                 raise CallFailed("connection", type(e).__name__) from None
         try:
-            import json
-
             reply = json.loads(text)
         except ValueError:
             raise CallFailed("bad_json", repr(text[:80])) from None
         if not isinstance(reply, dict):
             raise CallFailed("bad_json", f"a JSON {type(reply).__name__}, not an object")
         return reply
+
+    def _rate_or_server_error(self, status: int, retry_after_header: str | None) -> CallFailed:
+        kind = "http_429" if status == 429 else "http_5xx"
+        retry_after = _retry_after(retry_after_header)
+        if retry_after is None:
+            return CallFailed(kind, f"status {status}")
+        if retry_after > self.cfg.max_retry_after_s:
+            return CallFailed(
+                "retry_after_too_long",
+                f"status {status} asks to wait {retry_after:g} s, over max_retry_after_s ({self.cfg.max_retry_after_s:g})",
+            )
+        self._paused_until = max(self._paused_until, time.monotonic() + retry_after)
+        return CallFailed(kind, f"status {status}, Retry-After {retry_after:g} s", retry_after=retry_after)
 
 
 def _retry_after(value: str | None) -> float | None:

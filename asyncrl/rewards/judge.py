@@ -1,36 +1,47 @@
 """Rewards behind an HTTP API: a generic JSON scorer and an OpenAI-compatible LLM judge.
 
 Both send one request per sample (all samples of a group concurrently, within the client's
-limits; see ``asyncrl.rewards.http``), with the sample's uid as the idempotency key, and turn
-every failure into ``Unscored(kind)`` — a judge that answers garbage gives ``unparsable_score``,
-never a 0.
+limits; see ``asyncrl.rewards.http``), with the reward's name and the sample's uid as the
+idempotency key, and turn every failure of a sample into ``Unscored(kind)`` — a judge that
+answers garbage gives ``unparsable_score``, never a 0 — so one sample's failure never costs its
+siblings their scores, and none of their requests outlives the group's call.
 
 * ``JsonScorerReward`` POSTs ``{"uid", "task", "prompt", "response", "answer"}`` and reads the number
-  at ``score_field`` of the reply (``{"score": 0.7}``).
+  at ``score_field`` of the reply (``{"score": 0.7}``), checked against the optional
+  [min_score, max_score].
 * ``OpenAIJudgeReward`` POSTs a chat-completions request (or a completions one, for servers whose
   model has no chat template) whose user message is ``prompt_template`` filled with
-  ``{prompt}``, ``{response}`` and ``{answer}``, then takes the first match of ``score_pattern``
-  in the reply's text, checked against [min_score, max_score], divided by ``max_score``.
+  ``{prompt}``, ``{response}`` and ``{answer}``. The reply's text (a string, or the text parts of
+  a list of content parts, concatenated as the OpenAI SDK does) is searched for ``score_pattern``;
+  the last match (``score_match``) is the score — judges write their reasoning first, and "Rating
+  (0-10): 7" must give 7, not 0 — read from the pattern's group ``score``, else its first group,
+  else the whole match; checked against [min_score, max_score], divided by ``max_score``. The
+  default pattern reads "7/10" and "8 out of 10" as 7 and 8.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import time
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.rewards.base import RewardResult, TimedResults, Unscored
 from asyncrl.rewards.http import CallFailed, HttpClient, HttpConfig
 from asyncrl.wire.schema import Group, Sample
 
+log = logging.getLogger(__name__)
+
 DEFAULT_TEMPLATE = (
     "Rate the answer to the question from 0 to 10. Reply with the number only.\n"
     "Question: {prompt}\nReference: {answer}\nAnswer: {response}\nScore:"
 )
+DEFAULT_PATTERN = r"(-?\d+(?:\.\d+)?)(?:\s*(?:/|out of)\s*\d+(?:\.\d+)?)?"
+"""A number, optionally followed by its scale ("7/10", "8 out of 10"): the group is the score."""
 
 
 class JsonScorerConfig(HttpConfig):
@@ -38,6 +49,16 @@ class JsonScorerConfig(HttpConfig):
 
     score_field: str = "score"
     """Key of the number in the reply's JSON object."""
+    min_score: float | None = None
+    """Smallest valid score; a smaller one leaves the sample unscored (``score_out_of_range``). None: no bound."""
+    max_score: float | None = None
+    """Largest valid score; a larger one leaves the sample unscored (``score_out_of_range``). None: no bound."""
+
+    @model_validator(mode="after")
+    def check_range(self) -> JsonScorerConfig:
+        if self.min_score is not None and self.max_score is not None and self.min_score > self.max_score:
+            raise ValueError(f"min_score ({self.min_score}) must be <= max_score ({self.max_score})")
+        return self
 
 
 class JudgeConfig(HttpConfig):
@@ -48,9 +69,11 @@ class JudgeConfig(HttpConfig):
     endpoint: Literal["chat", "completions"] = "chat"
     """Request shape: chat (messages) or completions (a prompt string)."""
     prompt_template: str = DEFAULT_TEMPLATE
-    """The judge's prompt; ``{prompt}``, ``{response}`` and ``{answer}`` are filled in."""
-    score_pattern: str = r"-?\d+(?:\.\d+)?"
-    """Regex whose first match in the judge's reply is the score."""
+    """The judge's prompt; ``{prompt}``, ``{response}`` and ``{answer}`` are filled in (write ``{{`` for a brace)."""
+    score_pattern: str = DEFAULT_PATTERN
+    """Regex searched in the judge's reply; the score is its group ``score``, else its first group, else the match."""
+    score_match: Literal["first", "last"] = "last"
+    """Which match of ``score_pattern`` is the score: the last (judges reason first, then score) or the first."""
     min_score: float = 0.0
     """Smallest valid score; outside [min_score, max_score] the sample is unscored."""
     max_score: float = Field(10.0, gt=0)
@@ -60,6 +83,33 @@ class JudgeConfig(HttpConfig):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """More request fields, e.g. vLLM's ``{min_tokens: 1}`` or ``{seed: 0}``."""
 
+    @field_validator("score_pattern")
+    @classmethod
+    def check_pattern(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"score_pattern ({pattern!r}) must be a regular expression: {e}") from None
+        return pattern
+
+    @field_validator("prompt_template")
+    @classmethod
+    def check_template(cls, template: str) -> str:
+        try:
+            template.format(prompt="", response="", answer="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(
+                f"prompt_template may use only {{prompt}}, {{response}} and {{answer}} (and {{{{ for a brace): "
+                f"{type(e).__name__} {e}"
+            ) from None
+        return template
+
+    @model_validator(mode="after")
+    def check_range(self) -> JudgeConfig:
+        if self.min_score >= self.max_score:
+            raise ValueError(f"min_score ({self.min_score}) must be < max_score ({self.max_score})")
+        return self
+
 
 class _HttpReward:
     def __init__(self, name: str, cfg: HttpConfig):
@@ -68,8 +118,10 @@ class _HttpReward:
         self.client = HttpClient(name, cfg)
 
     async def score(self, group: Group) -> TimedResults:
-        timed = await asyncio.gather(*(self._score_sample(group, s) for s in group.samples))
-        return TimedResults([r for r, _ in timed], [t for _, t in timed])
+        # A task group: should anything escape a sample's handler, its siblings are cancelled, not orphaned.
+        async with asyncio.TaskGroup() as tasks:
+            timed = [tasks.create_task(self._score_sample(group, s)) for s in group.samples]
+        return TimedResults([t.result()[0] for t in timed], [t.result()[1] for t in timed])
 
     async def _score_sample(self, group: Group, sample: Sample) -> tuple[RewardResult, float]:
         start = time.perf_counter()
@@ -77,7 +129,14 @@ class _HttpReward:
             result = await self.score_one(group, sample)
         except CallFailed as e:
             result = Unscored(e.kind, e.detail)
+        except Exception as e:  # a reply or sample this code did not foresee: this sample only is unscored
+            log.warning("%s: scoring %s raised %s", self.name, sample.uid, type(e).__name__, exc_info=True)
+            result = Unscored(f"error: {type(e).__name__}", str(e)[:200])
         return result, time.perf_counter() - start
+
+    def idempotency_key(self, sample: Sample) -> str:
+        """Unique per reward and sample: two rewards scoring one sample send different requests."""
+        return f"{self.name}:{sample.uid}"
 
     async def score_one(self, group: Group, sample: Sample) -> RewardResult:
         raise NotImplementedError
@@ -99,11 +158,27 @@ class JsonScorerReward(_HttpReward):
             "response": sample.text,
             "answer": group.answer,
         }
-        reply = await self.client.post_json(body, idempotency_key=sample.uid)
+        reply = await self.client.post_json(body, idempotency_key=self.idempotency_key(sample))
         value = reply.get(self.cfg.score_field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return Unscored("bad_score", f"{self.cfg.score_field}={value!r}"[:200])
+        low, high = self.cfg.min_score, self.cfg.max_score
+        if (low is not None and value < low) or (high is not None and value > high):
+            return Unscored("score_out_of_range", f"{value} not in [{low}, {high}]")
         return float(value)
+
+
+def reply_text(content: Any) -> str | None:
+    """The text of a reply's content: a string; a number as written; the text parts of a list of
+    content parts (``[{"type": "text", "text": ...}]``) concatenated; None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (int, float)) and not isinstance(content, bool):
+        return str(content)
+    if isinstance(content, list):
+        texts = [p if isinstance(p, str) else p.get("text") for p in content if isinstance(p, (str, dict))]
+        return "".join(t for t in texts if isinstance(t, str))
+    return None
 
 
 class OpenAIJudgeReward(_HttpReward):
@@ -127,14 +202,25 @@ class OpenAIJudgeReward(_HttpReward):
     def parse_score(self, reply: dict) -> RewardResult:
         try:
             choice = reply["choices"][0]
-            text = choice["message"]["content"] if self.cfg.endpoint == "chat" else choice["text"]
+            content = choice["message"]["content"] if self.cfg.endpoint == "chat" else choice["text"]
         except (KeyError, IndexError, TypeError):
             return Unscored("bad_reply", str(reply)[:200])
-        match = self.pattern.search(text or "")
-        if match is None:
+        text = reply_text(content)
+        if text is None:
+            return Unscored("bad_reply", f"content is a {type(content).__name__}: {content!r}"[:200])
+        matches = list(self.pattern.finditer(text))
+        if not matches:
             return Unscored("unparsable_score", repr(text)[:200])
-        score = float(match.group())
-        if not (self.cfg.min_score <= score <= self.cfg.max_score):
+        match = matches[-1] if self.cfg.score_match == "last" else matches[0]
+        if "score" in self.pattern.groupindex:
+            raw = match.group("score")
+        else:
+            raw = match.group(1) if self.pattern.groups else match.group()
+        try:
+            score = float(raw)
+        except (TypeError, ValueError):  # the group did not take part, or is not a number
+            return Unscored("unparsable_score", f"{raw!r} in {text!r}"[:200])
+        if not (self.cfg.min_score <= score <= self.cfg.max_score):  # NaN fails too
             return Unscored("score_out_of_range", f"{score} not in [{self.cfg.min_score}, {self.cfg.max_score}]")
         return score / self.cfg.max_score
 
@@ -142,5 +228,5 @@ class OpenAIJudgeReward(_HttpReward):
         body = self.request_body(group, sample)
         text = body.get("prompt") or body["messages"][0]["content"]
         tokens = len(text) / 4 + self.cfg.max_tokens  # a rough count for the tokens-per-minute bucket
-        reply = await self.client.post_json(body, idempotency_key=sample.uid, tokens=tokens)
+        reply = await self.client.post_json(body, idempotency_key=self.idempotency_key(sample), tokens=tokens)
         return self.parse_score(reply)

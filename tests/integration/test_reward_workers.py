@@ -79,7 +79,7 @@ def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path)
     assert sum(r["forwarded"] for r in rewards) == 120 and sum(r["held"] for r in rewards) == 0
     assert finals["buffer"]["inserted"] == 120 and finals["buffer"]["dropped"] == {}  # no duplicate
     assert finals["buffer"]["held"] == 120
-    # Each sample was scored exactly once, with its uid as the idempotency key.
+    # Each sample was scored exactly once, with its uid in the idempotency key (the server reads it back).
     assert sorted(server.attempts) == sorted(s.uid for g in groups for s in g.samples)
     assert set(server.attempts.values()) == {1}
 

@@ -1,16 +1,19 @@
 """A real HTTP server on 127.0.0.1 for reward tests and the benchmark, run in a background thread.
 
 ``FaultServer(behaviour)`` serves POST on any path; ``behaviour(key, attempt, body)`` (key = the
-``Idempotency-Key`` header, attempt = 1, 2, ... per key) returns what to do:
-``("ok", score)``, ``("status", code, retry_after)``, ``("sleep", seconds, score)``,
-``("garbage",)`` or ``("chat", text)`` (an OpenAI chat-completions reply). It records every
-request's key and headers.
+sample uid of the ``Idempotency-Key`` header ``reward:uid``, attempt = 1, 2, ... per uid) returns
+what to do: ``("ok", score)``, ``("status", code, retry_after)``, ``("sleep", seconds, score)``,
+``("garbage",)``, ``("truncated",)`` (a JSON body cut short), ``("json", object)`` or
+``("chat", content)`` (an OpenAI chat-completions reply; content as given: a string, a list of
+parts, a number...). It records every request's full key, headers and arrival time (monotonic)
+and the most requests it ever had in flight at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 
 from aiohttp import web
@@ -19,8 +22,11 @@ from aiohttp import web
 class FaultServer:
     def __init__(self, behaviour):
         self.behaviour = behaviour
-        self.attempts: Counter[str] = Counter()
+        self.attempts: Counter[str] = Counter()  # per sample uid
+        self.keys: Counter[str] = Counter()  # per full Idempotency-Key
         self.headers: list[dict] = []
+        self.arrivals: list[float] = []
+        self.in_flight = self.max_in_flight = 0
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -35,7 +41,7 @@ class FaultServer:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_post("/{tail:.*}", self._handle)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)  # cut sleeping handlers short
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -44,7 +50,18 @@ class FaultServer:
         self.loop.run_forever()
 
     async def _handle(self, request: web.Request) -> web.Response:
-        key = request.headers.get("Idempotency-Key", "")
+        self.arrivals.append(time.monotonic())
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        full_key = request.headers.get("Idempotency-Key", "")
+        key = full_key.split(":", 1)[1] if ":" in full_key else full_key
+        self.keys[full_key] += 1
         self.attempts[key] += 1
         self.headers.append(dict(request.headers))
         body = await request.json()
@@ -54,12 +71,15 @@ class FaultServer:
             action = ("ok", action[2])
         if action[0] == "ok":
             return web.json_response({"score": action[1]})
+        if action[0] == "json":
+            return web.json_response(action[1])
         if action[0] == "chat":
             return web.json_response({"choices": [{"message": {"role": "assistant", "content": action[1]}}]})
         if action[0] == "status":
             headers = {"Retry-After": str(action[2])} if action[2] is not None else {}
             return web.Response(status=action[1], text="fault", headers=headers)
-        return web.Response(status=200, text="{not json", content_type="application/json")
+        text = '{"score": 0.' if action[0] == "truncated" else "{not json"
+        return web.Response(status=200, text=text, content_type="application/json")
 
     def close(self) -> None:
         async def stop():

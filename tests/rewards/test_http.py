@@ -4,15 +4,13 @@ unscored with its reason, none lost or duplicated, retries bounded, the API key 
 import asyncio
 import logging
 import time
-import types
 
 import pytest
 
 from asyncrl.observability.metrics import REGISTRY
-from asyncrl.rewards import http
 from asyncrl.rewards.base import Unscored, score_with
-from asyncrl.rewards.http import CircuitBreaker, TokenBucket
 from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward, JudgeConfig, OpenAIJudgeReward
+from asyncrl.rewards.ratelimit import TokenBucket
 from tests.factories import make_group
 from tests.rewards.fault_server import FaultServer
 
@@ -74,7 +72,8 @@ def test_every_sample_ends_scored_or_unscored_with_its_reason(server, monkeypatc
     # Bounded retries, one key per sample, nothing lost or sent for another sample.
     assert set(server.attempts) == {s.uid for s in group.samples}
     assert max(server.attempts.values()) <= MAX_RETRIES + 1
-    assert server.attempts["g/6"] == MAX_RETRIES + 1 and server.attempts["g/5"] == 1  # bad JSON is not retried
+    # A failing status and a malformed body are both retried (the idempotency key makes it safe).
+    assert server.attempts["g/6"] == MAX_RETRIES + 1 and server.attempts["g/5"] == MAX_RETRIES + 1
     assert server.attempts["g/1"] == 3 and server.attempts["g/0"] == 1
     # Metrics: requests, retries and errors by kind, latency per reward.
     value = REGISTRY.get_sample_value
@@ -119,7 +118,7 @@ def test_the_judge_parses_scores_and_leaves_garbage_unscored(server):
     assert isinstance(results[3], Unscored) and results[3].reason == "score_out_of_range"
 
 
-def test_the_circuit_breaker_fails_fast_then_probes(server, monkeypatch):
+def test_the_circuit_breaker_fails_fast(server):
     server.behaviour = lambda key, attempt, body: ("status", 500, None)
     # A cooldown no stalled machine outlasts: the three calls after the failures find it open.
     cfg = JsonScorerConfig(url=server.url, max_retries=0, breaker_failures=3, breaker_cooldown_s=60, concurrency=1)
@@ -127,16 +126,6 @@ def test_the_circuit_breaker_fails_fast_then_probes(server, monkeypatch):
     results = asyncio.run(_score_and_close(reward, make_group("b", n=6)))
     assert [r.reason for r in results] == ["http_5xx"] * 3 + ["circuit_open"] * 3
     assert sum(server.attempts.values()) == 3
-    clock = [1000.0]  # the breaker's clock, moved by hand: no real time can pass between the checks
-    monkeypatch.setattr(http, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
-    breaker = CircuitBreaker(failures=1, cooldown_s=0.05)
-    breaker.record(ok=False)
-    clock[0] += 0.04
-    assert not breaker.allow()
-    clock[0] += 0.02
-    assert breaker.allow() and not breaker.allow()  # one probe at a time
-    breaker.record(ok=True)
-    assert breaker.allow()
 
 
 def test_the_token_bucket_holds_the_rate():
@@ -166,3 +155,96 @@ def test_the_request_rate_limit_spaces_requests_and_each_sample_records_its_time
     # Per sample, waiting for the limit included: the last waited ~1 s for it, the first not at
     # all. Compared with each other, so that slow round trips on a loaded machine cancel out.
     assert max(seconds) > 0.9 and min(seconds) < max(seconds) - 0.5
+
+
+def test_a_truncated_reply_is_retried(server):
+    server.behaviour = lambda key, attempt, body: ("truncated",) if attempt == 1 else ("ok", 0.5)
+    cfg = JsonScorerConfig(url=server.url, max_retries=1, backoff_base_s=0.01)
+    results = asyncio.run(_score_and_close(JsonScorerReward("truncated", cfg), make_group("t", n=4)))
+    assert results == [0.5] * 4 and set(server.attempts.values()) == {2}
+
+
+def test_a_long_retry_after_is_honoured_in_full_or_fails_the_call(server):
+    waits = {"long": 0.6, "huge": 50}
+    server.behaviour = lambda key, attempt, body: ("status", 429, waits[key[:4]]) if attempt == 1 else ("ok", 1.0)
+    cfg = JsonScorerConfig(url=server.url, max_retries=2, backoff_max_s=0.05, max_retry_after_s=5)
+    reward = JsonScorerReward("patient", cfg)
+
+    async def long_then_huge():
+        (result,) = await reward.score(make_group("long", n=1))
+        start = time.monotonic()
+        (refused,) = await _score_and_close(reward, make_group("huge", n=1))
+        return result, refused, time.monotonic() - start
+
+    result, refused, seconds = asyncio.run(long_then_huge())
+    assert result == 1.0 and server.arrivals[1] - server.arrivals[0] >= 0.6  # not cut to backoff_max_s
+    assert refused.reason == "retry_after_too_long" and "50 s" in refused.detail
+    assert server.attempts["huge/0"] == 1 and seconds < 2.0  # failed at once
+
+
+def test_a_retry_after_pauses_every_call_of_the_client(server):
+    server.behaviour = lambda key, attempt, body: ("status", 429, 0.5) if key == "p/0" and attempt == 1 else ("ok", 1.0)
+    cfg = JsonScorerConfig(url=server.url, concurrency=1, max_retries=1)
+    results = asyncio.run(_score_and_close(JsonScorerReward("paused", cfg), make_group("p", n=4)))
+    assert results == [1.0] * 4
+    first, *rest = sorted(server.arrivals)
+    assert all(t - first >= 0.5 for t in rest)  # the other samples did not rediscover the limit
+
+
+def test_a_closed_client_stays_closed_and_never_exceeds_its_concurrency(server):
+    server.behaviour = lambda key, attempt, body: ("sleep", 0.5, 1.0)
+    cfg = JsonScorerConfig(url=server.url, concurrency=4, max_retries=3, backoff_base_s=0.01)
+    reward = JsonScorerReward("closing", cfg)
+
+    async def close_midway():
+        scoring = asyncio.ensure_future(reward.score(make_group("c", n=12)))
+        await asyncio.sleep(0.2)
+        await reward.close()
+        closed_at = time.monotonic()
+        results = await scoring
+        later = await reward.score(make_group("after", n=4))
+        return closed_at, results, later
+
+    closed_at, results, later = asyncio.run(close_midway())
+    assert all(isinstance(r, Unscored) and r.reason == "client_closed" for r in results + later)
+    assert len(server.arrivals) == 4 and max(server.arrivals) < closed_at  # nothing sent after close
+    assert server.max_in_flight <= 4
+
+
+def test_a_cancelled_group_leaves_no_request_running(server):
+    server.behaviour = lambda key, attempt, body: ("sleep", 5.0, 1.0)
+    reward = JsonScorerReward("cancelled", JsonScorerConfig(url=server.url, concurrency=8))
+
+    async def cancel():
+        scoring = asyncio.ensure_future(reward.score(make_group("x", n=6)))
+        await asyncio.sleep(0.3)
+        scoring.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await scoring
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await reward.close()
+        return others
+
+    assert asyncio.run(cancel()) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [("sk-a b", "whitespace"), ("sk-a\nb", "whitespace"), ("sk-\x01b", "a control character"), ("sk-é", "non-ASCII")],
+)
+def test_a_bad_api_key_fails_at_start_without_showing_it(monkeypatch, value, what):
+    monkeypatch.setenv("TEST_BAD_KEY", value)
+    with pytest.raises(ValueError, match=f"API key in \\$TEST_BAD_KEY has {what} at position") as error:
+        JsonScorerReward("keyed", JsonScorerConfig(url="http://127.0.0.1:9", api_key_env="TEST_BAD_KEY"))
+    assert value not in str(error.value) and value.strip() not in str(error.value)
+    monkeypatch.setenv("TEST_BAD_KEY", " \n")
+    with pytest.raises(ValueError, match="empty"):
+        JsonScorerReward("keyed", JsonScorerConfig(url="http://127.0.0.1:9", api_key_env="TEST_BAD_KEY"))
+
+
+def test_an_api_key_with_a_trailing_newline_is_stripped(server, monkeypatch):
+    server.behaviour = lambda key, attempt, body: ("ok", 1.0)
+    monkeypatch.setenv("TEST_NEWLINE_KEY", "sk-abc123\n")
+    cfg = JsonScorerConfig(url=server.url, api_key_env="TEST_NEWLINE_KEY", max_retries=0)
+    assert asyncio.run(_score_and_close(JsonScorerReward("newline", cfg), make_group("n", n=2))) == [1.0, 1.0]
+    assert [h["Authorization"] for h in server.headers] == ["Bearer sk-abc123"] * 2

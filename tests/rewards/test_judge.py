@@ -1,0 +1,117 @@
+"""What the HTTP rewards make of replies: real judge phrasings, content parts, capture groups,
+out-of-range scores; every odd reply leaves its sample unscored with a reason, never its group."""
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from asyncrl.rewards.base import Unscored
+from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward, JudgeConfig, OpenAIJudgeReward
+from tests.factories import make_group
+from tests.rewards.fault_server import FaultServer
+
+
+@pytest.fixture
+def server():
+    s = FaultServer(lambda key, attempt, body: ("ok", 1.0))
+    yield s
+    s.close()
+
+
+def judge(url: str = "http://127.0.0.1:9/v1/chat/completions", **options) -> OpenAIJudgeReward:
+    return OpenAIJudgeReward("judge", JudgeConfig(url=url, timeout_s=2, max_retries=0, **options))
+
+
+def chat(content) -> dict:
+    return {"choices": [{"message": {"role": "assistant", "content": content}}]}
+
+
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        ("7", 7),
+        ("Rating (0-10): 7", 7),
+        ("Score: 8/10", 8),
+        ("I would rate this 8 out of 10.", 8),
+        ("**Score:** 9", 9),
+        ("The answer 42 is correct, matching the reference 42.\n\nScore: 10", 10),
+        ("Score: 10 (great)", 10),
+        ("6.5", 6.5),
+        ("On a scale of 0 to 10, this deserves a 3.", 3),
+    ],
+)
+def test_the_default_pattern_reads_real_judge_phrasings(text, score):
+    assert judge().parse_score(chat(text)) == pytest.approx(score / 10)
+
+
+def test_content_that_is_not_a_string():
+    reward = judge()
+    parts = [{"type": "text", "text": "Reasoning: fine. "}, {"type": "text", "text": "Score: 6"}]
+    assert reward.parse_score(chat(parts)) == pytest.approx(0.6)
+    assert reward.parse_score(chat(5)) == pytest.approx(0.5)
+    assert reward.parse_score(chat({"score": 5})).reason == "bad_reply"
+    assert reward.parse_score(chat(None)).reason == "bad_reply"
+    assert reward.parse_score(chat([{"type": "image_url"}])).reason == "unparsable_score"
+    assert reward.parse_score({"choices": []}).reason == "bad_reply"
+
+
+def test_a_capture_group_is_the_score():
+    reward = judge(score_pattern=r"Score: (\d+)")
+    assert reward.parse_score(chat("Score: 8, confidence 0.9")) == pytest.approx(0.8)
+    named = judge(score_pattern=r"(?P<label>[A-Z]+)=(?P<score>\d+)", score_match="first")
+    assert named.parse_score(chat("A=4 B=9")) == pytest.approx(0.4)
+    optional = judge(score_pattern=r"Score(?:: (\d+))?")
+    assert optional.parse_score(chat("Score")).reason == "unparsable_score"  # the group took no part
+
+
+def test_judge_options_are_checked_when_read():
+    with pytest.raises(ValidationError, match="score_pattern"):
+        JudgeConfig(url="http://x", score_pattern="(")
+    with pytest.raises(ValidationError, match="prompt_template"):
+        JudgeConfig(url="http://x", prompt_template="Rate {response} on {scale}")
+    with pytest.raises(ValidationError, match=r"min_score \(10.0\) must be < max_score \(10.0\)"):
+        JudgeConfig(url="http://x", min_score=10)
+    with pytest.raises(ValidationError, match=r"min_score \(1.0\) must be <= max_score \(0.0\)"):
+        JsonScorerConfig(url="http://x", min_score=1, max_score=0)
+
+
+def test_odd_replies_leave_only_their_own_sample_unscored(server):
+    contents = {0: "Score: 7", 1: [{"type": "text", "text": "8"}], 2: 9, 3: {"text": "7"}, 4: "none", 5: "10/10"}
+    server.behaviour = lambda key, attempt, body: ("chat", contents[int(key.rsplit("/", 1)[1])])
+    reward = judge(server.url)
+    results = asyncio.run(_score_and_close(reward, make_group("odd", n=6)))
+    assert results[:3] == [pytest.approx(0.7), pytest.approx(0.8), pytest.approx(0.9)] and results[5] == 1.0
+    assert [results[3].reason, results[4].reason] == ["bad_reply", "unparsable_score"]
+
+
+def test_the_json_scorer_checks_its_range(server):
+    values = [0.5, 1e9, -5, 1.5, 1.0, 0.0]
+    server.behaviour = lambda key, attempt, body: ("ok", values[int(key.rsplit("/", 1)[1])])
+    reward = JsonScorerReward("ranged", JsonScorerConfig(url=server.url, min_score=0, max_score=1, max_retries=0))
+    results = asyncio.run(_score_and_close(reward, make_group("r", n=6)))
+    assert [results[0], results[4], results[5]] == [0.5, 1.0, 0.0]
+    assert all(isinstance(r, Unscored) and r.reason == "score_out_of_range" for r in results[1:4])
+    unbounded = JsonScorerReward("unbounded", JsonScorerConfig(url=server.url, max_retries=0))
+    assert asyncio.run(_score_and_close(unbounded, make_group("u", n=6))) == values
+
+
+def test_two_rewards_scoring_one_sample_send_different_keys(server):
+    group = make_group("k", n=3)
+    first, second = (JsonScorerReward(name, JsonScorerConfig(url=server.url)) for name in ("helpful", "harmless"))
+
+    async def both():
+        await asyncio.gather(first.score(group), second.score(group))
+        await first.close()
+        await second.close()
+
+    asyncio.run(both())
+    expected = {f"{name}:{s.uid}" for name in ("helpful", "harmless") for s in group.samples}
+    assert set(server.keys) == expected and set(server.keys.values()) == {1}
+
+
+async def _score_and_close(reward, group):
+    try:
+        return await reward.score(group)
+    finally:
+        await reward.close()
