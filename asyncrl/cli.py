@@ -211,8 +211,15 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         return 0
     if args.command == "show-config":
         from asyncrl.config import load_config
+        from asyncrl.fleet.gpu_plan import describe_gpu_plan
 
-        print_config(load_config(args.config, args.overrides))
+        cfg = load_config(args.config, args.overrides)
+        print_config(cfg)
+        try:
+            print("\n".join(f"# {line}" for line in describe_gpu_plan(cfg).splitlines()))
+        except ValueError as e:  # the GPUs asked for do not fit this machine
+            print(f"config error: {e}", file=sys.stderr)
+            return 2
         return 0
     return 2
 

@@ -161,10 +161,16 @@ class RunConfig(Config):
     def _check_placement(self) -> RunConfig:
         self.placement.check_counts(self.run.num_generators, self.learner.ranks)
         gpus, tp = self.placement.generator.num_gpus, self.engine.tensor_parallel_size
-        if gpus and gpus != tp:
+        if gpus and max(gpus, 1) != tp:
             raise ValueError(
                 f"placement.generator.num_gpus ({gpus}) must equal engine.tensor_parallel_size ({tp}): "
-                "a generator's engine spans the GPUs of its actor"
+                "a generator's engine spans the GPUs of its actor (a fraction of one only when tp is 1)"
+            )
+        util = self.engine.gpu_memory_utilization
+        if 0 < gpus < 1 and self.engine.kv_cache_memory_bytes is None and util > gpus:
+            raise ValueError(
+                f"engine.gpu_memory_utilization ({util}) must be at most placement.generator.num_gpus ({gpus}): "
+                "vLLM takes that share of the whole device, which the generator shares with others"
             )
         if self.launcher.bind_host == "node" and self.weights.transport == "shm":
             raise ValueError(

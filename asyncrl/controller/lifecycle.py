@@ -31,6 +31,7 @@ from asyncrl.controller.reports import ProcessReports, TrainingProgress
 from asyncrl.controller.stopping import Stopper
 from asyncrl.controller.supervision import Supervisor
 from asyncrl.controller.watchdog import StallWatch
+from asyncrl.fleet.gpu_plan import gpu_envs
 from asyncrl.fleet.launcher import learner_rank_env, process_names, run_roles
 from asyncrl.observability.scrape import write_scrape_config
 from asyncrl.roles import ROLE_NAMES
@@ -81,6 +82,7 @@ class Lifecycle:
         self.timeline = timeline
         self.ledger = ledger
         self.stopper = Stopper(fleet, commands, pump, reports, watch)
+        self.gpu_envs = gpu_envs(cfg)  # checked and logged before anything starts; a restore reuses it
 
     def start_all(self, checkpoint: Path | None, evaluate_first: bool = False) -> None:
         """Start every component (from ``checkpoint`` when given) and say go once all are ready;
@@ -94,7 +96,7 @@ class Lifecycle:
             if r.name == "learner":  # one rendezvous port, free now, for the group
                 role_envs = [{**env, **rank} for rank in learner_rank_env(len(names), free_ports(1)[0])]
             for name, role_env in zip(names, role_envs):
-                fleet.start(r.name, name, role_env)
+                fleet.start(r.name, name, {**role_env, **self.gpu_envs.get(name, {})})
         ready = set()
         deadline = time.monotonic() + startup_bound(cfg, fleet.model_dir)
         while len(ready) < len(fleet.procs):

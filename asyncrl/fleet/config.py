@@ -1,6 +1,6 @@
 """The fleet's sections of the run config: where components run (``launcher``), the resources
-and nodes of each role on a Ray cluster (``placement``), and what happens when one dies
-(``supervision``).
+of each role (``placement``: its GPUs on this machine, or its resources and nodes on a Ray
+cluster), and what happens when one dies (``supervision``).
 
 Kept apart from the code that uses them (``asyncrl.fleet.launcher``, ``asyncrl.fleet.placement``,
 ``asyncrl.controller.supervision``) so that the root config (``asyncrl.config``) imports from the
@@ -34,6 +34,10 @@ class LauncherConfig(Config):
     num_cpus: int | None = Field(None, ge=1)
     """Logical CPUs of the private Ray instance (``address: local``); None: this machine's CPUs, or
     as many as the placement asks for when that is more (the processes then share the cores)."""
+    gpus: int | None = Field(None, ge=0)
+    """GPUs of this machine the local launcher shares out by ``placement.<role>.num_gpus``
+    (``asyncrl.fleet.gpu_plan``); None: as many as ``torch.cuda.device_count()`` sees. Give it to
+    plan for another machine (``asyncrl show-config``) or to test a plan on a machine without GPUs."""
     placement_timeout_s: float = Field(120.0, gt=0)
     """Seconds a component may wait for a node with the resources and labels it asks for, before
     the run fails naming them."""
@@ -47,11 +51,13 @@ class LauncherConfig(Config):
     def _check_bind_host(self) -> LauncherConfig:
         if self.kind == "local" and self.bind_host != "127.0.0.1":
             raise ValueError(f"launcher.bind_host ({self.bind_host!r}) must be 127.0.0.1 with launcher.kind local")
+        if self.kind == "ray" and self.gpus is not None:
+            raise ValueError(f"launcher.gpus ({self.gpus}) is for launcher.kind local: Ray counts each node's GPUs")
         return self
 
 
 class RolePlacement(Config):
-    """The resources of every instance of one role, and the nodes it may run on."""
+    """The resources of every instance of one role, and the nodes it may run on (``labels``, Ray only)."""
 
     count: int | None = Field(None, ge=1)
     """Instances of this role; None: as many as the run starts (``run.num_generators`` generators,
@@ -60,7 +66,10 @@ class RolePlacement(Config):
     num_cpus: float = Field(1.0, ge=0)
     """Logical CPUs each instance reserves on its node."""
     num_gpus: float = Field(0.0, ge=0)
-    """GPUs each instance reserves (Ray sets ``CUDA_VISIBLE_DEVICES`` to them); 0 on CPU-only nodes."""
+    """GPUs each instance gets, its ``CUDA_VISIBLE_DEVICES``: whole devices, or a fraction (below 1)
+    of one it shares with others. Local launcher: devices of this machine by
+    ``asyncrl.fleet.gpu_plan`` (a learner rank at most 1); Ray: Ray's. 0: none (with the local
+    launcher, none visible once any role asks for GPUs; when none asks, every process sees all)."""
     labels: dict[str, str] = {}
     """Node labels an instance must run on (a Ray label selector, e.g. ``{pool: cpu}``; values may
     use Ray's ``!v`` and ``in(a,b)`` forms); empty: any node with the resources."""
@@ -73,7 +82,8 @@ class RolePlacement(Config):
 
 
 class PlacementConfig(Config):
-    """Per-role resources on a Ray cluster; every role defaults to one CPU on any node."""
+    """Per-role resources: the GPUs of each process on this machine (``launcher.kind: local``), or
+    CPUs, GPUs and node labels on a Ray cluster; every role defaults to one CPU and no GPU."""
 
     generator: RolePlacement = RolePlacement()
     """Each generator (one vLLM engine: ``engine.tensor_parallel_size`` GPUs when on GPUs)."""

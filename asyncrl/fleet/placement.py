@@ -1,5 +1,6 @@
 """Where each component runs on a Ray cluster: per role, how many, the CPUs and GPUs each one
-reserves, and the node labels it needs (``placement`` section; read only with ``launcher.kind: ray``).
+reserves, and the node labels it needs (``placement`` section; the local launcher reads only
+``num_gpus`` and ``count``, in ``asyncrl.fleet.gpu_plan``).
 
 Heterogeneous by role, as in verl's resource pools: generators can ask for GPUs on nodes labelled
 for inference, reward workers for a CPU or two on CPU-only nodes, the learner's ranks for GPUs kept
