@@ -22,6 +22,12 @@ so does its group, since the buffer stores groups atomically.
 Every sample records which rewards scored it and what they gave (``Sample.reward_parts``) and how
 long each took (``Sample.reward_seconds``); ``Group.meta['rewards']`` lists the reward names.
 
+Scoring a group again (a reward worker's requeue of an unscored group) need not buy good answers
+twice: ``score_with(group, rewards, known)`` keeps each reward's successful results in ``known``,
+and asks a reward that scores samples independently (``per_sample = True``: the HTTP rewards,
+one request per sample) only for the samples it has not scored yet. Other rewards score the whole
+group again, since their results may depend on the group as a whole.
+
 The kinds of reward (``rules``, ``judge``, ``model``) implement this interface; which kinds exist
 and how a config entry builds one is ``asyncrl.rewards.registry``, so this module imports none.
 """
@@ -61,7 +67,9 @@ class TimedResults(list):
 
 
 class Reward(Protocol):
-    """Scores groups. ``name`` labels metrics and ``Sample.reward_parts``."""
+    """Scores groups. ``name`` labels metrics and ``Sample.reward_parts``. A reward whose result
+    for a sample does not depend on the others may set ``per_sample = True``: scored again, it is
+    given only the samples still unscored (see ``score_with``)."""
 
     name: str
 
@@ -88,10 +96,20 @@ class SyncReward:
         pass
 
 
-async def score_with(group: Group, rewards: list[tuple[Reward, float]]) -> Group:
-    """Run every reward on ``group`` concurrently, then ``combine`` into the samples (in place)."""
+Known = dict[str, dict[int, tuple[RewardResult, float]]]
+"""Results a group already has, kept across scorings: reward name -> sample index -> (result, seconds)."""
+
+
+async def score_with(group: Group, rewards: list[tuple[Reward, float]], known: Known | None = None) -> Group:
+    """Run every reward on ``group`` concurrently, then ``combine`` into the samples (in place).
+
+    ``known``: the results of an earlier scoring of this group (empty the first time); a reward
+    with ``per_sample = True`` is asked only for the samples missing from it. The successful
+    results of this call are added to it.
+    """
     start = time.perf_counter()
-    outcomes = await asyncio.gather(*(_timed(reward, group) for reward, _w in rewards))
+    known = {} if known is None else known
+    outcomes = await asyncio.gather(*(_score_missing(reward, group, known) for reward, _w in rewards))
     # (name, weight, results, seconds): per-sample seconds where the reward measured them
     combine(
         group,
@@ -99,6 +117,31 @@ async def score_with(group: Group, rewards: list[tuple[Reward, float]]) -> Group
     )
     group.reward_s = time.perf_counter() - start
     return group
+
+
+async def _score_missing(reward: Reward, group: Group, known: Known) -> tuple[list[RewardResult], list[float]]:
+    """``reward``'s results for every sample of ``group``: those in ``known`` kept (per-sample rewards),
+    the others scored now; the successful ones are added to ``known``."""
+    have = known.setdefault(reward.name, {}) if getattr(reward, "per_sample", False) else {}
+    missing = [i for i in range(len(group.samples)) if i not in have]
+    results: list[RewardResult] = [have[i][0] if i in have else None for i in range(len(group.samples))]
+    seconds = [have[i][1] if i in have else 0.0 for i in range(len(group.samples))]
+    if missing:
+        part = group if len(missing) == len(group.samples) else _subgroup(group, missing)
+        scored, took = await _timed(reward, part)
+        for j, i in enumerate(missing):
+            results[i] = scored[j]
+            seconds[i] = float(took[j] if isinstance(took, list) else took)
+    if getattr(reward, "per_sample", False):
+        for i in missing:
+            if not isinstance(results[i], Unscored):
+                have[i] = (results[i], seconds[i])
+    return results, seconds
+
+
+def _subgroup(group: Group, indices: list[int]) -> Group:
+    """The group with only the samples at ``indices`` (the same sample objects)."""
+    return dataclasses.replace(group, samples=[group.samples[i] for i in indices])
 
 
 async def score_greedy_baseline(group: Group, rewards: list[tuple[Reward, float]]) -> None:

@@ -22,7 +22,8 @@ class RewardConfig(Config):
     on_failure: Literal["drop", "requeue"] = "drop"
     """A group left unscored: forward it unscored (the buffer drops it, counted) or score it again later."""
     max_requeues: int = Field(3, ge=0)
-    """With on_failure=requeue: times a group is scored again before it is forwarded unscored."""
+    """With on_failure=requeue: times a group is scored again before it is forwarded unscored (the HTTP
+    rewards re-request only the samples they have not scored yet)."""
     requeue_delay_s: float = Field(2.0, ge=0)
     """With on_failure=requeue: seconds before a group is scored again."""
     request_timeout_s: float = Field(5.0, gt=0)

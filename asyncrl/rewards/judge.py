@@ -112,6 +112,9 @@ class JudgeConfig(HttpConfig):
 
 
 class _HttpReward:
+    per_sample = True
+    """One request per sample, independent of the others: a requeued group re-requests only what failed."""
+
     def __init__(self, name: str, cfg: HttpConfig):
         self.name = name
         self.cfg = cfg

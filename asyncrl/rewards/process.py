@@ -25,7 +25,9 @@ to the buffer (a group waits in the worker, counted as held, until the buffer ta
 pauses meanwhile). What is dropped: nothing in the worker. A group some reward left unscored
 (after the HTTP client's retries) is either forwarded unscored — the buffer drops it, counted by
 ``meta['unscored_reason']`` — (``on_failure: drop``) or scored again later, up to
-``max_requeues`` times, then forwarded unscored (``on_failure: requeue``).
+``max_requeues`` times, then forwarded unscored (``on_failure: requeue``). Scored again, the
+HTTP rewards re-request only the samples they have not scored yet (the worker keeps their results
+with the group; a requeued group the owner hands to a peer is scored whole there).
 
 Ledger (``asyncrl.controller.accounting``): each worker reports ``received`` = samples it took to score
 (the owner: from generators, minus what it handed to peers; a peer: what it was handed),

@@ -11,10 +11,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncrl.observability.metrics import REWARD_QUEUE_DEPTH, REWARD_SECONDS, SAMPLES
-from asyncrl.rewards.base import Reward, score_greedy_baseline, score_with
+from asyncrl.rewards.base import Known, Reward, score_greedy_baseline, score_with
 from asyncrl.rewards.channels import BufferOutbox, GroupInbox, PeerShare, ShareClient
 from asyncrl.rewards.config import RewardConfig
 from asyncrl.rewards.context import RewardContext
@@ -32,6 +32,8 @@ class _Waiting:
     group: Group
     ready_at: float = 0.0
     requeues: int = 0
+    known: Known = field(default_factory=dict)
+    """Results of earlier scorings (requeue): per-sample rewards re-request only what failed."""
 
 
 class RewardWorker:
@@ -213,14 +215,15 @@ class RewardWorker:
             sample.reward, sample.token_rewards = None, None
             sample.reward_parts.clear()
             sample.reward_seconds.clear()
-        await score_with(group, self.rewards)
+        await score_with(group, self.rewards, item.known)
         if group.scored and "greedy_text" in group.meta:  # ReMax's baseline answer
             await score_greedy_baseline(group, self.rewards)
         REWARD_SECONDS.observe(group.reward_s)
         if not group.scored and self.cfg.on_failure == "requeue" and item.requeues < self.cfg.max_requeues:
             self.requeued += len(group.samples)
             group.meta["requeues"] = item.requeues + 1
-            self.waiting.append(_Waiting(group, time.monotonic() + self.cfg.requeue_delay_s, item.requeues + 1))
+            ready_at = time.monotonic() + self.cfg.requeue_delay_s
+            self.waiting.append(_Waiting(group, ready_at, item.requeues + 1, item.known))
             return
         if not group.scored:
             self.unscored += len(group.samples)

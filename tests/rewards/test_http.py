@@ -11,6 +11,7 @@ from asyncrl.observability.metrics import REGISTRY
 from asyncrl.rewards.base import Unscored, score_with
 from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward, JudgeConfig, OpenAIJudgeReward
 from asyncrl.rewards.ratelimit import TokenBucket
+from asyncrl.rewards.registry import RewardSpec, build_reward
 from tests.factories import make_group
 from tests.rewards.fault_server import FaultServer
 
@@ -248,3 +249,26 @@ def test_an_api_key_with_a_trailing_newline_is_stripped(server, monkeypatch):
     cfg = JsonScorerConfig(url=server.url, api_key_env="TEST_NEWLINE_KEY", max_retries=0)
     assert asyncio.run(_score_and_close(JsonScorerReward("newline", cfg), make_group("n", n=2))) == [1.0, 1.0]
     assert [h["Authorization"] for h in server.headers] == ["Bearer sk-abc123"] * 2
+
+
+def test_scored_again_only_the_unscored_samples_are_requested(server):
+    """A requeued group keeps what its HTTP rewards already scored: the second scoring asks the API
+    only for the sample that failed; a rule reward scores the whole group again."""
+    server.behaviour = lambda key, attempt, body: (
+        ("status", 503, None) if key == "q/2" and attempt == 1 else ("ok", 0.5)
+    )
+    reward = JsonScorerReward("requeued", JsonScorerConfig(url=server.url, max_retries=0))
+    rule = build_reward(RewardSpec(kind="format"))
+    group, known = make_group("q", n=4), {}
+
+    async def twice():
+        await score_with(group, [(reward, 1.0), (rule, 1.0)], known)
+        first = group.scored
+        await score_with(group, [(reward, 1.0), (rule, 1.0)], known)
+        await reward.close()
+        return first
+
+    assert not asyncio.run(twice()) and group.scored
+    assert server.attempts == {"q/0": 1, "q/1": 1, "q/2": 2, "q/3": 1}
+    assert [s.reward_parts for s in group.samples] == [{"requeued": 0.5, "format": 0.0}] * 4
+    assert set(known) == {"requeued"} and sorted(known["requeued"]) == [0, 1, 2, 3]
