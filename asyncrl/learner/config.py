@@ -124,7 +124,7 @@ class TrainerConfig(Config):
 AdvEstimator = Literal[
     "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "opo", "pass_at_k", "gae"
 ]
-PolicyLoss = Literal["ppo_clip", "gspo", "cispo"]
+PolicyLoss = Literal["ppo_clip", "gspo", "cispo", "sapo", "gmpo"]
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 Correction = Literal["none", "behaviour_ppo", "tis", "mis", "decoupled"]
 
@@ -225,7 +225,7 @@ class AlgorithmConfig(Config):
     pass_k: int = Field(1, ge=1)
     """pass_at_k: the k of pass@k (<= sampling.n); 1 is GRPO."""
     policy_loss: PolicyLoss = "ppo_clip"
-    """ppo_clip (token ratio, clip_low/clip_high, dual_clip), gspo (sequence ratio, length-normalised), cispo (clipped stop-gradient weight on log pi)."""
+    """ppo_clip (token ratio, clip_low/clip_high, dual_clip), gspo (sequence ratio, length-normalised), cispo (clipped stop-gradient weight on log pi), sapo (soft sigmoid gate, sapo_tau_pos/sapo_tau_neg), gmpo (geometric mean of the token ratios, clip_low/clip_high on the log-ratio; the paper uses 0.4)."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses become one number: token-mean, token-sum (no normalisation), seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (token sums over a constant, Dr. GRPO)."""
     kl_entropy_agg_mode: LossAggMode | None = None
@@ -236,6 +236,10 @@ class AlgorithmConfig(Config):
     """PPO clip: ratio floor 1 - clip_low."""
     clip_high: float = Field(0.2, gt=0)
     """PPO clip: ratio ceiling 1 + clip_high (DAPO's clip-higher: clip_high > clip_low); CISPO's weight ceiling."""
+    sapo_tau_pos: float = Field(1.0, gt=0)
+    """sapo: the gate's temperature for tokens with A > 0 (larger: the gradient fades faster as the ratio leaves 1)."""
+    sapo_tau_neg: float = Field(1.05, gt=0)
+    """sapo: the gate's temperature for tokens with A <= 0 (the paper: a little above sapo_tau_pos)."""
     dual_clip: float | None = None
     """Dual clip c > 1 (Ye et al. 2020): for A < 0 the token loss is at most -c * A; None: off."""
     correction: Correction = "decoupled"
@@ -289,6 +293,11 @@ class AlgorithmConfig(Config):
             raise ValueError(
                 f"algorithm.policy_loss 'gspo' is sequence-level: algorithm.correction '{self.correction}' needs "
                 "algorithm.correction_level 'sequence', got 'token'"
+            )
+        if self.policy_loss == "gmpo" and self.adv_estimator == "gae":
+            raise ValueError(
+                "algorithm.policy_loss 'gmpo' needs one advantage per sequence: algorithm.adv_estimator "
+                "'gae' gives one per token (use an outcome estimator)"
             )
         if self.policy_loss != "ppo_clip" and self.dual_clip is not None:
             raise ValueError(

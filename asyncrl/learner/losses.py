@@ -1,4 +1,5 @@
-"""Policy losses, off-policy corrections and loss aggregation: pure functions of (B, T) tensors.
+"""Off-policy corrections, loss aggregation and their composition with a policy loss: pure
+functions of (B, T) tensors (the policy losses are ``asyncrl.learner.policy_losses``).
 
 The learner trains on samples that generators drew with older weights: a group in the buffer can
 be k learner steps old by the time it is trained on. Three policies are in play per token:
@@ -15,7 +16,8 @@ called with the same keyword arguments, and takes the ones it needs):
 
 1. ``CORRECTIONS[algorithm.correction]``: which log-probabilities the PPO ratio is taken against
    (the trust-region anchor), and a detached per-token weight and keep-mask correcting for mu.
-2. ``POLICY_LOSSES[algorithm.policy_loss]``: the per-token surrogate (B, T) given that anchor.
+2. ``POLICY_LOSSES[algorithm.policy_loss]``: the per-token surrogate (B, T) given that anchor
+   (``asyncrl.learner.policy_losses``).
 3. ``LOSS_AGG_MODES[algorithm.loss_agg_mode]``: how token losses become one number.
 
 The decoupled objective (AReaL, Fu et al. 2025, section 5.2; Hilton et al. 2022, section 3)
@@ -36,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from asyncrl.learner.config import AlgorithmConfig
+from asyncrl.learner.policy_losses import CLIP_DUAL, CLIP_HIGH, CLIP_LOW, POLICY_LOSSES
 
 _MAX_LOG_WEIGHT = 20.0  # exp(20) ~ 5e8: the log of an importance weight is clamped here before exp
 
@@ -50,108 +53,6 @@ def _check_shapes(logprobs: torch.Tensor, **others: torch.Tensor) -> None:
     for name, value in others.items():
         if value.shape != logprobs.shape:
             raise ValueError(f"{name} shape {tuple(value.shape)} must equal logprobs shape {tuple(logprobs.shape)}")
-
-
-# ---------------------------------------------------------------------------------------------
-# policy losses: (B, T) per-token surrogate and a (B, T) bool "clipped" indicator
-
-
-def ppo_clip_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    **_,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7: L^CLIP, negated to a loss) with DAPO's
-    clip-higher (Yu et al. 2025) and the dual clip (Ye et al. 2020).
-
-        ratio    = exp(logprobs - old_logprobs)
-        pg_loss1 = -A * ratio
-        pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)      (DAPO: clip_high > clip_low)
-        pg_loss  = max(pg_loss1, pg_loss2)
-        dual clip (Ye et al. 2020), for A < 0 only:  pg_loss = min(pg_loss, -A * dual_clip)
-
-    The dual clip bounds the loss of a negative-advantage token whose ratio has exploded
-    (mu sampled it, pi_theta now finds it far likelier), which plain PPO leaves unbounded.
-
-    Returns:
-        (pg_loss, clipped), both (B, T): per-token loss, and whether the clipped branch was taken.
-    """
-    if clip_low <= 0 or clip_high <= 0:
-        raise ValueError(f"clip_low ({clip_low}) and clip_high ({clip_high}) must be > 0")
-    if dual_clip is not None and dual_clip <= 1:
-        raise ValueError(f"dual_clip ({dual_clip}) must be > 1 or None")
-    ratio = (logprobs - old_logprobs).clamp(max=_MAX_LOG_WEIGHT).exp()  # (B, T)
-    pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    pg_loss = torch.max(pg_loss1, pg_loss2)  # (B, T)
-    clipped = pg_loss2 > pg_loss1
-    if dual_clip is not None:
-        pg_loss3 = -advantages * dual_clip
-        dual = (advantages < 0) & (pg_loss3 < pg_loss)
-        pg_loss = torch.where(dual, pg_loss3, pg_loss)
-        clipped = clipped | dual
-    return pg_loss, clipped
-
-
-def gspo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    **_,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): a sequence-level ratio.
-
-        s_i      = exp( sum_t mask_t * (logprobs_t - old_logprobs_t) / |y_i| )   length-normalised
-        s_{i,t}  = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t))                    value s_i, gradient per token
-        loss_t   = max(-A_i * s_{i,t}, -A_i * clip(s_{i,t}, 1 - clip_low, 1 + clip_high))
-
-    Aggregated with ``seq-mean-token-mean`` this is GSPO's objective exactly; the clip decides
-    per sequence, so the ranges are small (the paper uses 3e-4 / 4e-4).
-    """
-    mask = mask.to(logprobs.dtype)
-    length = mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
-    seq_log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1, keepdim=True) / length  # (B, 1)
-    log_s = seq_log_ratio.detach() + logprobs - logprobs.detach()  # (B, T), value = seq_log_ratio
-    s = log_s.clamp(max=_MAX_LOG_WEIGHT).exp()
-    pg_loss1 = -advantages * s
-    pg_loss2 = -advantages * torch.clamp(s, 1 - clip_low, 1 + clip_high)
-    return torch.max(pg_loss1, pg_loss2), pg_loss2 > pg_loss1
-
-
-def cispo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_high: float = 0.2,
-    **_,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """CISPO (MiniMax 2025, "MiniMax-M1", section 3.1): clip the IS weight, not the update.
-
-        ratio  = exp(logprobs - old_logprobs)
-        loss_t = -sg(min(ratio, 1 + clip_high)) * A * logprobs
-
-    Every token keeps a gradient (PPO zeroes clipped ones, which are often the rare "fork"
-    tokens); the weight is only bounded. No lower bound, as in the paper (a large epsilon_low).
-    """
-    ratio = (logprobs - old_logprobs).clamp(max=_MAX_LOG_WEIGHT).exp().detach()  # (B, T)
-    weight = ratio.clamp(max=1 + clip_high)
-    return -weight * advantages * logprobs, ratio > 1 + clip_high
-
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "ppo_clip": ppo_clip_loss,
-    "gspo": gspo_loss,
-    "cispo": cispo_loss,
-}
-"""Per-token policy losses by ``algorithm.policy_loss``: (logprobs, anchor, A, *, mask, clip_low,
-clip_high, dual_clip) -> (pg_loss, clipped), each taking the options it uses."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,7 +307,9 @@ def compute_policy_loss(
     Returns:
         ``(loss, parts)``: the scalar loss and detached (B, T) tensors for statistics:
         ``weight_raw`` (pi_prox / mu per token, before truncation or masking), ``weight`` (the
-        applied w), ``keep`` (mask after masked IS), ``clipped`` (float 0/1), ``log_ratio``
+        applied w), ``keep`` (mask after masked IS), ``clipped`` (float 0/1: the ratio was cut
+        at its ceiling or floor; not the dual clip), ``clipped_high`` / ``clipped_low`` /
+        ``clipped_dual`` (float 0/1, apart: ``asyncrl.learner.policy_losses``), ``log_ratio``
         (log pi_theta - log anchor).
     """
     _check_shapes(
@@ -431,7 +334,7 @@ def compute_policy_loss(
         low=algo.mis_low,
         high=algo.mis_high,
     )
-    pg_loss, clipped = POLICY_LOSSES[algo.policy_loss](
+    pg_loss, clip = POLICY_LOSSES[algo.policy_loss](
         logprobs,
         anchor,
         advantages,
@@ -439,6 +342,8 @@ def compute_policy_loss(
         clip_low=algo.clip_low,
         clip_high=algo.clip_high,
         dual_clip=algo.dual_clip,
+        tau_pos=algo.sapo_tau_pos,
+        tau_neg=algo.sapo_tau_neg,
     )
     loss = aggregate(weight.detach() * pg_loss, keep, algo.loss_agg_mode, num_tokens, num_seqs, norm_tokens)
     with torch.no_grad():
@@ -446,7 +351,10 @@ def compute_policy_loss(
             "weight_raw": _log_weights(proximal_logprobs, behaviour_logprobs, mask, "token").exp(),
             "weight": weight.detach(),
             "keep": keep,
-            "clipped": clipped.float(),
+            "clipped": ((clip == CLIP_HIGH) | (clip == CLIP_LOW)).float(),
+            "clipped_high": (clip == CLIP_HIGH).float(),
+            "clipped_low": (clip == CLIP_LOW).float(),
+            "clipped_dual": (clip == CLIP_DUAL).float(),
             "log_ratio": (logprobs - anchor).detach(),
         }
     return loss, parts

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 STEP_EVENT_STATS = (
     "clipfrac",
+    "clipfrac_high",
+    "clipfrac_low",
+    "clipfrac_dual",
+    "ppo_kl",
     "is_weight_mean",
     "is_weight_max",
     "is_weight_ess",

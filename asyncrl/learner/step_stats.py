@@ -48,8 +48,11 @@ def add_micro_figures(
     keep, w, raw = parts["keep"], parts["weight"], parts["weight_raw"]
     sums["kept"] += float(keep.sum())
     sums["clipped"] += float((parts["clipped"] * keep).sum())
+    for side in ("high", "low", "dual"):
+        sums[f"clipped_{side}"] += float((parts[f"clipped_{side}"] * keep).sum())
     log_ratio = parts["log_ratio"]  # log pi_theta - log anchor
     sums["approx_kl_sum"] += float((((log_ratio.exp() - 1) - log_ratio) * keep).sum())
+    sums["ppo_kl_sum"] += float((-log_ratio * keep).sum())
     sums["w_sum"] += float((w * mask).sum())
     sums["w_sq_sum"] += float((w.square() * mask).sum())
     sums["raw_sum"] += float((raw * mask).sum())
@@ -100,7 +103,11 @@ def step_stats(
         "lr": epochs[-1]["lr"],
         **clip_stats([n for e in epochs for n in e["grad_norms"]], grad_clip),
         "clipfrac": sum(e["clipped"] for e in epochs) / max(kept, 1.0),
+        "clipfrac_high": sum(e["clipped_high"] for e in epochs) / max(kept, 1.0),
+        "clipfrac_low": sum(e["clipped_low"] for e in epochs) / max(kept, 1.0),
+        "clipfrac_dual": sum(e["clipped_dual"] for e in epochs) / max(kept, 1.0),
         "approx_kl": sum(e["approx_kl_sum"] for e in epochs) / max(kept, 1.0),
+        "ppo_kl": sum(e["ppo_kl_sum"] for e in epochs) / max(kept, 1.0),
         "is_weight_mean": first["raw_sum"] / total_tokens,
         "is_weight_max": first["is_weight_max"],
         "is_weight_ess": first["w_sum"] ** 2 / max(total_tokens * first["w_sq_sum"], 1e-12),

@@ -180,8 +180,12 @@ class PolicyTrainer:
         rate of the step's last update), ``grad_norm``/``grad_norm_max`` (the global gradient norm
         before clipping), ``grad_clipped`` (share of updates clipped) and ``grad_clip_coef`` (the
         mean factor clipping scaled the gradient by, min(1, grad_clip / grad_norm)), ``clipfrac``
-        (kept tokens whose clipped branch was taken), ``approx_kl`` (k3 estimate of KL between the
-        ratio's anchor and pi_theta, over kept tokens: 0 for the first update of a step),
+        (kept tokens whose ratio was cut at its ceiling or floor; the dual clip apart),
+        ``clipfrac_high``/``clipfrac_low``/``clipfrac_dual`` (the ceiling's, the floor's and the
+        dual clip's shares; ``asyncrl.learner.policy_losses``), ``approx_kl`` (k3 estimate of KL
+        between the ratio's anchor and pi_theta, over kept tokens: 0 for the first update of a
+        step), ``ppo_kl`` (the mean of -log(pi_theta / anchor) over kept tokens, the k1 estimate
+        every reference reports),
         ``clipfrac_by_epoch``/``approx_kl_by_epoch`` (lists, when ``ppo_epochs > 1``),
         ``loss_by_update``/``grad_norm_by_update`` (lists, when the step takes several updates),
         ``is_weight_mean``/``is_weight_max`` (pi_prox / mu per token, before truncation),

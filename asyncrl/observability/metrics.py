@@ -132,14 +132,32 @@ MISMATCH_KL = Gauge(
     "KL between the behaviour (sampler) and the learner's logprobs on samples of staleness 0, last step.",
     registry=REGISTRY,
 )
+CLIP_FRACTION = Gauge(
+    "asyncrl_clip_fraction",
+    "Share of the last step's kept tokens a clip of the policy loss acted on, by side: high (the ratio cut at "
+    "its ceiling), low (at its floor), dual (the dual clip's bound on a negative advantage).",
+    ["side"],
+    registry=REGISTRY,
+)
+PPO_KL = Gauge(
+    "asyncrl_ppo_kl",
+    "Mean of -log(pi_theta / anchor) over the last step's kept tokens: how far the updates moved the policy.",
+    registry=REGISTRY,
+)
 
 
 def record_learner_step(stats: dict) -> None:
-    """The per-step gauges: when the step ended, and the sampler-vs-learner mismatch KL when the
-    trainer measured it (only on batches with on-policy samples)."""
+    """The per-step gauges: when the step ended, the sampler-vs-learner mismatch KL when the
+    trainer measured it (only on batches with on-policy samples), the clip fractions by side
+    and the PPO KL when the trainer reports them."""
     LAST_STEP_TIMESTAMP.set(time.time())
     if stats.get("mismatch_kl") is not None:
         MISMATCH_KL.set(stats["mismatch_kl"])
+    for side in ("high", "low", "dual"):
+        if stats.get(f"clipfrac_{side}") is not None:
+            CLIP_FRACTION.labels(side).set(stats[f"clipfrac_{side}"])
+    if stats.get("ppo_kl") is not None:
+        PPO_KL.set(stats["ppo_kl"])
 
 
 # -- reward workers ------------------------------------------------------------------------------

@@ -441,6 +441,12 @@ class StepEvent(Event, kw_only=True, tag="step"):
     staleness_mean: float
     staleness_max: float
     clipfrac: float | None = None
+    """Kept tokens whose ratio was cut at its ceiling or floor (the dual clip is ``clipfrac_dual``)."""
+    clipfrac_high: float | None = None
+    clipfrac_low: float | None = None
+    clipfrac_dual: float | None = None
+    ppo_kl: float | None = None
+    """Mean of -log(pi_theta / anchor) over kept tokens (verl's and OpenRLHF's ``ppo_kl``)."""
     is_weight_mean: float | None = None
     is_weight_max: float | None = None
     is_weight_ess: float | None = None

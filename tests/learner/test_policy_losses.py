@@ -10,13 +10,21 @@ from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.losses import (
     CORRECTIONS,
     LOSS_AGG_MODES,
-    POLICY_LOSSES,
     aggregate,
-    cispo_loss,
     compute_policy_loss,
-    gspo_loss,
     log_linear_proximal_logprobs,
+)
+from asyncrl.learner.policy_losses import (
+    CLIP_DUAL,
+    CLIP_HIGH,
+    CLIP_LOW,
+    CLIP_NONE,
+    POLICY_LOSSES,
+    cispo_loss,
+    gmpo_loss,
+    gspo_loss,
     ppo_clip_loss,
+    sapo_loss,
 )
 
 ln = math.log
@@ -37,10 +45,10 @@ def test_ppo_clip_higher_is_asymmetric():
     adv = t([1.0, -1.0])
     loss, clipped = ppo_clip_loss(lp, old, adv, clip_low=0.2, clip_high=0.28)
     torch.testing.assert_close(loss, t([-1.25, 0.8]))
-    assert clipped.tolist() == [[False, True]]
+    assert clipped.tolist() == [[CLIP_NONE, CLIP_LOW]]
     sym, clipped = ppo_clip_loss(lp, old, adv, clip_low=0.2, clip_high=0.2)
     torch.testing.assert_close(sym, t([-1.2, 0.8]))
-    assert clipped.tolist() == [[True, True]]
+    assert clipped.tolist() == [[CLIP_HIGH, CLIP_LOW]]
 
 
 def test_dual_clip_bounds_negative_advantage_only():
@@ -49,7 +57,7 @@ def test_dual_clip_bounds_negative_advantage_only():
     lp = old + ln(5.0)
     loss, clipped = ppo_clip_loss(lp, old, t([-1.0, 1.0]), 0.2, 0.2, dual_clip=3.0)
     torch.testing.assert_close(loss, t([3.0, -1.2]))
-    assert clipped.tolist() == [[True, True]]
+    assert clipped.tolist() == [[CLIP_DUAL, CLIP_HIGH]]  # the dual clip apart from the ceiling
     with pytest.raises(ValueError, match=r"dual_clip \(1.0\) must be > 1"):
         ppo_clip_loss(lp, old, t([-1.0, 1.0]), dual_clip=1.0)
 
@@ -62,7 +70,7 @@ def test_gspo_uses_the_length_normalised_sequence_ratio():
     loss, clipped = gspo_loss(lp, old, t([1.0, 1.0], [1.0, 1.0]), mask, clip_low=0.2, clip_high=0.2)
     s = math.sqrt(0.99)
     torch.testing.assert_close(loss * mask, t([-s, -s], [-1.2, 0.0]))
-    assert clipped[0].tolist() == [False, False] and bool(clipped[1, 0])
+    assert clipped[0].tolist() == [CLIP_NONE, CLIP_NONE] and clipped[1, 0] == CLIP_HIGH
     # seq-mean-token-mean: d/dlp_t = -A * s / |y| in row 0; 0 in the clipped row
     LOSS_AGG_MODES["seq-mean-token-mean"](loss, mask).backward()
     torch.testing.assert_close(lp.grad, t([-s / 2 / 2, -s / 2 / 2], [0.0, 0.0]))
@@ -74,7 +82,7 @@ def test_cispo_clips_a_stop_gradient_weight_and_keeps_every_gradient():
     lp = (old + t([ln(2.0), ln(0.5)])).requires_grad_(True)
     loss, clipped = cispo_loss(lp, old, t([1.0, 1.0]), clip_high=0.2)
     torch.testing.assert_close(loss, -t([1.2, 0.5]) * lp.detach())
-    assert clipped.tolist() == [[True, False]]
+    assert clipped.tolist() == [[CLIP_HIGH, CLIP_NONE]]
     loss.sum().backward()
     torch.testing.assert_close(lp.grad, t([-1.2, -0.5]))
 
@@ -121,6 +129,55 @@ def test_decoupled_none_and_behaviour_ppo():
     assert anchor is prox and torch.equal(w, torch.ones_like(mask))
     anchor, w, _ = CORRECTIONS["behaviour_ppo"](prox, mu, mask)
     assert anchor is mu and torch.equal(w, torch.ones_like(mask))
+
+
+def test_sapo_gate_is_the_plain_gradient_on_policy_and_fades_off_it():
+    # r = 1: f = sigmoid(0) * 4 / tau = 2 / tau; d f / d r = 1, so d loss / d lp = -A
+    old = t([-1.0, -1.0, -1.0])
+    lp = (old + t([0.0, 0.0, ln(2.0)])).requires_grad_(True)
+    adv = t([1.0, -1.0, 1.0])
+    loss, clipped = sapo_loss(lp, old, adv, tau_pos=1.0, tau_neg=1.05)
+    sig = 1 / (1 + math.exp(-1.0))  # sigmoid(tau_pos * (2 - 1))
+    torch.testing.assert_close(loss, t([-2.0, 2.0 / 1.05, -4.0 * sig]))
+    assert clipped.tolist() == [[CLIP_NONE] * 3]  # a soft gate clips nothing
+    loss.sum().backward()
+    # ratio 2: d/dlp = -A * 4 sigmoid'(1) * r = -4 * sig * (1 - sig) * 2, well under the plain -2
+    torch.testing.assert_close(lp.grad, t([-1.0, 1.0, -8.0 * sig * (1 - sig)]))
+    with pytest.raises(ValueError, match=r"tau_pos \(0.0\) and tau_neg \(1.05\) must be > 0"):
+        sapo_loss(lp, old, adv, tau_pos=0.0)
+
+
+def test_gmpo_takes_the_geometric_mean_of_log_clipped_ratios():
+    # row 0, A = +1: log ratios ln 2 (above clip_high 0.4: cut to 0.4), ln 0.5 -> R = exp((0.4 - ln 2) / 2)
+    # row 1, A = -1: log ratios ln 0.5 (below -0.4: raised to -0.4), padding -> R = exp(-0.4)
+    old = t([-1.0, -1.0], [-1.0, -1.0])
+    lp = (old + t([ln(2.0), ln(0.5)], [ln(0.5), 5.0])).requires_grad_(True)
+    adv = t([1.0, 1.0], [-1.0, -1.0])
+    mask = t([1, 1], [1, 0])
+    loss, clipped = gmpo_loss(lp, old, adv, mask, clip_low=0.4, clip_high=0.4)
+    r0, r1 = math.exp((0.4 - ln(2.0)) / 2), math.exp(-0.4)
+    torch.testing.assert_close(loss * mask, t([-r0, -r0], [r1, 0.0]))
+    assert clipped[0].tolist() == [CLIP_HIGH, CLIP_NONE] and clipped[1, 0] == CLIP_LOW
+    # seq-mean-token-mean: the mean over sequences of -A_i R_i; d/dlp_t = -A R / |y| where unclipped
+    agg = LOSS_AGG_MODES["seq-mean-token-mean"](loss, mask)
+    assert agg.item() == pytest.approx((-r0 + r1) / 2)
+    agg.backward()
+    torch.testing.assert_close(lp.grad, t([0.0, -r0 / 2 / 2], [0.0, 0.0]))
+
+
+def test_clip_fractions_and_ppo_kl_parts_keep_the_sides_apart():
+    # tokens: A=+1 ratio 1.5 (ceiling), A=-1 ratio 0.5 (floor), A=-1 ratio 5 (dual), A=+1 ratio 1 (none)
+    prox = t([-1.0, -1.0, -2.0, -1.0])
+    lp = prox + t([ln(1.5), ln(0.5), ln(5.0), 0.0])
+    adv = t([1.0, -1.0, -1.0, 1.0])
+    algo = AlgorithmConfig(correction="none", dual_clip=3.0)
+    _, parts = compute_policy_loss(lp, prox, prox, adv, torch.ones(1, 4), algo)
+    assert parts["clipped"].tolist() == [[1.0, 1.0, 0.0, 0.0]]  # the dual clip is not in clipfrac
+    assert parts["clipped_high"].tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    assert parts["clipped_low"].tolist() == [[0.0, 1.0, 0.0, 0.0]]
+    assert parts["clipped_dual"].tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    # ppo_kl is the mean of -log_ratio: (-ln 1.5 + ln 2 - ln 5 + 0) / 4
+    assert (-parts["log_ratio"]).mean().item() == pytest.approx((-ln(1.5) + ln(2.0) - ln(5.0)) / 4, rel=1e-5)
 
 
 def test_log_linear_proximal_interpolates_by_version():

@@ -351,6 +351,24 @@ ALGORITHMS = {
         kl={"coef": 0.5, "estimator": "k2"},
         entropy_coef=0.01,
     ),
+    "sapo_opo_tis_token_sum_entropy": dict(
+        adv_estimator="opo",
+        policy_loss="sapo",
+        correction="tis",
+        is_cap=2.0,
+        loss_agg_mode="token-sum",
+        entropy_coef=0.01,
+    ),
+    "gmpo_pass_at_k_kl_token_mean": dict(
+        adv_estimator="pass_at_k",
+        pass_k=2,
+        policy_loss="gmpo",
+        clip_low=0.4,
+        clip_high=0.4,
+        loss_agg_mode="seq-mean-token-mean",
+        kl={"coef": 0.5, "estimator": "k3"},
+        kl_entropy_agg_mode="token-mean",
+    ),
     "dapo_dual_clip_behaviour_ppo": dict(
         adv_estimator="dr_grpo",
         correction="behaviour_ppo",
@@ -371,7 +389,8 @@ def plain_torch_steps(model_dir, groups, algo, steps=2):
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
     rewards = np.array([[s.reward for s in g.samples] for g in groups], dtype=np.float32)
     lengths = np.array([[len(s.response_ids) for s in g.samples] for g in groups])
-    batch = collate(groups, ADV_ESTIMATORS[algo.adv_estimator](rewards, lengths=lengths), pad_id=0)
+    advantages = ADV_ESTIMATORS[algo.adv_estimator](rewards, lengths=lengths, k=algo.pass_k)
+    batch = collate(groups, advantages, pad_id=0)
     mask = batch.response_mask
     regulariser_agg = LOSS_AGG_MODES[algo.kl_entropy_agg_mode or algo.loss_agg_mode]
     for _ in range(steps):
@@ -715,6 +734,8 @@ def test_epochs_and_mini_batches_clip_against_the_policy_before_the_first_update
     # the policy moves away from pi_prox over the updates; pi_prox / mu is the same throughout
     assert len(stats["approx_kl_by_epoch"]) == 2 and 0 < stats["approx_kl_by_epoch"][0] < stats["approx_kl_by_epoch"][1]
     assert len(stats["clipfrac_by_epoch"]) == 2 and stats["clipfrac"] >= 0
+    assert stats["clipfrac"] == pytest.approx(stats["clipfrac_high"] + stats["clipfrac_low"])
+    assert stats["clipfrac_dual"] == 0.0 and stats["ppo_kl"] != 0.0  # no dual clip set; the policy moved
     assert 0.5 < stats["is_weight_mean"] < 2.0
     after = trainer.full_state_dict()
     for name, tensor in model.state_dict().items():
@@ -729,6 +750,7 @@ def test_one_epoch_one_mini_batch_is_exactly_the_first_of_several_updates(model_
     single = PolicyTrainer(model_dir, config(0))
     one = single.train_step(groups)
     assert "loss_by_update" not in one and "clipfrac_by_epoch" not in one and one["approx_kl"] == 0.0
+    assert one["ppo_kl"] == one["clipfrac_high"] == one["clipfrac_low"] == one["clipfrac_dual"] == 0.0
     decayed = config(0, lr_schedule="linear", lr_decay_steps=1)
     several = PolicyTrainer(model_dir, decayed, ppo_epochs=2)
     two = several.train_step(groups)

@@ -52,6 +52,13 @@ def test_learner_step_sets_timestamp_and_mismatch_kl():
     assert m.REGISTRY.get_sample_value("asyncrl_mismatch_kl") == 0.0125
 
 
+def test_learner_step_sets_the_clip_fractions_by_side_and_the_ppo_kl():
+    m.record_learner_step({"clipfrac_high": 0.25, "clipfrac_low": 0.125, "clipfrac_dual": 0.0, "ppo_kl": 0.002})
+    for side, value in (("high", 0.25), ("low", 0.125), ("dual", 0.0)):
+        assert m.REGISTRY.get_sample_value("asyncrl_clip_fraction", {"side": side}) == value
+    assert m.REGISTRY.get_sample_value("asyncrl_ppo_kl") == 0.002
+
+
 def test_weight_sync_stages_are_one_metric():
     m.WEIGHT_BROADCAST_SECONDS.observe(0.2)
     m.WEIGHT_APPLY_SECONDS.observe(0.1)
