@@ -6,7 +6,7 @@
 For each size, a Qwen2-shaped state dict of random fp32 tensors (an embedding, then decoder
 layers of q/k/v/o, gate/up/down and norms, hidden 1024, intermediate 2816) is published in
 ``--bucket-mb`` buckets to 1, 2 and 4 local subscriber *processes*, and timed from the start of
-``publish`` until the last subscriber holds verified tensors (every bucket's sum64 checked):
+``publish`` until the last subscriber holds verified tensors (every bucket's checksum checked: sum64 for shm, xxh3 for zmq):
 ``shm_s``, ``zmq_s``. For shared memory, ``shm_delivery_s`` stops earlier, when the last
 subscriber has the announcement: from then on the tensors are there to map, and what follows
 (mapping, every subscriber reading every byte for its checksum) is per-subscriber work.

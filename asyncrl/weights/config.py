@@ -25,9 +25,11 @@ class WeightSyncConfig(Config):
     bucket_mb: float = Field(64.0, gt=0)
     """Size cap of one bucket in MiB: under ZeRO-3 the learner gathers, sends and frees one
     bucket at a time, so its extra memory is about two buckets, not the model."""
-    checksum: Literal["sum64", "crc32"] = "sum64"
-    """Per-bucket checksum checked on arrival: a 64-bit word sum (memory speed) or CRC-32 (~2 GB/s);
-    see ``asyncrl.weights.buckets.HASHES``."""
+    checksum: Literal["xxh3", "sum64", "crc32"] = "sum64"
+    """Per-bucket checksum checked on arrival: xxh3 or a 64-bit word sum (both memory speed), or
+    CRC-32 (~2 GB/s); see ``asyncrl.weights.buckets.HASHES``. Left unset, ``xxh3`` with the zmq
+    transport (order-sensitive, taken frame by frame) and ``sum64`` with the others (shm sums
+    tensors apart on a second thread, nccl on the GPU: both need a sum's additivity)."""
     frame_mb: float = Field(1.0, gt=0)
     """Size of one ZeroMQ frame in MiB (zmq transport)."""
     schedule: Literal["every_k", "every_s", "staleness"] = "every_k"
@@ -53,6 +55,13 @@ class WeightSyncConfig(Config):
     """shm: seconds a superseded version stays in shared memory when not every generator acked it."""
     poll_s: float = Field(0.05, gt=0)
     """in_flight: seconds between a generator's checks for a newly announced version."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def default_checksum(cls, data):
+        if isinstance(data, dict) and "checksum" not in data and data.get("transport") == "zmq":
+            data = {**data, "checksum": "xxh3"}
+        return data
 
     @model_validator(mode="after")
     def check_nccl(self) -> WeightSyncConfig:

@@ -13,9 +13,10 @@ gathered under ZeRO-3 (``Bucket.transient``: freed at the next ``next()``), is p
 a host buffer. A subscriber receives each frame straight into its place in the bucket's buffer
 (``recv_into``) and adds each frame to the checksum as soon as it is in, while it is still in
 cache (a whole tensor, up to tens of MB, is not: summing per tensor cost ~25 % more CPU per
-version). The checksum is over the tensors' bytes in order (padding excluded): ``sum64`` is
-the sum of their 8-byte words (each tensor, and each frame within it, starts 8-aligned, so
-they sum independently), ``crc32`` is chained across them.
+version). The checksum is over the tensors' bytes in order (padding excluded), taken frame by
+frame (``Digest``): ``xxh3`` (the default: memory speed, and order-sensitive) and ``crc32`` run
+across them as over one string; ``sum64`` is the sum of their 8-byte words (each tensor, and
+each frame within it, starts 8-aligned, so they sum independently).
 
 Memory: before sending bucket i the publisher waits until bucket i-1 has left for every
 subscriber (its last frame tracked with ``track=True``), so at most two buckets are referenced by
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Iterable
 
 import torch
@@ -46,7 +46,7 @@ import zmq
 
 from asyncrl import wire
 from asyncrl.observability.metrics import WEIGHT_FAILURES
-from asyncrl.weights.buckets import HASHES, checksum, layout, pack_into, specs_from_wire, specs_to_wire, unpack
+from asyncrl.weights.buckets import HASHES, Digest, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 from asyncrl.wire import security
 from asyncrl.wire.messages import Message, WeightsBegin, WeightsBucket, WeightsEnd
@@ -67,7 +67,7 @@ class ZmqWeightPublisher:
         name: str = "learner.weights.stream",
         frame_bytes: int = FRAME_BYTES,
         send_timeout_s: float = 60.0,
-        hash: str = "sum64",
+        hash: str = "xxh3",
     ):
         if frame_bytes < 64:
             raise ValueError(f"frame_bytes ({frame_bytes}) must be >= 64")
@@ -215,19 +215,12 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8)
 
 
-def tensors_checksum(views, algo: str = "sum64") -> int:
+def tensors_checksum(views, algo: str = "xxh3") -> int:
     """The bucket checksum of the stream: over each tensor's bytes in order (see the module docstring)."""
-    total = 0
+    digest = Digest(algo)
     for v in views:
-        total = _update(total, v.numpy(), algo)
-    return total
-
-
-def _update(total: int, data, algo: str) -> int:
-    """Add ``data`` (bytes starting 8-aligned within its tensor) to a running checksum."""
-    if algo == "crc32":
-        return zlib.crc32(data, total) & 0xFFFFFFFF
-    return (total + checksum(data, algo)) & 0xFFFFFFFFFFFFFFFF
+        digest.update(v.numpy())
+    return digest.value()
 
 
 class ZmqWeightSubscriber:
@@ -323,7 +316,10 @@ class ZmqWeightSubscriber:
     def _receive_bucket(self, view: memoryview, specs, crc: int, algo: str, what: str) -> None:
         """Receive each frame straight into its tensor's place (``recv_into``: the one copy out of
         libzmq), add each frame to the checksum while it is in cache; raise on any mismatch."""
-        got = 0
+        if algo not in HASHES:
+            self._drain()
+            raise WeightSyncError(f"{what}: checksum {algo!r} is none of {HASHES}")
+        digest = Digest(algo)
         try:
             for spec in specs:
                 offset, end = spec.offset, spec.offset + spec.nbytes
@@ -339,12 +335,13 @@ class ZmqWeightSubscriber:
                     n = self.sock.recv_into(view[offset:end])
                     if n > end - offset:
                         raise WeightSyncError(f"{what}: a frame of {n} bytes overruns tensor {spec.name}")
-                    got = _update(got, view[offset : offset + n], algo)
+                    digest.update(view[offset : offset + n])
                     offset += n
             if self.sock.getsockopt(zmq.RCVMORE):
                 raise WeightSyncError(f"{what}: more bytes than its tensors hold")
         finally:
             self._drain()
+        got = digest.value()
         if got != crc:
             raise WeightSyncError(
                 f"{what}: {algo} checksum mismatch (got {got:#x}, expected {crc:#x}): corrupted in transit"

@@ -11,7 +11,7 @@ import zmq
 from asyncrl import wire
 from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
-from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber
+from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber, tensors_checksum
 from asyncrl.weights.update import WeightSyncError
 from tests.waits import STREAM_PROBE, has_message, receive_version, stream_subscribed, wait_subscribed, wait_until
 
@@ -105,6 +105,38 @@ def test_zmq_checksum_catches_a_corrupted_bucket():
     pub.send_multipart([wire.encode_map("weights_bucket", header), b"\0" * 8])
     with pytest.raises(WeightSyncError, match="version 1 bucket 0: crc32 checksum mismatch"):
         receive_version(sub)
+    pub.close()
+    sub.close()
+
+
+@pytest.mark.parametrize("corrupt", ["flipped byte", "words swapped"])
+def test_zmq_xxh3_catches_a_frame_corrupted_in_transit(corrupt):
+    data = torch.arange(64, dtype=torch.int64).view(torch.uint8).numpy().copy()  # one tensor, 512 bytes
+    crc = tensors_checksum([torch.from_numpy(data)], "xxh3")
+    bad = data.copy()
+    if corrupt == "flipped byte":
+        bad[100] ^= 0x01
+    else:  # what a word sum cannot see
+        bad[0:8], bad[8:16] = data[8:16], data[0:8]
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="g0", timeout_s=2)
+    stream_subscribed(pub, [sub])
+    header = {"policy_version": 1, "index": 0, "crc": crc, "hash": "xxh3", "nbytes": 512}
+    header["tensors"] = [["w", "int64", [64], 0, 512]]
+    for version, payload in ((1, data), (2, bad)):
+        pub.send(wire.encode_map("weights_begin", {"policy_version": version}))
+        pub.send_multipart(
+            [wire.encode_map("weights_bucket", {**header, "policy_version": version}), payload[:256], payload[256:]]
+        )
+        pub.send(wire.encode_map("weights_end", {"policy_version": version, "num_buckets": 1, "bytes": 512}))
+        if version == 1:  # the intact copy passes, cut into two frames
+            update = receive_version(sub)
+            assert torch.equal(dict(update.tensors)["w"], torch.arange(64))
+            update.done()
+    with pytest.raises(WeightSyncError, match="version 2 bucket 0: xxh3 checksum mismatch"):
+        receive_version(sub, served=1)
     pub.close()
     sub.close()
 
@@ -228,3 +260,12 @@ def test_a_state_dict_on_the_gpu_arrives_bit_identical(transport):
     update.done()
     pub.close()
     sub.close()
+
+
+def test_the_zmq_stream_defaults_to_xxh3_and_the_summing_transports_to_sum64():
+    from asyncrl.weights.config import WeightSyncConfig
+
+    assert WeightSyncConfig(transport="zmq").checksum == "xxh3"
+    assert WeightSyncConfig(transport="zmq", checksum="crc32").checksum == "crc32"
+    assert WeightSyncConfig(transport="shm").checksum == "sum64"
+    assert WeightSyncConfig().checksum == "sum64"
