@@ -127,6 +127,7 @@ AdvEstimator = Literal[
 PolicyLoss = Literal["ppo_clip", "gspo", "cispo", "sapo", "gmpo"]
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 Correction = Literal["none", "behaviour_ppo", "tis", "mis", "decoupled"]
+Rejection = Literal["none", "token_k2", "token_k3", "seq_mean_k3", "seq_max_k2"]
 
 
 class KLConfig(Config):
@@ -210,7 +211,7 @@ class AlgorithmConfig(Config):
     """What the learner optimises: advantages, policy loss, off-policy correction, KL and entropy.
 
     Each name is a key of a plain dict in ``asyncrl.learner`` (``ADV_ESTIMATORS``,
-    ``POLICY_LOSSES``, ``LOSS_AGG_MODES``, ``CORRECTIONS``, ``KL_ESTIMATORS``) whose function
+    ``POLICY_LOSSES``, ``LOSS_AGG_MODES``, ``CORRECTIONS``, ``REJECTIONS``, ``KL_ESTIMATORS``) whose function
     documents its formula. The validators reject combinations that cannot run, naming the keys
     (``check_run`` those that need other sections). The hard staleness bound is the buffer's
     ``buffer.max_staleness``: older groups are dropped there, counted under the reason ``stale``.
@@ -252,6 +253,12 @@ class AlgorithmConfig(Config):
     """mis: tokens (sequences) with weight below this are dropped."""
     mis_high: float = 2.0
     """mis: tokens (sequences) with weight above this are dropped."""
+    rejection: Rejection = "none"
+    """Drop tokens or whole sequences whose train/behaviour divergence (r = pi_prox / mu) exceeds rejection_threshold, on top of the correction: token_k2 ((log r)^2 / 2 per token), token_k3 (r - 1 - log r per token), seq_mean_k3 (a sequence's mean k3), seq_max_k2 (a sequence's largest k2); none: off (``asyncrl.learner.rejection``)."""
+    rejection_threshold: float | None = Field(None, gt=0)
+    """The divergence above which rejection drops a token (sequence); required by a rejection, e.g. 0.01 for seq_mean_k3."""
+    is_batch_normalise: bool = False
+    """tis / mis / decoupled: scale the importance weights to mean 1 over the kept tokens (sequences, at correction_level sequence) of each micro batch, so truncation and masking do not shrink the step (self-normalised IS; verl's rollout_is_batch_normalize)."""
     proximal: Literal["recompute", "log_linear"] = "recompute"
     """decoupled: pi_prox from the learner's forward pass, or AReaL's log-linear interpolation between mu and pi_theta by version."""
     kl: KLConfig = KLConfig()
@@ -293,6 +300,22 @@ class AlgorithmConfig(Config):
             raise ValueError(
                 f"algorithm.policy_loss 'gspo' is sequence-level: algorithm.correction '{self.correction}' needs "
                 "algorithm.correction_level 'sequence', got 'token'"
+            )
+        if self.rejection != "none" and self.rejection_threshold is None:
+            raise ValueError(f"algorithm.rejection '{self.rejection}' needs algorithm.rejection_threshold, got None")
+        if self.rejection == "none" and self.rejection_threshold is not None:
+            raise ValueError(
+                f"algorithm.rejection_threshold ({self.rejection_threshold}) is set but algorithm.rejection is 'none'"
+            )
+        if self.policy_loss == "gspo" and self.rejection in ("token_k2", "token_k3"):
+            raise ValueError(
+                f"algorithm.policy_loss 'gspo' is sequence-level: algorithm.rejection '{self.rejection}' drops single "
+                "tokens; use seq_mean_k3 or seq_max_k2"
+            )
+        if self.is_batch_normalise and self.correction not in ("tis", "mis", "decoupled"):
+            raise ValueError(
+                f"algorithm.is_batch_normalise needs importance weights: algorithm.correction '{self.correction}' "
+                "has none (use tis, mis or decoupled)"
             )
         if self.policy_loss == "gmpo" and self.adv_estimator == "gae":
             raise ValueError(

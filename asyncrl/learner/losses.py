@@ -39,6 +39,7 @@ import torch
 
 from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.policy_losses import CLIP_DUAL, CLIP_HIGH, CLIP_LOW, POLICY_LOSSES
+from asyncrl.learner.rejection import REJECTIONS, batch_normalised_weights
 
 _MAX_LOG_WEIGHT = 20.0  # exp(20) ~ 5e8: the log of an importance weight is clamped here before exp
 
@@ -293,6 +294,8 @@ def compute_policy_loss(
     """The policy loss ``algo`` (an ``AlgorithmConfig``) names, and its per-token parts.
 
         anchor, w, keep = CORRECTIONS[algo.correction](pi_prox, mu, mask)
+        keep, w         = keep * reject, w * reject       reject = REJECTIONS[algo.rejection](pi_prox - mu)
+        w               = w / mean_keep(w)                 algo.is_batch_normalise
         pg_loss         = POLICY_LOSSES[algo.policy_loss](logprobs, anchor, A)     (B, T)
         loss            = LOSS_AGG_MODES[algo.loss_agg_mode](w * pg_loss, keep)
 
@@ -307,7 +310,7 @@ def compute_policy_loss(
     Returns:
         ``(loss, parts)``: the scalar loss and detached (B, T) tensors for statistics:
         ``weight_raw`` (pi_prox / mu per token, before truncation or masking), ``weight`` (the
-        applied w), ``keep`` (mask after masked IS), ``clipped`` (float 0/1: the ratio was cut
+        applied w), ``keep`` (mask after masked IS and rejection), ``clipped`` (float 0/1: the ratio was cut
         at its ceiling or floor; not the dual clip), ``clipped_high`` / ``clipped_low`` /
         ``clipped_dual`` (float 0/1, apart: ``asyncrl.learner.policy_losses``), ``log_ratio``
         (log pi_theta - log anchor).
@@ -334,6 +337,12 @@ def compute_policy_loss(
         low=algo.mis_low,
         high=algo.mis_high,
     )
+    if algo.rejection != "none":  # on top of the correction: rejected tokens leave the loss
+        reject = REJECTIONS[algo.rejection](proximal_logprobs - behaviour_logprobs, mask, algo.rejection_threshold)
+        keep, weight = keep * reject, weight * reject
+    if algo.is_batch_normalise:
+        level = algo.correction_level if algo.correction in ("tis", "mis") else "token"
+        weight = batch_normalised_weights(weight, keep, level)
     pg_loss, clip = POLICY_LOSSES[algo.policy_loss](
         logprobs,
         anchor,

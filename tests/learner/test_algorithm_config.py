@@ -39,6 +39,11 @@ def test_defaults_are_decoupled_grpo_and_the_demo_loads():
         ({"correction": "vtrace"}, r"correction"),
         ({"pass_k": 4}, r"algorithm.pass_k \(4\) is set but algorithm.adv_estimator 'grpo' does not use it"),
         ({"std_estimator": "bessel"}, r"std_estimator"),
+        (
+            {"policy_loss": "gmpo", "adv_estimator": "gae", "critic": {"lr": 1e-4}},
+            r"algorithm.policy_loss 'gmpo' needs one advantage per sequence",
+        ),
+        ({"sapo_tau_neg": 0.0}, r"sapo_tau_neg"),
         ({"reinforce_pp_whitening": "batch"}, r"reinforce_pp_whitening"),
         ({"kl_entropy_agg_mode": "mean"}, r"kl_entropy_agg_mode"),
         ({"clip_hgih": 0.3}, r"clip_hgih"),

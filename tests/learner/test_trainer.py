@@ -356,6 +356,8 @@ ALGORITHMS = {
         policy_loss="sapo",
         correction="tis",
         is_cap=2.0,
+        rejection="token_k3",
+        rejection_threshold=0.02,
         loss_agg_mode="token-sum",
         entropy_coef=0.01,
     ),
@@ -365,6 +367,12 @@ ALGORITHMS = {
         policy_loss="gmpo",
         clip_low=0.4,
         clip_high=0.4,
+        correction="mis",
+        correction_level="sequence",
+        mis_low=0.2,
+        mis_high=3.0,
+        rejection="seq_max_k2",
+        rejection_threshold=0.1,
         loss_agg_mode="seq-mean-token-mean",
         kl={"coef": 0.5, "estimator": "k3"},
         kl_entropy_agg_mode="token-mean",
@@ -426,6 +434,7 @@ def test_algorithms_in_micro_batches_match_plain_torch(name, model_dir, groups):
     for _ in range(2):
         stats = trainer.train_step(groups)
         assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
+        assert stats["masked_frac"] > 0 or algo.rejection == "none"  # the rejections drop some tokens
     after = trainer.full_state_dict()
     for key, tensor in expected.items():
         torch.testing.assert_close(after[key], tensor, atol=1e-4, rtol=0)
