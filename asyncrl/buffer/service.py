@@ -152,6 +152,7 @@ class BufferService:
                     group_keys=batch.keys.tolist(),
                     probabilities=batch.probabilities.tolist(),
                     is_weights=batch.is_weights.tolist(),
+                    repeat=(~batch.first_time).tolist(),
                 )
                 self.batches.answer(h, reply)
                 served = True

@@ -2,9 +2,9 @@
 (``asyncrl.controller.accounting``), its ledger (``asyncrl.rundir.ledger``), its evaluations,
 deaths, restores and checkpoints, and its memory and time figures.
 
-``reconciles`` is the run's verdict: the ledger shows no sample lost or trained twice, and, for a
-run that stopped cleanly and was neither resumed nor had a process die, the per-process counters
-agree too (counters cannot count what a killed process held; the ledger can, by id).
+``reconciles`` is the run's verdict: the ledger shows no sample lost or trained twice (nor
+reused without a first training), and, for a run that stopped cleanly and was neither resumed
+nor had a process die, the per-process counters agree too (counters cannot count what a killed process held; the ledger can, by id).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def write_summary(
     summary["ledger"] = reconcile_ledger(run_dir, samples_per_group)
     summary.update(resources)
     summary["counters_reconcile"] = summary["reconciles"]
-    ledger_ok = summary["ledger"]["lost"] == 0 and summary["ledger"]["trained_twice"] == 0
+    ledger = summary["ledger"]
+    ledger_ok = ledger["lost"] == 0 and ledger["trained_twice"] == 0 and ledger["retrained_untrained"] == 0
     clean = not supervisor.deaths and not resumed
     summary["reconciles"] = ledger_ok and (summary["counters_reconcile"] or not clean)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -7,18 +7,23 @@ the buffer samples by priority, their new priorities (``priority_updates``: each
 |advantage|); both are sent once, with the first request that gets a reply.
 
 The reply carries each group's importance weight (``is_weights``), which scales that group's
-loss (all 1 unless the buffer samples by priority with β > 0). Unless the buffer may hand a
-group out more than once (``buffer.max_times_sampled != 1``), a group trained before (a copy
-dispatched again after a failure) is taken out of the batch, counted as dropped (``duplicate``)
-and written to the ledger, so it is never trained twice, across resumes too (``trained_ids`` is
-part of the learner's checkpoint).
+loss (all 1 unless the buffer samples by priority with β > 0), and whether the buffer handed that
+very copy out before (``repeat``). A group trained before is trained again only as such a repeat,
+which the buffer bounds by ``buffer.max_times_sampled``: any other copy (dispatched again after a
+failure: a buffer restarted empty, a lost report) is taken out of the batch, counted as dropped
+(``duplicate``) and written to the ledger, and so are the buffer's later hand-outs of that copy.
+So no group is trained more often than reuse allows, across buffer restarts and, as
+``trained_ids`` is part of the learner's checkpoint, across resumes. (The copies taken out are
+remembered while the staleness bound lets them come back, not in the checkpoint: after a resume
+the buffer's snapshot holds what it held then.) ``trained`` says how many samples a step trained
+for the first time: those of groups new to ``trained_ids``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asyncrl.learner.totals import Counters
@@ -47,6 +52,8 @@ class Batch:
     samples by priority."""
     wait_s: float
     """Seconds the request that brought it waited for the reply."""
+    repeat: list[bool] = field(default_factory=list)
+    """Per group of ``groups``, whether the buffer had handed out this copy before (reuse)."""
 
 
 class BatchRequester:
@@ -64,8 +71,8 @@ class BatchRequester:
         self.ledger = ledger
         self.counters = counters
         self.trained_ids = trained_ids
-        self.reuse = cfg.buffer.max_times_sampled != 1
-        """Whether the buffer may hand a group out more than once (then copies are not dropped)."""
+        self._refused: dict[int, set[str]] = {}
+        """policy_version -> ids of copies taken out, while the buffer may hand them out again."""
         self._priority_updates: PriorityUpdates | None = None
         self._just_trained: TrainedGroups | None = (
             None  # the last step's groups, reported to the dispatcher via the buffer
@@ -88,34 +95,56 @@ class BatchRequester:
         if reply is not None:
             self._priority_updates = self._just_trained = None  # delivered with that request
         sampled = reply[1] if reply is not None and isinstance(reply[1], BatchReply) else BatchReply()
-        groups = sampled.groups
-        if groups and not self.reuse:
-            # A group trained before (a copy dispatched again after a failure) is not trained twice.
-            copies = [g for g in groups if g.group_id in self.trained_ids]
-            if copies:
-                groups = [g for g in groups if g.group_id not in self.trained_ids]
-                self.counters.dropped["duplicate"] += sum(len(g.samples) for g in copies)
-                self.ledger.write("dropped", [g.group_id for g in copies], reason="duplicate")
-                if not groups:
-                    return None
-        if not groups:
+        if not sampled.groups:
             log.info("learner: waiting for a batch of %d groups at version %d", learner.batch_groups, version)
             return None
-        is_weights = sampled.is_weights or None  # none sent: all 1
-        if is_weights is not None and len(is_weights) != len(groups):  # some copies were taken out
-            keep = {g.group_id for g in groups}
-            is_weights = [w for g, w in zip(sampled.groups, is_weights) if g.group_id in keep]
-        return Batch(groups, is_weights, sampled.group_keys or None, time.monotonic() - wait_start)
+        repeat = sampled.repeat or [False] * len(sampled.groups)
+        keep = [self._may_train(g, again, version) for g, again in zip(sampled.groups, repeat)]
+        groups = [g for g, k in zip(sampled.groups, keep) if k]
+        if len(groups) < len(sampled.groups):
+            copies = [g for g, k in zip(sampled.groups, keep) if not k]
+            self.counters.dropped["duplicate"] += sum(len(g.samples) for g in copies)
+            self.ledger.write("dropped", [g.group_id for g in copies], reason="duplicate")
+            if not groups:
+                return None
+        is_weights = [w for w, k in zip(sampled.is_weights, keep) if k] or None  # none sent: all 1
+        group_keys = [key for key, k in zip(sampled.group_keys, keep) if k] or None
+        again = [a for a, k in zip(repeat, keep) if k]
+        return Batch(groups, is_weights, group_keys, time.monotonic() - wait_start, again)
 
-    def trained(self, batch: Batch, version: int, priorities: list[float] | None = None) -> None:
+    def _may_train(self, group: Group, repeat: bool, version: int) -> bool:
+        """Whether ``group`` may be trained: never trained before, or a repeated hand-out of the copy
+        that was (the buffer's reuse), not of a copy taken out before."""
+        refused = self._refused.get(group.policy_version)
+        if group.group_id not in self.trained_ids:
+            return True
+        if repeat and (refused is None or group.group_id not in refused):
+            return True
+        self._refused.setdefault(group.policy_version, set()).add(group.group_id)
+        stale = self.cfg.buffer.max_staleness
+        if stale is not None:  # past the staleness bound the buffer drops a copy: it cannot come back
+            for v in [v for v in self._refused if version - v > stale + 1]:
+                del self._refused[v]
+        return False
+
+    def trained(self, batch: Batch, version: int, priorities: list[float] | None = None) -> int:
         """Record that ``batch`` was trained, giving policy ``version``: in ``trained_ids`` and the
-        ledger, and for the next request (with the groups' new ``priorities``, if any)."""
+        ledger (``trained`` the first time, ``retrained`` for the buffer's repeats), and for the
+        next request (with the groups' new ``priorities``, if any). Returns the samples trained
+        for the first time."""
+        first, again, first_samples = [], [], 0
         for g in batch.groups:
-            self.trained_ids.add(g.group_id)
+            if self.trained_ids.add(g.group_id):
+                first.append(g.group_id)
+                first_samples += len(g.samples)
+            else:
+                again.append(g.group_id)
         self._just_trained = TrainedGroups(version=version, group_ids=[g.group_id for g in batch.groups])
-        self.ledger.write("trained", self._just_trained.group_ids, version=version)
+        self.ledger.write("trained", first, version=version)
+        self.ledger.write("retrained", again, version=version)
         if priorities is not None and batch.group_keys is not None:
             self._priority_updates = PriorityUpdates(group_keys=batch.group_keys, priorities=priorities)
+        return first_samples
 
     def take_late(self) -> int:
         """After the last step: take a batch that still arrives (a reply to a request that timed

@@ -13,10 +13,9 @@ Each pass of the loop is five named steps:
 5. report the step (``asyncrl.learner.step_report``).
 
 When the buffer may hand a group out more than once (``buffer.max_times_sampled != 1``),
-``trained`` counts each sample once, by uid, while ``trained_with_reuse`` counts every time it
-was trained; the uids are remembered only while their group could still come back
-(``buffer.max_staleness``), and under a prioritized sampler the groups' new priorities (their
-mean |advantage|) go back with the next request. At the end the final model is saved as a
+``trained`` counts each sample once, by its group's id (``trained_ids``, kept in checkpoints),
+while ``trained_with_reuse`` counts every time it was trained, and under a prioritized sampler
+the groups' new priorities (their mean |advantage|) go back with the next request. At the end the final model is saved as a
 Hugging Face directory in ``RUN_DIR/final``, and late batches are held until the controller
 stops the learner.
 """
@@ -33,7 +32,7 @@ from asyncrl.learner.build_trainer import build_trainer
 from asyncrl.learner.checkpoint_io import checkpoint_if_due, load_learner_part
 from asyncrl.learner.context import LearnerContext
 from asyncrl.learner.step_report import record_step_metrics, report_step
-from asyncrl.learner.totals import Counters, Reservoir, count_first_time, latency_summary
+from asyncrl.learner.totals import Counters, Reservoir, latency_summary
 from asyncrl.learner.weights_out import WeightsOut
 from asyncrl.rundir.ledger import GroupIdSet
 from asyncrl.wire.sockets import RequestClient
@@ -52,7 +51,6 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         trained_ids = load_learner_part(trainer, counters, ctx.resume_dir / "learner")
         log.info("learner: resumed at version %d from %s", trainer.version, ctx.resume_dir)
     batches = BatchRequester(client, cfg, ctx.ledger, counters, trained_ids)
-    seen: dict[int, set[str]] = {}  # policy_version -> uids trained, while a group may come back
     latencies = Reservoir(10_000)  # seconds from the start of sampling to the end of training, per sample
     ctx.emit("ready", version=trainer.version)
     if trainer.version > 0:  # generators start from the initial weights: bring them to this version
@@ -64,9 +62,9 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         if batch is None:
             continue
         stats = trainer.train_step(batch.groups, weights=batch.is_weights)
-        batches.trained(batch, trainer.version, _priorities(cfg, trainer, batch))
+        first_time = batches.trained(batch, trainer.version, _priorities(cfg, trainer, batch))
         record_step_metrics(trainer.version, batch, stats)
-        _count_step(cfg, batch, stats, trainer.version, counters, seen, latencies)
+        _count_step(batch, stats, first_time, counters, latencies)
         weights.publish_if_due(trainer)
         checkpoint_if_due(ctx, trainer, counters, trained_ids)
         report_step(ctx, trainer.version, batch, stats)
@@ -104,14 +102,10 @@ def _priorities(cfg, trainer, batch: Batch) -> list[float] | None:
     return [float(np.abs(a).mean()) for a in trainer.advantages(batch.groups)]
 
 
-def _count_step(cfg, batch: Batch, stats: dict, version: int, counters: Counters, seen, latencies: Reservoir) -> None:
-    """Add the step to the running totals: samples trained (the first time, by uid, when the
-    buffer may hand a group out again), tokens, staleness, and each sample's latency."""
+def _count_step(batch: Batch, stats: dict, first_time: int, counters: Counters, latencies: Reservoir) -> None:
+    """Add the step to the running totals: samples trained (``first_time`` of them for the first
+    time: the buffer may hand a group out again), tokens, staleness, and each sample's latency."""
     groups = batch.groups
-    if cfg.buffer.max_times_sampled != 1:
-        first_time = count_first_time(groups, seen, version, cfg.buffer.max_staleness)
-    else:
-        first_time = sum(len(g.samples) for g in groups)
     counters.add_step(groups, stats, first_time)
     now = time.time()
     latencies.extend(now - g.meta.get("sampled_at", now) for g in groups for _ in g.samples)

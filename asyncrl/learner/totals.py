@@ -1,8 +1,8 @@
 """The learner's running totals: samples and tokens trained, staleness, end-to-end latency.
 
 ``Counters`` are saved in each checkpoint (``asyncrl.learner.checkpoint_io``) so a resumed run's
-totals continue; ``count_first_time`` tells a sample trained for the first time from one the
-buffer handed out again (``buffer.max_times_sampled != 1``); ``Reservoir`` keeps the per-sample
+totals continue (which samples are trained for the first time is told by group id, in
+``asyncrl.learner.batch_requests``); ``Reservoir`` keeps the per-sample
 latency of a run of any length in fixed memory. All of them end in the learner's ``final`` report.
 """
 
@@ -42,24 +42,6 @@ class Counters:
         self.trained_tokens += sum(g.num_tokens for g in groups)
         for s in stats["staleness"]:
             self.staleness_hist[int(s)] += 1
-
-
-def count_first_time(groups: list[Group], seen: dict[int, set[str]], version: int, max_staleness: int | None) -> int:
-    """Samples of ``groups`` never trained before, by uid; forgets uids whose group is past the
-    staleness bound (the buffer has dropped it, it cannot come back), so memory stays bounded.
-
-    ``seen`` maps a policy_version to the uids trained from it, and is updated in place."""
-    new = 0
-    for g in groups:
-        uids = seen.setdefault(g.policy_version, set())
-        for s in g.samples:
-            if s.uid not in uids:
-                uids.add(s.uid)
-                new += 1
-    if max_staleness is not None:
-        for v in [v for v in seen if version - v > max_staleness + 1]:
-            del seen[v]
-    return new
 
 
 class Reservoir:

@@ -6,7 +6,8 @@ event to ``RUN_DIR/ledger/NAME.jsonl`` (flushed, so a killed process loses at mo
 was writing), naming the groups concerned:
 
 - the dispatcher: ``dispatched`` (group ids, first time or again after a failure);
-- the learner: ``trained`` (group ids and the version their step produced);
+- the learner: ``trained`` (group ids and the version their step produced), and ``retrained``
+  for the buffer's repeated hand-outs of a group trained before (``buffer.max_times_sampled != 1``);
 - the buffer, generators and learner: ``dropped`` (group ids and the named reason);
 - the buffer at its end: ``held`` (group ids never handed out); the learner: ``held`` for a batch
   that came after its last step;
@@ -17,7 +18,8 @@ was writing), naming the groups concerned:
 does not hold: steps after its version, and dispatches of groups it had not yet handed out. Each
 group dispatched in the surviving history then has exactly one outcome — trained, dropped with a
 reason, or held at the end — or it is ``lost``; a group trained twice in the surviving history is
-``trained_twice``. Both must be 0.
+``trained_twice``. Both must be 0. Reuse is reported beside them (``retrained``: every repeat), a
+repeat of a group never trained as ``retrained_untrained``, which must be 0 too.
 
 Group ids are ``g<sequence number>`` from the dispatcher; ``GroupIdSet`` keeps such ids as a
 bitmap (an eighth of a byte per group ever dispatched, so days of training fit in megabytes) and
@@ -150,6 +152,7 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
     """Replay the ledger; return outcome counts (in samples) and the ids that break the rules."""
     dispatched: set[str] = set()
     trained: dict[str, list[int]] = {}  # group -> versions of the steps that trained it
+    retrained: dict[str, list[int]] = {}  # group -> versions of the steps that trained it again (reuse)
     dropped: dict[str, str] = {}
     held: dict[str, set[str]] = {}  # source -> what it held at its end (its last report)
     returned: set[str] = set()
@@ -158,9 +161,10 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
         event, groups = line["event"], line.get("groups", [])
         if event == "dispatched":
             dispatched.update(groups)
-        elif event == "trained":
+        elif event in ("trained", "retrained"):
+            into = trained if event == "trained" else retrained
             for g in groups:
-                trained.setdefault(g, []).append(int(line["version"]))
+                into.setdefault(g, []).append(int(line["version"]))
         elif event == "dropped":
             for g in groups:  # a copy dropped as a duplicate does not hide the fate of the original
                 if dropped.get(g, "duplicate") == "duplicate":
@@ -173,6 +177,7 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
             restores += 1
             version, horizon = int(line["version"]), int(line["dispatched"])
             trained = {g: kept for g, vs in trained.items() if (kept := [v for v in vs if v <= version])}
+            retrained = {g: kept for g, vs in retrained.items() if (kept := [v for v in vs if v <= version])}
             dispatched = {g for g in dispatched if (group_seq(g) or 0) < horizon or group_seq(g) is None}
             dropped = {g: r for g, r in dropped.items() if (group_seq(g) or 0) < horizon}
             held, returned = {}, set()
@@ -199,6 +204,8 @@ def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
         "dispatched": n * len(dispatched),
         "trained": n * outcome["trained"],
         "trained_twice": n * len(twice),
+        "retrained": n * sum(len(vs) for vs in retrained.values()),
+        "retrained_untrained": n * sum(1 for g in retrained if g not in trained),
         "dropped": {reason: n * k for reason, k in sorted(dropped_by.items())},
         "held": n * outcome["held"],
         "returned_unsampled": n * outcome["returned"],

@@ -40,7 +40,7 @@ from typing import Annotated, Any, ClassVar, TypedDict
 import msgspec
 import numpy as np
 
-from asyncrl.wire.schema import SCHEMA_VERSION, Group, validate_group
+from asyncrl.wire.schema import SCHEMA_VERSION, Group, WireError, validate_group
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
@@ -190,15 +190,21 @@ class WantBatch(Exchange, tag="want_batch"):
 
 
 class Batch(Exchange, tag="batch"):
-    """``groups`` (empty after a timeout) with, per group, its buffer key, P(i) and importance weight."""
+    """``groups`` (empty after a timeout) with, per group, its buffer key, P(i), importance weight
+    and whether the buffer handed this copy out before."""
 
     groups: list[Group] = []
     group_keys: list[int] = []
     probabilities: list[float] = []
     is_weights: list[float] = []
+    repeat: list[bool] = []
+    """Per group, True when the buffer handed out this very copy before (``buffer.max_times_sampled
+    != 1``); empty: every group's first hand-out."""
 
     def check(self) -> None:
         _check_groups(self.groups)
+        if self.repeat and len(self.repeat) != len(self.groups):
+            raise WireError("bad_fields", f"{len(self.repeat)} repeat flags for {len(self.groups)} groups")
 
 
 class BufferStatus(Message, tag="buffer_status"):

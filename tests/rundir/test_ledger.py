@@ -81,3 +81,21 @@ def test_a_copy_dropped_as_duplicate_does_not_hide_the_originals_drop(tmp_path):
     )
     out = reconcile_ledger(tmp_path)
     assert out["lost"] == 0 and out["dropped"] == {"stale": 1}
+
+
+def test_reuse_is_reported_beside_the_outcomes_and_rolled_back_by_a_restore(tmp_path):
+    write(tmp_path, "dispatcher", ("dispatched", ["g00000000", "g00000001"], {}))
+    write(
+        tmp_path,
+        "learner",
+        ("trained", ["g00000000", "g00000001"], {"version": 1}),
+        ("retrained", ["g00000000"], {"version": 2}),  # the buffer's second hand-out: not twice trained
+        ("retrained", ["g00000001"], {"version": 3}),  # after the checkpoint: undone by the restore
+    )
+    out = reconcile_ledger(tmp_path)
+    assert out["trained"] == 2 and out["trained_twice"] == 0 and out["retrained"] == 2
+    write(tmp_path, "controller", ("restore", None, {"version": 2, "dispatched": 2}))
+    out = reconcile_ledger(tmp_path)
+    assert out["retrained"] == 1 and out["retrained_untrained"] == 0 and out["lost"] == 0
+    write(tmp_path, "learner2", ("retrained", ["g00000002"], {"version": 3}))  # a repeat of what never trained
+    assert reconcile_ledger(tmp_path)["retrained_untrained"] == 1
