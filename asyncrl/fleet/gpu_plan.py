@@ -31,7 +31,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from asyncrl.fleet.launcher import process_names, run_roles
 
@@ -45,6 +45,17 @@ PACKING_RULE = (
     "whole-GPU requests take whole devices; fractions share the rest, first fit decreasing, "
     "at most 1 per device and one learner rank per device"
 )
+
+
+class GpuRequest(NamedTuple):
+    """What one process asks for."""
+
+    name: str
+    """The process (``asyncrl.fleet.launcher.process_names``)."""
+    role: str
+    """Its role."""
+    gpus: float
+    """``placement.<role>.num_gpus``: whole devices, or a fraction of one."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +166,7 @@ def gpu_plan(cfg: RunConfig, devices: Devices | None = None) -> GpuPlan | None:
     if cfg.launcher.kind != "local":
         return None
     asks = [
-        (name, r.name, getattr(cfg.placement, r.name).num_gpus)
+        GpuRequest(name, r.name, getattr(cfg.placement, r.name).num_gpus)
         for r in run_roles(cfg)
         for name in process_names(cfg, r.name)
     ]
@@ -167,7 +178,7 @@ def gpu_plan(cfg: RunConfig, devices: Devices | None = None) -> GpuPlan | None:
             "local: each learner rank drives one GPU (learner.ranks sets how many)"
         )
     devices = devices or node_devices(cfg.launcher.gpus)
-    placed = pack([(name, role, gpus) for name, role, gpus in asks if gpus], len(devices.ids))
+    placed = pack([a for a in asks if a.gpus], len(devices.ids))
     if placed is None:
         raise ValueError(oversubscribed(asks, devices))
     assignments = tuple(
@@ -179,13 +190,13 @@ def gpu_plan(cfg: RunConfig, devices: Devices | None = None) -> GpuPlan | None:
     return GpuPlan(devices, assignments)
 
 
-def pack(asks: list[tuple[str, str, float]], count: int) -> dict[str, tuple[int, ...]] | None:
-    """Devices (plan indices) for each ``(name, role, gpus)`` request on ``count`` devices, by the
-    module's packing rule; None when they do not fit.
+def pack(asks: list[GpuRequest], count: int) -> dict[str, tuple[int, ...]] | None:
+    """Devices (plan indices) for each request on ``count`` devices, by the module's packing
+    rule; None when they do not fit.
 
-    >>> pack([("generator-0", "generator", 0.5), ("learner", "learner", 0.5)], 1)
+    >>> pack([GpuRequest("generator-0", "generator", 0.5), GpuRequest("learner", "learner", 0.5)], 1)
     {'generator-0': (0,), 'learner': (0,)}
-    >>> pack([("generator-0", "generator", 1.0), ("learner", "learner", 0.5)], 1) is None
+    >>> pack([GpuRequest("generator-0", "generator", 1.0), GpuRequest("learner", "learner", 0.5)], 1) is None
     True
     """
     placed: dict[str, tuple[int, ...]] = {}
@@ -197,7 +208,7 @@ def pack(asks: list[tuple[str, str, float]], count: int) -> dict[str, tuple[int,
             placed[name], free = tuple(free[: int(gpus)]), free[int(gpus) :]
     used = dict.fromkeys(free, 0.0)
     learner_on: set[int] = set()
-    for name, role, gpus in sorted((a for a in asks if a[2] < 1), key=lambda a: -a[2]):  # stable: start order
+    for name, role, gpus in sorted((a for a in asks if a.gpus < 1), key=lambda a: -a.gpus):  # stable: start order
         fits = [d for d in free if used[d] + gpus <= 1 + 1e-9 and not (role == "learner" and d in learner_on)]
         if not fits:
             return None
@@ -208,7 +219,7 @@ def pack(asks: list[tuple[str, str, float]], count: int) -> dict[str, tuple[int,
     return {name: placed[name] for name, _, _ in asks}
 
 
-def oversubscribed(asks: list[tuple[str, str, float]], devices: Devices) -> str:
+def oversubscribed(asks: list[GpuRequest], devices: Devices) -> str:
     """The error of requests that do not fit: each role's request and what exists."""
     by_role: dict[str, list[str]] = {}
     gpus_of: dict[str, float] = {}

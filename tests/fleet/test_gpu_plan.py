@@ -12,7 +12,7 @@ from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.lifecycle import Lifecycle
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
-from asyncrl.fleet.gpu_plan import Devices, gpu_plan, node_devices, pack
+from asyncrl.fleet.gpu_plan import Devices, GpuRequest, gpu_plan, node_devices, pack
 from asyncrl.fleet.local import ProcessFleet
 from asyncrl.wire.messages import ReadyEvent
 
@@ -146,9 +146,14 @@ def test_fractions_share_a_device_and_the_table_says_who_and_how_much():
 
 
 def test_whole_requests_take_whole_devices_first_and_fractions_fill_the_rest_largest_first():
-    asks = [("a", "reward", 0.25), ("b", "generator", 0.5), ("c", "generator", 1.0), ("d", "reference", 0.75)]
+    asks = [
+        GpuRequest(*a)
+        for a in [("a", "reward", 0.25), ("b", "generator", 0.5), ("c", "generator", 1.0), ("d", "reference", 0.75)]
+    ]
     assert pack(asks, 3) == {"a": (1,), "b": (2,), "c": (0,), "d": (1,)}
     assert pack(asks, 2) is None
+    ranks = [GpuRequest("learner", "learner", 0.5), GpuRequest("learner-1", "learner", 0.5)]
+    assert pack(ranks, 2) == {"learner": (0,), "learner-1": (1,)}  # halves, yet one rank per device
 
 
 @pytest.mark.parametrize(
