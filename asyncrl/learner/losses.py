@@ -168,11 +168,11 @@ def log_linear_proximal_logprobs(
 # aggregation: (B, T) token losses -> scalar. Denominators may be given for the whole batch, so
 # that micro batches' losses sum to the batch's loss.
 #
-# A fully masked row (no token in the loss: a sequence-level masked IS drop, or a row of zero
-# length) adds 0 to every numerator. The token modes do not count it at all. The seq-mean modes
-# count it as a sequence of loss 0 when they count the rows themselves (num_seqs None:
-# mask.shape[0]); given num_seqs, the caller decides, and the learner's step counts every row in
-# the loss (all but truncated rows under truncation mode mask), so a row masked IS dropped whole
+# A fully masked row (no token in the loss: a sequence-level masked IS or rejection drop, a
+# row of zero length) adds 0 to every numerator. The token modes do not count it at all. The
+# seq-mean modes count it as a sequence of loss 0 when they count the rows themselves (num_seqs
+# None: mask.shape[0]); given num_seqs, the caller decides, and the learner's step counts every
+# row in the loss (all but truncated rows under truncation mode mask), so a row dropped whole
 # still counts. verl, counting the rows itself, leaves fully masked rows out of the mean.
 
 
