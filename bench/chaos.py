@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         thread.join(timeout=5)
-    from asyncrl.rundir.ledger import reconcile_ledger
+    from asyncrl.rundir.ledger_replay import reconcile_ledger
 
     ledger = reconcile_ledger(controller.run_dir, cfg.sampling.n)
     result = {

@@ -12,7 +12,11 @@ process, a least-squares line to RSS over time after ``--warmup`` seconds:
 and calls a process flat when the upper end of its 95 % interval, over 30 minutes, stays within
 max(2 x noise, 1 MiB). The baseline, measured in the same run, is an idle process started by
 this script that imports the same modules and holds a ZeroMQ socket: its slope is what the
-measurement itself shows for a process that does nothing.
+measurement itself shows for a process that does nothing. The run directory's group ledger is
+sized at every sample too: ``ledger_bytes_per_hour`` is the same fit over its bytes (segments
+rotated past ``checkpoint.ledger_segment_mb``, compacted at each checkpoint), beside the bytes
+at the end, ``ledger_bytes_per_group`` (over the groups the dispatcher handed out) and the
+replay of the ledger across its segments (``ledger_replay``, in groups).
 
 Prints one JSON object and writes it to ``bench/results/soak.json`` (``--out``)::
 
@@ -122,6 +126,23 @@ def stop(proc: subprocess.Popen, known: set[int], timeout: float = 60) -> None:
             pass
 
 
+def ledger_bytes(run_dir: Path) -> int:
+    """Bytes of the run's group ledger on disk (its segments and compacted state)."""
+    folder = run_dir / "ledger"
+    try:
+        return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    except FileNotFoundError:  # not yet created, or a segment renamed while listed
+        return ledger_bytes(run_dir) if folder.exists() else 0
+
+
+def replayed_ledger(run_dir: Path) -> dict:
+    """The run's ledger replayed across its segments and compacted state (groups, not samples)."""
+    sys.path.insert(0, str(ROOT))
+    from asyncrl.rundir.ledger_replay import reconcile_ledger
+
+    return reconcile_ledger(run_dir)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30)
@@ -145,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     idle = subprocess.Popen([sys.executable, "-c", BASELINE], env=env, cwd=ROOT)
     controller, baseline = psutil.Process(proc.pid), psutil.Process(idle.pid)
     series: dict[str, list[tuple[float, float]]] = {}
+    ledger: list[tuple[float, int]] = []  # (seconds, bytes of RUN_DIR/ledger)
     known: set[int] = set()
     start = time.monotonic()
     try:
@@ -157,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
                 pass
             for name, rss in sample(controller, baseline).items():
                 series.setdefault(name, []).append((t, rss))
+            ledger.append((t, ledger_bytes(root / "soak")))
             time.sleep(max(0.0, args.interval - (time.monotonic() - start - t)))
     finally:
         stop(proc, known)
@@ -186,6 +209,9 @@ def main(argv: list[str] | None = None) -> dict:
                 + "\n"
             )
     base = per_process.get("baseline-idle", {})
+    kept = [(t, b) for t, b in ledger if t >= args.warmup]
+    replay = replayed_ledger(root / "soak")
+    groups = replay["dispatched"]
     result = {
         "minutes": args.minutes,
         "interval_s": args.interval,
@@ -196,6 +222,12 @@ def main(argv: list[str] | None = None) -> dict:
         "baseline_slope_mib_per_h": base.get("slope_mib_per_h"),
         "all_flat": all(v["flat"] for v in per_process.values()),
         "processes": per_process,
+        "ledger_bytes_per_hour": round(fit([t for t, _ in kept], [b / MiB for _, b in kept])["slope_mib_per_h"] * MiB)
+        if len(kept) >= 3
+        else None,
+        "ledger_bytes_at_end": ledger[-1][1] if ledger else None,
+        "ledger_bytes_per_group": round(ledger[-1][1] / groups, 2) if ledger and groups else None,
+        "ledger_replay": {k: replay[k] for k in ("dispatched", "trained", "trained_twice", "lost", "held")},
         "run_dir": str(root / "soak"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

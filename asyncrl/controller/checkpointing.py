@@ -3,8 +3,9 @@ dispatcher parts, and the restore point of a resumed or restored run.
 
 The learner saves its part at a version and says so; the controller then asks the buffer, then
 the dispatcher, for theirs, in that order (``asyncrl.rundir.checkpoints`` says why), each ask
-resent until answered; with all three in the staging folder it commits the checkpoint and tells
-the dispatcher. A checkpoint not committed within ``checkpoint.timeout_s``, or overtaken by the
+resent until answered; with all three in the staging folder it commits the checkpoint, tells
+the dispatcher, and compacts the group ledger at the older of the last two checkpoints committed
+(a restore goes back to the newest one that verifies, never further: ``asyncrl.rundir.ledger_replay``). A checkpoint not committed within ``checkpoint.timeout_s``, or overtaken by the
 learner's next one, is abandoned and its staging folder removed.
 """
 
@@ -21,6 +22,7 @@ from asyncrl.config import RunConfig
 from asyncrl.controller.commands import CommandSender
 from asyncrl.rundir.checkpoints import commit, discard_staging, latest_checkpoint, staging_dir
 from asyncrl.rundir.ledger import LedgerWriter
+from asyncrl.rundir.ledger_replay import compact_ledger
 from asyncrl.wire.messages import CheckpointCommand, CheckpointCommittedCommand, CheckpointPartEvent
 
 log = logging.getLogger("asyncrl")
@@ -77,6 +79,9 @@ class CheckpointCoordinator:
             self.pending = None
             self.commands.send("dispatcher", CheckpointCommittedCommand(version=version))
             log.info("checkpoint committed: %s", path)
+            if len(self.committed) >= 2:
+                done = compact_ledger(self.run_dir, fold_version=self.committed[-2])
+                log.info("ledger compacted at version %d: %s", self.committed[-2], done)
 
     def expire(self) -> None:
         """Abandon the pending checkpoint once past its deadline."""

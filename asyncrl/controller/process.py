@@ -77,7 +77,7 @@ class Controller:
         self.resume = resume
         self.run_dir = resume_run_dir(cfg) if resume else prepare_run_dir(cfg)
         self.console = RunProgress(cfg, self.run_dir)  # console and step loggers
-        self.ledger = LedgerWriter(self.run_dir, "controller")
+        self.ledger = LedgerWriter(self.run_dir, "controller", cfg.checkpoint.ledger_segment_bytes)
         self.reports = ProcessReports()
         self.progress = TrainingProgress()
         self.supervisor = Supervisor(cfg.supervision, self.run_dir, self.reports, self.progress)

@@ -17,7 +17,7 @@ from asyncrl.controller.evaluation import Evaluations
 from asyncrl.controller.reports import TrainingProgress
 from asyncrl.controller.supervision import Supervisor
 from asyncrl.observability.procmem import MemoryWatch, peak_rss_bytes
-from asyncrl.rundir.ledger import reconcile_ledger
+from asyncrl.rundir.ledger_replay import reconcile_ledger
 from asyncrl.weights.timeline import PublicationTimeline, describe
 
 

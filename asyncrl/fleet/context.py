@@ -51,7 +51,7 @@ class ProcessContext:
         self._go = False
         self._commands: list[Control] = []
         self.started = time.monotonic()
-        self.ledger = LedgerWriter(self.run_dir, name)
+        self.ledger = LedgerWriter(self.run_dir, name, self.cfg.checkpoint.ledger_segment_bytes)
         """This process's lines of the run's group ledger (``asyncrl.rundir.ledger``)."""
         resume = os.environ.get("ASYNCRL_RESUME", "")
         self.resume_dir: Path | None = Path(resume) if resume else None

@@ -50,6 +50,15 @@ class CheckpointConfig(Config):
     timeout_s: float = Field(120.0, gt=0)
     """Seconds the buffer and the dispatcher have to write their parts before the checkpoint is
     abandoned (logged; training goes on and the next one is tried)."""
+    ledger_segment_mb: float = Field(16.0, gt=0)
+    """Each process's ledger file is closed past this size and a new one begun; at each committed
+    checkpoint the closed ones are compacted into ``ledger/compacted.bin`` (groups settled as bits,
+    ``asyncrl.rundir.ledger_replay``), so a long run's ledger stays small. Without checkpoints
+    nothing is compacted."""
+
+    @property
+    def ledger_segment_bytes(self) -> int:
+        return int(self.ledger_segment_mb * (1 << 20))
 
 
 def checkpoints_dir(run_dir: Path) -> Path:

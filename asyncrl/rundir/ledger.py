@@ -14,12 +14,12 @@ was writing), naming the groups concerned:
 - a generator at its end: ``returned`` (prompts that reached it after it stopped sampling);
 - the controller: ``restore`` when the run went back to a checkpoint (``version``, ``dispatched``).
 
-``reconcile_ledger`` replays the files in time order. A restore rolls back what the checkpoint
-does not hold: steps after its version, and dispatches of groups it had not yet handed out. Each
-group dispatched in the surviving history then has exactly one outcome — trained, dropped with a
-reason, or held at the end — or it is ``lost``; a group trained twice in the surviving history is
-``trained_twice``. Both must be 0. Reuse is reported beside them (``retrained``: every repeat), a
-repeat of a group never trained as ``retrained_untrained``, which must be 0 too.
+``asyncrl.rundir.ledger_replay`` replays the files in time order and checks that each group
+dispatched has exactly one outcome, and compacts what a committed checkpoint settled.
+
+Files are segments: past ``segment_bytes`` a writer closes ``NAME.jsonl`` as ``NAME.<k>.jsonl``
+(k = 1, 2, ...) and begins a new ``NAME.jsonl``; only closed segments are ever compacted or
+removed, so a writer never loses a line to the compaction.
 
 Group ids are ``g<sequence number>`` from the dispatcher; ``GroupIdSet`` keeps such ids as a
 bitmap (an eighth of a byte per group ever dispatched, so days of training fit in megabytes) and
@@ -29,9 +29,9 @@ any other id in a plain set.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Protocol
 
@@ -83,6 +83,35 @@ class GroupIdSet:
     def __len__(self) -> int:
         return self._count
 
+    def discard(self, group_id: str) -> None:
+        seq = group_seq(group_id)
+        if seq is None:
+            if group_id in self._other:
+                self._other.discard(group_id)
+                self._count -= 1
+        elif group_id in self:
+            self._bits[seq // 8] &= ~(1 << seq % 8) & 0xFF
+            self._count -= 1
+
+    def discard_from(self, seq: int) -> None:
+        """Remove every dispatcher id numbered ``seq`` or above (other ids stay)."""
+        byte, bit = divmod(seq, 8)
+        if byte >= len(self._bits):
+            return
+        self._bits[byte] &= (1 << bit) - 1
+        del self._bits[byte + 1 :]
+        self._count = self.as_int().bit_count() + len(self._other)
+
+    def as_int(self) -> int:
+        """The dispatcher ids as the bits of one integer (bit ``seq`` set for ``g<seq>``), for
+        set algebra over millions of ids at C speed."""
+        return int.from_bytes(self._bits, "little")
+
+    @property
+    def others(self) -> set[str]:
+        """The ids that are not the dispatcher's."""
+        return self._other
+
     def to_bytes(self) -> bytes:
         import msgpack
 
@@ -107,16 +136,27 @@ class GroupLedger(Protocol):
     def write(self, event: str, groups: list[str] | None = None, **fields) -> None: ...
 
 
+SEGMENT = re.compile(r"^(?P<source>.+?)(?:\.(?P<index>\d+))?\.jsonl$")
+"""A ledger file's name: ``NAME.jsonl`` (the open segment) or ``NAME.<k>.jsonl`` (closed)."""
+
+
 class LedgerWriter:
     """Appends this process's ledger lines to ``RUN_DIR/ledger/NAME.jsonl``; one line per call,
-    flushed at once. Without a run directory (a process joined by address) it writes nothing."""
+    flushed at once. Past ``segment_bytes`` the file is closed as ``NAME.<k>.jsonl`` and a new
+    one begun (``None``: never). Without a run directory (a process joined by address) it writes
+    nothing."""
 
-    def __init__(self, run_dir: Path | None, name: str):
+    def __init__(self, run_dir: Path | None, name: str, segment_bytes: int | None = None):
+        if segment_bytes is not None and segment_bytes < 1:
+            raise ValueError(f"segment_bytes ({segment_bytes}) must be >= 1 or None")
         self._file = None
+        self.segment_bytes = segment_bytes
         if run_dir is not None:
-            folder = Path(run_dir) / "ledger"
-            folder.mkdir(parents=True, exist_ok=True)
-            self._file = open(folder / f"{name}.jsonl", "a", buffering=1)
+            self._folder = Path(run_dir) / "ledger"
+            self._folder.mkdir(parents=True, exist_ok=True)
+            self._path = self._folder / f"{name}.jsonl"
+            self._name = name
+            self._file = open(self._path, "a", buffering=1)
 
     def write(self, event: str, groups: list[str] | None = None, **fields) -> None:
         if self._file is None or (groups is not None and not groups):
@@ -125,6 +165,19 @@ class LedgerWriter:
         if groups is not None:
             line["groups"] = list(groups)
         self._file.write(json.dumps(line) + "\n")
+        if self.segment_bytes is not None and self._file.tell() >= self.segment_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        """Close this segment under the next free index and begin a new one."""
+        self._file.close()
+        taken = [
+            int(m["index"])
+            for p in self._folder.glob(f"{glob_escape(self._name)}.*.jsonl")
+            if (m := SEGMENT.match(p.name)) and m["source"] == self._name and m["index"]
+        ]
+        os.rename(self._path, self._folder / f"{self._name}.{max(taken, default=0) + 1}.jsonl")
+        self._file = open(self._path, "a", buffering=1)
 
     def close(self) -> None:
         if self._file is not None:
@@ -132,86 +185,37 @@ class LedgerWriter:
             self._file = None
 
 
-def read_ledger(run_dir: Path) -> list[dict]:
-    """Every complete line of every ledger file, in time order (a torn last line is skipped)."""
-    lines = []
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def ledger_segments(run_dir: Path) -> list[tuple[str, int | None, Path]]:
+    """Every ledger file as (source, index, path): index None for a writer's open segment."""
+    out = []
     for path in sorted((Path(run_dir) / "ledger").glob("*.jsonl")):
-        source = path.stem
-        for raw in path.read_text().splitlines():
-            try:
-                line = json.loads(raw)
-            except json.JSONDecodeError:
-                continue  # the line a killed process was writing
-            line["source"] = source
-            lines.append(line)
-    lines.sort(key=lambda line: line["t"])
+        m = SEGMENT.match(path.name)
+        if m is not None:
+            out.append((m["source"], int(m["index"]) if m["index"] else None, path))
+    return out
+
+
+def read_lines(path: Path, source: str) -> list[dict]:
+    """Every complete line of one ledger file (a torn last line is skipped), tagged with ``source``."""
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            continue  # the line a killed process was writing
+        line["source"] = source
+        lines.append(line)
     return lines
 
 
-def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
-    """Replay the ledger; return outcome counts (in samples) and the ids that break the rules."""
-    dispatched: set[str] = set()
-    trained: dict[str, list[int]] = {}  # group -> versions of the steps that trained it
-    retrained: dict[str, list[int]] = {}  # group -> versions of the steps that trained it again (reuse)
-    dropped: dict[str, str] = {}
-    held: dict[str, set[str]] = {}  # source -> what it held at its end (its last report)
-    returned: set[str] = set()
-    restores = 0
-    for line in read_ledger(run_dir):
-        event, groups = line["event"], line.get("groups", [])
-        if event == "dispatched":
-            dispatched.update(groups)
-        elif event in ("trained", "retrained"):
-            into = trained if event == "trained" else retrained
-            for g in groups:
-                into.setdefault(g, []).append(int(line["version"]))
-        elif event == "dropped":
-            for g in groups:  # a copy dropped as a duplicate does not hide the fate of the original
-                if dropped.get(g, "duplicate") == "duplicate":
-                    dropped[g] = line["reason"]
-        elif event == "held":
-            held[line["source"]] = set(groups)
-        elif event == "returned":
-            returned.update(groups)
-        elif event == "restore":
-            restores += 1
-            version, horizon = int(line["version"]), int(line["dispatched"])
-            trained = {g: kept for g, vs in trained.items() if (kept := [v for v in vs if v <= version])}
-            retrained = {g: kept for g, vs in retrained.items() if (kept := [v for v in vs if v <= version])}
-            dispatched = {g for g in dispatched if (group_seq(g) or 0) < horizon or group_seq(g) is None}
-            dropped = {g: r for g, r in dropped.items() if (group_seq(g) or 0) < horizon}
-            held, returned = {}, set()
-    held_at_end = set().union(*held.values()) if held else set()
-    outcome: Counter[str] = Counter()
-    dropped_by: Counter[str] = Counter()
-    lost, twice = [], []
-    for g in dispatched:
-        if g in trained:
-            outcome["trained"] += 1
-            if len(trained[g]) > 1:
-                twice.append(g)
-        elif g in dropped and dropped[g] != "duplicate":
-            outcome["dropped"] += 1
-            dropped_by[dropped[g]] += 1
-        elif g in held_at_end:
-            outcome["held"] += 1
-        elif g in returned:
-            outcome["returned"] += 1
-        else:
-            lost.append(g)
-    n = samples_per_group
-    return {
-        "dispatched": n * len(dispatched),
-        "trained": n * outcome["trained"],
-        "trained_twice": n * len(twice),
-        "retrained": n * sum(len(vs) for vs in retrained.values()),
-        "retrained_untrained": n * sum(1 for g in retrained if g not in trained),
-        "dropped": {reason: n * k for reason, k in sorted(dropped_by.items())},
-        "held": n * outcome["held"],
-        "returned_unsampled": n * outcome["returned"],
-        "lost": n * len(lost),
-        "lost_groups": sorted(lost)[:20],
-        "trained_twice_groups": sorted(twice)[:20],
-        "restores": restores,
-        "unit": f"samples ({n} per group)",
-    }
+def read_ledger(run_dir: Path) -> list[dict]:
+    """Every complete line of every ledger file (open and closed segments), in time order."""
+    lines = []
+    for source, _index, path in ledger_segments(run_dir):
+        lines.extend(read_lines(path, source))
+    lines.sort(key=lambda line: line["t"])
+    return lines

@@ -13,6 +13,7 @@ import pytest
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
+from asyncrl.rundir import ledger_replay
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow  # whole runs of real processes, killed and restarted (~80 s)
@@ -44,8 +45,12 @@ def kill_at_steps(controller, plan, killed):
         killed.append(name)
 
 
-def test_killed_generator_reward_worker_buffer_and_learner_lose_nothing(tmp_path):
-    cfg = load_config("configs/bench_pipeline.yaml", [f"run.root={tmp_path}", "learner.total_steps=40", *SIMULATED])
+def test_killed_generator_reward_worker_buffer_and_learner_lose_nothing(tmp_path, monkeypatch):
+    # Ledger segments of 2 KB, compacted at every checkpoint up to half a second ago: the replay
+    # must reconcile across rotations, compactions and the restore.
+    monkeypatch.setattr(ledger_replay, "CUT_MARGIN_S", 0.5)
+    overrides = [f"run.root={tmp_path}", "learner.total_steps=40", "checkpoint.ledger_segment_mb=0.002", *SIMULATED]
+    cfg = load_config("configs/bench_pipeline.yaml", overrides)
     controller = Controller(cfg)
     killed: list[str] = []
     plan = [(4, "generator-1"), (9, "reward-0"), (14, "buffer"), (22, "learner")]
@@ -58,6 +63,9 @@ def test_killed_generator_reward_worker_buffer_and_learner_lose_nothing(tmp_path
     assert ledger["lost"] == 0 and ledger["trained_twice"] == 0, ledger
     assert ledger["restores"] == 1
     assert summary["checkpoints"][-1] == 40 and 20 in summary["checkpoints"]
+    folder = controller.run_dir / "ledger"
+    assert (folder / ledger_replay.COMPACTED).exists()
+    assert not (folder / "dispatcher.1.jsonl").exists()  # compacted, then removed
 
 
 def test_resume_continues_from_the_checkpoint_and_trains_each_group_once(tmp_path, capsys):

@@ -6,7 +6,8 @@ from asyncrl.buffer.replay import ReplayBuffer
 from asyncrl.config import RunConfig
 from asyncrl.learner.batch_requests import BatchRequester
 from asyncrl.learner.totals import Counters
-from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter, reconcile_ledger
+from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter
+from asyncrl.rundir.ledger_replay import reconcile_ledger
 from asyncrl.wire.messages import Batch as BatchReply
 from tests.factories import make_group
 

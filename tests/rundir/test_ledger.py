@@ -2,7 +2,8 @@
 
 import json
 
-from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter, group_seq, reconcile_ledger
+from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter, group_seq
+from asyncrl.rundir.ledger_replay import reconcile_ledger
 
 
 def test_group_id_set_holds_dispatcher_ids_as_bits_and_others_as_strings():
