@@ -6,7 +6,18 @@ once, the client's semaphore holding C in flight) through ``JsonScorerReward`` a
 JSON object: throughput, its ratio to C / d, and the client process's CPU seconds per request.
 The server runs in a child process (a bare asyncio HTTP/1.1 server), so its CPU is not counted.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/rewards.py [--delay 0.2] [--rounds 10]
+**Outage** (``--outage 10``, on by default; 0 skips it): at C = ``--outage-concurrency`` the
+judge answers for ``--before`` seconds, then every request gets a 503 at once for ``--outage``
+seconds, then it answers again for ``--after`` seconds. The client runs with the default retries
+and breaker, once per ``breaker_cooldown_s`` of ``--cooldowns`` (10 s, the default, and 2 s):
+recovery takes at most about one cooldown after the return. The load is a reward worker's: 64
+groups of 8 scored at once, each group's failed samples requeued after 2 s (only they are
+requested again), so the client always has more calls than slots. It reports the seconds from the
+server's return to full throughput (the first one-second window, after the return, holding at
+least 90 % of C / d scored samples; goal <= 5 s) and the scored samples per second over the
+whole run against C / d and against C / d over the seconds the server was up.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/rewards.py [--delay 0.2] [--rounds 10] [--outage 10] [--cooldowns 10,2]
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 RESPONSE = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{"score": 1.0}'
+DOWN_RESPONSE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+DOWN = {"now": False}  # the server's state: SIGUSR1 takes it down, SIGUSR2 brings it back
 
 
 class _DelayedScorer(asyncio.Protocol):
@@ -47,7 +61,10 @@ class _DelayedScorer(asyncio.Protocol):
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length :]
-            loop.call_later(self.delay, self._answer)
+            if DOWN["now"]:
+                self.transport.write(DOWN_RESPONSE)  # down: refused at once, as a load balancer does
+            else:
+                loop.call_later(self.delay, self._answer)
 
     def _answer(self) -> None:
         if not self.transport.is_closing():
@@ -57,6 +74,8 @@ class _DelayedScorer(asyncio.Protocol):
 def serve(port: int, delay: float) -> None:
     async def main():
         loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, lambda: DOWN.update(now=True))
+        loop.add_signal_handler(signal.SIGUSR2, lambda: DOWN.update(now=False))
         server = await loop.create_server(lambda: _DelayedScorer(delay), "127.0.0.1", port, backlog=1024)
         async with server:
             await server.serve_forever()
@@ -92,11 +111,130 @@ async def run_level(url: str, concurrency: int, rounds: int) -> dict:
     }
 
 
+class _OutageDriver:
+    """A reward worker's load on the client (``asyncrl.rewards.worker`` with ``on_failure:
+    requeue``): ``lanes`` groups of 8 scored at once; a group with unscored samples waits
+    ``requeue_s`` and is scored again (only those samples are requested again; see
+    ``asyncrl.rewards.base.score_with``), at most ``max_requeues`` times, then dropped; fresh groups
+    from an endless supply while fewer than ``queue_groups`` wait (the worker's bounded intake)."""
+
+    def __init__(self, reward, lanes: int = 64, queue_groups: int = 256, requeue_s: float = 2.0, max_requeues: int = 3):
+        self.reward = reward
+        self.lanes = lanes
+        self.queue_groups = queue_groups
+        self.requeue_s = requeue_s
+        self.max_requeues = max_requeues
+        self.waiting: list[tuple[float, object, dict, int]] = []  # (ready at, group, known results, requeues)
+        self.made = self.dropped = 0
+        self.scored_at: list[float] = []  # when each sample got its score
+
+    def _take(self):
+        from tests.factories import make_group
+
+        now = time.monotonic()
+        for i, item in enumerate(self.waiting):
+            if item[0] <= now:
+                del self.waiting[i]
+                return item
+        if len(self.waiting) >= self.queue_groups:
+            return None
+        self.made += 1
+        return 0.0, make_group(f"outage-{self.made}", n=8), {}, 0
+
+    async def _lane(self, until: float) -> None:
+        from asyncrl.rewards.base import score_with
+
+        while time.monotonic() < until:
+            item = self._take()
+            if item is None:
+                await asyncio.sleep(0.01)  # every group waits for its requeue delay
+                continue
+            _ready, group, known, requeues = item
+            before = sum(len(v) for v in known.values())
+            await score_with(group, [(self.reward, 1.0)], known)
+            now = time.monotonic()
+            self.scored_at += [now] * (sum(len(v) for v in known.values()) - before)
+            if group.scored:
+                continue
+            if requeues < self.max_requeues:
+                self.waiting.append((now + self.requeue_s, group, known, requeues + 1))
+            else:
+                self.dropped += len(group.samples)
+            await asyncio.sleep(0)  # a group failing at once (open breaker) must not starve the loop
+
+    async def run(self, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(self._lane(until) for _ in range(self.lanes)))
+
+
+async def run_outage(url: str, server: subprocess.Popen, args, cooldown: float) -> dict:
+    from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward
+
+    c, d = args.outage_concurrency, args.delay
+    cfg = JsonScorerConfig(url=url, concurrency=c, breaker_cooldown_s=cooldown)
+    reward = JsonScorerReward("outage", cfg)
+    driver = _OutageDriver(reward)
+    await asyncio.gather(*(reward.score(_warm_group(i)) for i in range(c // 8)))
+    start = time.monotonic()
+    scoring = asyncio.ensure_future(driver.run(args.before + args.outage + args.after))
+    await asyncio.sleep(args.before)
+    server.send_signal(signal.SIGUSR1)
+    down = time.monotonic()
+    await asyncio.sleep(args.outage)
+    server.send_signal(signal.SIGUSR2)
+    back = time.monotonic()
+    await scoring
+    end = time.monotonic()
+    await reward.close()
+    ideal = c / d
+    times = sorted(driver.scored_at)
+    recovered = next((t for t in times if t >= back and sum(1 for u in times if t <= u < t + 1.0) >= 0.9 * ideal), None)
+    breaker = reward.client.breaker
+    whole = len(times) / (end - start)
+    return {
+        "concurrency": c,
+        "server_delay_s": d,
+        "before_s": args.before,
+        "outage_s": round(back - down, 2),
+        "after_s": args.after,
+        "breaker_cooldown_s": cooldown,
+        "breaker_failures": cfg.breaker_failures,
+        "max_retries": cfg.max_retries,
+        "scored_samples": len(times),
+        "scored_during_outage": sum(1 for t in times if down + d < t < back),
+        "recovery_s": round(recovered - back, 2) if recovered is not None else None,
+        "recovery_within_goal_5s": recovered is not None and recovered - back <= 5.0,
+        "ideal_per_s": round(ideal, 1),
+        "whole_run_per_s": round(whole, 1),
+        "whole_run_ratio_to_ideal": round(whole / ideal, 3),
+        "whole_run_ratio_to_ideal_while_up": round(whole / (ideal * (end - start - (back - down)) / (end - start)), 3),
+        "after_return_per_s": round(sum(1 for t in times if t >= back) / (end - back), 1),
+        "scored_each_second_from_return": [
+            sum(1 for t in times if back + k <= t < back + k + 1) for k in range(int(end - back))
+        ],
+        "breaker_state_at_end": breaker.state,
+        "requests": reward.client.requests,
+        "groups_made": driver.made,
+        "samples_dropped_after_requeues": driver.dropped,
+    }
+
+
+def _warm_group(i: int):
+    from tests.factories import make_group
+
+    return make_group(f"warm-outage-{i}", n=8)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--delay", type=float, default=0.2)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--levels", default="8,32,128")
+    parser.add_argument("--outage", type=float, default=10.0, help="seconds the judge is down (0: no outage run)")
+    parser.add_argument("--outage-concurrency", type=int, default=32)
+    parser.add_argument("--before", type=float, default=5.0, help="seconds of service before the outage")
+    parser.add_argument("--after", type=float, default=10.0, help="seconds of service after it")
+    parser.add_argument("--cooldowns", default="10,2", help="breaker_cooldown_s of each outage run (10: the default)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -112,12 +250,17 @@ def main() -> None:
             except OSError:
                 time.sleep(0.1)
         out = {"server_delay_s": args.delay, "levels": {}}
-        for c in (int(x) for x in args.levels.split(",")):
+        for c in (int(x) for x in args.levels.split(",") if x):
             level = asyncio.run(run_level(f"http://127.0.0.1:{port}/score", c, args.rounds))
             level["ideal_per_s"] = round(c / args.delay, 1)
             level["ratio_to_ideal"] = round(level["per_s"] / level["ideal_per_s"], 3)
             out["levels"][str(c)] = level
         out["all_at_least_90_percent"] = all(v["ratio_to_ideal"] >= 0.9 for v in out["levels"].values())
+        if args.outage > 0:
+            out["outage"] = {}
+            for cooldown in (float(x) for x in args.cooldowns.split(",") if x):
+                run = asyncio.run(run_outage(f"http://127.0.0.1:{port}/score", server, args, cooldown))
+                out["outage"][f"cooldown_{cooldown:g}s"] = run
         print(json.dumps(out, indent=2))
     finally:
         server.terminate()
