@@ -55,8 +55,6 @@ RETRYABLE = ("timeout", "connection", "http_429", "http_5xx", "bad_json")
 REFUSALS = ("circuit_open", "client_closed")
 """Kinds of failure the client decides itself, without asking the API: they say nothing of its health."""
 
-PER_PROCESS = " Per reward worker process: N workers of a run let the API see up to N times this."
-
 
 class HttpConfig(Config):
     """How a reward calls its API."""
@@ -68,15 +66,14 @@ class HttpConfig(Config):
     whitespace is stripped; a key with whitespace, control or non-ASCII characters inside is
     refused when the worker starts); None sends none."""
     concurrency: int = Field(32, ge=1)
-    """Requests in flight at most.""" + PER_PROCESS
+    """Requests in flight at most. Per reward worker process: N workers of a run let the API see up to N times this."""
     rpm: float | None = Field(None, gt=0)
-    """Requests per minute at most (token bucket); None: unlimited.""" + PER_PROCESS
+    """Requests per minute at most (token bucket); None: unlimited. Per reward worker process: N workers
+    of a run let the API see up to N times this."""
     tpm: float | None = Field(None, gt=0)
-    (
-        """Tokens per minute at most (token bucket, each call charged in full, estimated: the judge's
-    prompt characters / 4 + max_tokens, a JSON scorer's request bytes / 4); None: unlimited."""
-        + PER_PROCESS
-    )
+    """Tokens per minute at most (token bucket, each call charged in full, estimated: the judge's
+    prompt characters / 4 + max_tokens, a JSON scorer's request bytes / 4); None: unlimited. Per
+    reward worker process: N workers of a run let the API see up to N times this."""
     burst_s: float = Field(1.0, gt=0, le=60)
     """Seconds of the rpm/tpm limits a burst may spend at once: bucket capacity = rate · burst_s."""
     timeout_s: float = Field(30.0, gt=0)

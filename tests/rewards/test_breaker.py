@@ -109,3 +109,26 @@ def test_scoring_resumes_within_a_cooldown_after_an_outage(caplog):
     assert transitions("outage", "half_open") == transitions("outage", "open")  # each opening probed
     assert reward.client.breaker.state == "closed"
     assert "circuit breaker open after" in caplog.text and "circuit breaker closed" in caplog.text
+
+
+def test_a_probe_cancelled_before_its_reply_reopens_the_breaker():
+    server = FaultServer(lambda key, attempt, body: ("sleep", 5.0, 1.0))
+    cfg = JsonScorerConfig(url=server.url, breaker_failures=1, breaker_cooldown_s=0.1)
+    reward = JsonScorerReward("cancelled-probe", cfg)
+
+    async def cancel_the_probe():
+        reward.client.breaker.failed("http_5xx")  # open
+        await asyncio.sleep(0.15)
+        probing = asyncio.ensure_future(reward.score(make_group("p", n=1)))
+        await asyncio.sleep(0.3)
+        state_while_probing = reward.client.breaker.state
+        probing.cancel()
+        await asyncio.gather(probing, return_exceptions=True)
+        await reward.close()
+        return state_while_probing
+
+    try:
+        assert asyncio.run(cancel_the_probe()) == "half_open"
+    finally:
+        server.close()
+    assert reward.client.breaker.state == "open"  # not half open for good: the next cooldown probes again

@@ -115,3 +115,8 @@ async def _score_and_close(reward, group):
         return await reward.score(group)
     finally:
         await reward.close()
+
+
+def test_every_option_of_the_http_kinds_documents_itself():
+    for model in (JsonScorerConfig, JudgeConfig):
+        assert [name for name, field in model.model_fields.items() if not field.description] == []
