@@ -33,6 +33,12 @@ subscriber, at most ``SNDHWM`` buckets).
 | --- | --- | --- |
 | PUB (learner) | never on send; ``publish`` waits up to ``send_timeout_s`` per bucket for the slowest live subscriber | messages past SNDHWM (16 messages) for a subscriber that has stopped reading; everything before a subscriber joins |
 | SUB (generator) | ``newest`` waits up to ``timeout_s`` for each next message once a version has begun (``TimeoutError`` naming it) | nothing: RCVHWM is unlimited, so a generator busy sampling queues versions in its own memory |
+
+What libzmq refuses without telling either end is counted as on the run's other sockets
+(``asyncrl.wire.socketwatch``): a failed CURVE handshake on either end in
+``asyncrl_auth_failures_total{socket}``, and a frame over the subscriber's ``MAXMSGSIZE`` in
+``asyncrl_rejected_frames_total{socket, reason="oversized"}`` (``rejected`` on the object);
+libzmq then drops the subscriber's connection for good, so it connects again at its next ``newest``.
 """
 
 from __future__ import annotations
@@ -45,10 +51,10 @@ import torch
 import zmq
 
 from asyncrl import wire
-from asyncrl.observability.metrics import WEIGHT_FAILURES
+from asyncrl.observability.metrics import REJECTED_FRAMES, WEIGHT_FAILURES
 from asyncrl.weights.buckets import HASHES, Digest, layout, pack_into, specs_from_wire, specs_to_wire, unpack
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
-from asyncrl.wire import security
+from asyncrl.wire import security, socketwatch
 from asyncrl.wire.messages import Message, WeightsBegin, WeightsBucket, WeightsEnd
 
 log = logging.getLogger(__name__)
@@ -82,7 +88,10 @@ class ZmqWeightPublisher:
         self.sock = zmq.Context.instance().socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.SNDHWM, 16)
-        security.secure(self.sock, address, bind=True)  # CURVE server when the run asks for it
+        self.rejected = 0
+        self._watched = security.secure(self.sock, address, bind=True)  # CURVE server when the run asks for it
+        if self._watched:  # before bind, so that no handshake goes unseen
+            socketwatch.watch(self.sock, name, True, False, self._reject)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.stalled = 0  # buckets some live subscriber had not taken within send_timeout_s
@@ -199,7 +208,13 @@ class ZmqWeightPublisher:
     def poll(self) -> None:
         pass
 
+    def _reject(self, reason: str, detail: str) -> None:
+        self.rejected += 1
+        REJECTED_FRAMES.labels(self.name, reason).inc()
+
     def close(self) -> None:
+        if self._watched:
+            socketwatch.unwatch(self.sock)
         self.sock.close()
 
 
@@ -240,7 +255,11 @@ class ZmqWeightSubscriber:
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         # Each ~1 MiB frame is checked on its own (the limit is per frame, not per bucket).
         self.sock.setsockopt(zmq.MAXMSGSIZE, security.max_message_bytes("subscribe"))
-        security.secure(self.sock, address, bind=False)
+        self.rejected = 0
+        """Frames refused for size (each cuts the connection: libzmq then reconnects)."""
+        curve = security.secure(self.sock, address, bind=False)
+        self._cut = False  # set by the socket watcher's thread: libzmq dropped the connection
+        socketwatch.watch(self.sock, name, curve, True, self._reject, connects=True)  # before connect: nothing unseen
         self.sock.connect(address)
         self._spare: list[bytearray] = []  # receive buffers of versions applied: reused, warm
 
@@ -260,6 +279,10 @@ class ZmqWeightSubscriber:
         """Take every message queued (waiting up to ``timeout`` s for the first); once a version
         has begun, wait up to ``timeout_s`` for each of its next messages. Returns the newest
         complete version above ``served_version``, or None."""
+        if self._cut:  # libzmq will not reconnect after refusing a frame: deaf until we do
+            self._cut = False
+            self.sock.disconnect(self.address)
+            self.sock.connect(self.address)
         best = None
         wait = timeout
         while self.sock.poll(int(wait * 1000), zmq.POLLIN):
@@ -353,5 +376,17 @@ class ZmqWeightSubscriber:
                 return self._spare.pop(i)
         return bytearray(size)
 
+    def _reject(self, reason: str, detail: str) -> None:
+        """Count a frame refused (``socketwatch`` calls it from its thread); an oversized one ended
+        the connection for good, so ``newest`` connects again."""
+        self._cut = self._cut or reason == "oversized"
+        self.rejected += 1
+        REJECTED_FRAMES.labels(self.name, reason).inc()
+        if self.rejected == 1:  # a flood must not flood the log
+            log.warning(
+                "%s: refused a frame from %s (%s); further ones are only counted", self.name, self.address, detail
+            )
+
     def close(self) -> None:
+        socketwatch.unwatch(self.sock)
         self.sock.close()

@@ -79,7 +79,9 @@ class _Socket:
         self.curve = security.secure(self.sock, address, bind)
         self._watched = self.curve or max_message_bytes is not None
         if self._watched:  # before bind/connect, so that no handshake goes unseen
-            socketwatch.watch(self.sock, name, self.curve, max_message_bytes is not None, self._reject)
+            socketwatch.watch(
+                self.sock, name, self.curve, max_message_bytes is not None, self._reject, connects=not bind
+            )
         if bind:
             self.sock.bind(address)
             self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)

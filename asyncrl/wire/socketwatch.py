@@ -15,6 +15,12 @@ registered with ``watch``.
   miscounts a peer that leaves while another joins within that window (peers restart in
   seconds, not milliseconds), and a non-ZeroMQ sender that does not reconnect is not counted:
   its frame is refused all the same. The decode-time check in ``asyncrl.wire.schema`` counts exactly.
+- On a socket that *connects* (a SUB, a DEALER) the same refusal looks different: libzmq treats
+  it as a protocol error and ends that connection for good, without reconnecting (checked
+  against libzmq 4.3.5), whereas a peer that left is retried within ``RECONNECT_IVL``
+  (``CONNECT_RETRIED``, ``CONNECT_DELAYED``). So there a disconnect followed by no attempt to
+  connect again within ``CUT_WINDOW_S`` is counted as ``oversized``, and the owner, told through
+  ``on_reject``, must connect again itself (the weight stream's subscriber does).
 """
 
 from __future__ import annotations
@@ -44,15 +50,19 @@ CUT_WINDOW_S = 0.5
 _HANDSHAKE_FAILED = (
     zmq.Event.HANDSHAKE_FAILED_NO_DETAIL | zmq.Event.HANDSHAKE_FAILED_PROTOCOL | (zmq.Event.HANDSHAKE_FAILED_AUTH)
 )
-_EVENTS = _HANDSHAKE_FAILED | zmq.Event.HANDSHAKE_SUCCEEDED | zmq.Event.DISCONNECTED
+_RETRIES = zmq.Event.CONNECT_RETRIED | zmq.Event.CONNECT_DELAYED | zmq.Event.CONNECTED
+_EVENTS = _HANDSHAKE_FAILED | zmq.Event.HANDSHAKE_SUCCEEDED | zmq.Event.DISCONNECTED | _RETRIES
 
 
 class _Watched:
     """Event state of one socket: handshake failures still to be matched with their disconnect,
     and recent disconnects of established connections."""
 
-    def __init__(self, name: str, curve: bool, cuts: bool, on_reject: Callable[[str, str], None]):
+    def __init__(
+        self, name: str, curve: bool, cuts: bool, on_reject: Callable[[str, str], None], connects: bool = False
+    ):
         self.name = name
+        self.connects = connects
         self.curve = curve
         self.count_cuts = cuts
         self.on_reject = on_reject
@@ -81,12 +91,25 @@ class _Watched:
                 self.failed_pending -= 1
             elif self.count_cuts:
                 self.cuts.append(now)
-        elif event == zmq.Event.HANDSHAKE_SUCCEEDED:
+        elif event & _RETRIES:
+            if self.connects:  # libzmq connects again: the peer left, nothing was refused
+                self.cuts.clear()
+        elif event == zmq.Event.HANDSHAKE_SUCCEEDED and not self.connects:
             while self.cuts and now - self.cuts[0] > CUT_WINDOW_S:
                 self.cuts.popleft()  # a peer that left
             if self.cuts:
                 self.cuts.popleft()
                 self.on_reject("oversized", "oversized: ZeroMQ cut a connection over a frame larger than MAXMSGSIZE")
+
+    def tick(self, now: float) -> None:
+        """On a connecting socket: a disconnect that no attempt to connect again followed within
+        ``CUT_WINDOW_S`` was libzmq refusing a frame (see the module docstring)."""
+        while self.connects and self.cuts and now - self.cuts[0] > CUT_WINDOW_S:
+            self.cuts.popleft()
+            self.on_reject(
+                "oversized",
+                "oversized: ZeroMQ dropped the connection over a frame larger than MAXMSGSIZE and will not reconnect it",
+            )
 
 
 class _Watcher:
@@ -121,20 +144,31 @@ class _Watcher:
                     monitor.close(linger=0)
                     continue
                 watched[monitor].handle(msg["event"], time.monotonic())
+            now = time.monotonic()
+            for w in watched.values():
+                w.tick(now)
 
 
 _watcher = _Watcher()
 
 
-def watch(sock: zmq.Socket, name: str, curve: bool, cuts: bool, on_reject: Callable[[str, str], None]) -> None:
+def watch(
+    sock: zmq.Socket,
+    name: str,
+    curve: bool,
+    cuts: bool,
+    on_reject: Callable[[str, str], None],
+    connects: bool = False,
+) -> None:
     """Follow ``sock``'s handshakes, and with ``cuts`` (a receiving socket with ``MAXMSGSIZE``)
-    its connections cut for size; ``on_reject(reason, detail)`` is called (from the watcher
-    thread) for what counts as a rejected frame. Call ``unwatch`` before closing the socket.
+    its connections cut for size (``connects``: the socket connects rather than binds);
+    ``on_reject(reason, detail)`` is called (from the watcher thread) for what counts as a
+    rejected frame. Call ``unwatch`` before closing the socket.
 
     A DEALER/ROUTER pair receives on both ends, so a cut is counted at both: neither end can tell
     which of them refused the frame."""
     monitor = sock.get_monitor_socket(_EVENTS)
-    _watcher.add(monitor, _Watched(name, curve, cuts, on_reject))
+    _watcher.add(monitor, _Watched(name, curve, cuts, on_reject, connects))
 
 
 def unwatch(sock: zmq.Socket) -> None:

@@ -269,3 +269,45 @@ def test_the_zmq_stream_defaults_to_xxh3_and_the_summing_transports_to_sum64():
     assert WeightSyncConfig(transport="zmq", checksum="crc32").checksum == "crc32"
     assert WeightSyncConfig(transport="shm").checksum == "sum64"
     assert WeightSyncConfig().checksum == "sum64"
+
+
+def test_the_stream_counts_frames_over_the_size_limit_and_refused_handshakes(tmp_path):
+    from asyncrl.observability.metrics import REGISTRY
+    from asyncrl.wire import security
+    from asyncrl.wire.security import MessageLimits, SecurityConfig, write_keys
+
+    write_keys(tmp_path / "keys")
+    security.configure(
+        SecurityConfig(curve=True, keys_dir=str(tmp_path / "keys"), max_message_bytes=MessageLimits(subscribe=4096))
+    )
+    try:
+        pub = ZmqWeightPublisher("tcp://127.0.0.1:0", name="test.stream.pub", frame_bytes=1 << 16, send_timeout_s=5)
+        sub = ZmqWeightSubscriber(pub.address, name="test.stream.sub", timeout_s=5)
+        wait_until(
+            lambda: pub.publish(state_dict_buckets(_state(), 1 << 16), 1) and sub.rejected > 0,
+            "the subscriber to refuse a 64 KiB frame over its 4 KiB limit",
+        )
+        assert REGISTRY.get_sample_value(
+            "asyncrl_rejected_frames_total", {"socket": "test.stream.sub", "reason": "oversized"}
+        )
+        # libzmq dropped that connection for good; the subscriber connects again and hears the
+        # next version whose frames fit.
+        small = {"w": torch.arange(4.0)}
+        got = wait_until(
+            lambda: pub.publish(state_dict_buckets(small, 1 << 16), 2) and sub.newest(1, timeout=0.2),
+            "the subscriber to connect again and take a version of small frames",
+        )
+        assert torch.equal(dict(got.tensors)["w"], small["w"])
+        got.done()
+        stranger = zmq.Context.instance().socket(zmq.SUB)  # no CURVE key at all
+        stranger.setsockopt(zmq.LINGER, 0)
+        stranger.connect(pub.address)
+        wait_until(
+            lambda: REGISTRY.get_sample_value("asyncrl_auth_failures_total", {"socket": "test.stream.pub"}),
+            "the publisher to count the refused handshake",
+        )
+        stranger.close()
+        pub.close()
+        sub.close()
+    finally:
+        security.reset()

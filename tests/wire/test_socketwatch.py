@@ -36,3 +36,20 @@ def test_a_socket_that_only_sends_counts_no_cuts():
     for event, t in ((OK, 0.0), (GONE, 1.0), (OK, 1.1)):
         w.handle(event, t)
     assert seen == []
+
+
+RETRY = zmq.Event.CONNECT_RETRIED
+
+
+def test_on_a_connecting_socket_a_drop_never_retried_is_counted_and_a_peer_that_left_is_not():
+    w, seen = watched()
+    w.connects = True
+    for event, t in ((OK, 0.0), (GONE, 10.0), (RETRY, 10.1), (OK, 10.2)):  # the peer restarted
+        w.handle(event, t)
+    w.tick(20.0)
+    assert seen == []
+    w.handle(GONE, 30.0)  # libzmq refused a frame: no retry follows
+    w.tick(30.0 + CUT_WINDOW_S / 2)
+    assert seen == []
+    w.tick(30.0 + 2 * CUT_WINDOW_S)
+    assert seen == ["oversized"]
