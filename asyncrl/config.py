@@ -158,6 +158,15 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _check_learner_ranks(self) -> RunConfig:
+        if self.learner.ranks > 1 and self.simulation.learner is not None:
+            raise ValueError(
+                f"learner.ranks ({self.learner.ranks}) must be 1 with simulation.learner: a simulated learner "
+                "has no data-parallel group"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_placement(self) -> RunConfig:
         self.placement.check_counts(self.run.num_generators, self.learner.ranks)
         gpus, tp = self.placement.generator.num_gpus, self.engine.tensor_parallel_size

@@ -24,7 +24,7 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None,
     gens = [f for f in finals.values() if f["role"] == "generator"]
     rewards = [f for f in finals.values() if f["role"] == "reward"]
     buffer = next(f for f in finals.values() if f["role"] == "buffer")
-    learner = next(f for f in finals.values() if f["role"] == "learner")
+    learner = next(f for f in finals.values() if f["role"] == "learner" and not f.get("rank"))  # rank 0's
     dropped: Counter[str] = Counter()
     for g in gens:
         dropped.update(g["dropped"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx.emit("error", error=f"{type(e).__name__}: {e}")
         ctx.close()
         flush_on_exit()
-        return 1
+        # Out at once: the interpreter's clean-up runs library destructors that can block on
+        # what made us fail (a process group whose peer is gone or stopped).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     ctx.close()
     flush_on_exit()
     return 0

@@ -8,8 +8,10 @@ sockets.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -117,7 +119,10 @@ class ProcessContext:
 
 
 def configure_process() -> None:
-    """Per-process settings that matter on a shared CPU box: one math thread, quiet libraries."""
+    """Per-process settings that matter on a shared CPU box: one math thread, quiet libraries;
+    and ``kill -USR1 PID`` writes every thread's stack to the process's log (what a stuck
+    process waits on, without stopping it)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -64,13 +64,18 @@ def load_learner_part(trainer, counters: Counters, src: Path) -> GroupIdSet:
     return GroupIdSet.from_bytes((src / "trained_ids.bin").read_bytes())
 
 
-def checkpoint_if_due(ctx: LearnerContext, trainer, counters: Counters, trained_ids: GroupIdSet) -> None:
-    """Save the learner's part into the staging directory of the trainer's version every
-    ``checkpoint.every_steps`` steps, and at the last step (so a finished run can be resumed to
-    train longer); report it as a ``checkpoint_part`` event."""
-    cfg = ctx.cfg
+def checkpoint_due(cfg, version: int) -> bool:
+    """Whether the learner checkpoints at ``version``: every ``checkpoint.every_steps`` steps,
+    and at the last step (so a finished run can be resumed to train longer)."""
     every = cfg.checkpoint.every_steps
-    if not every or (trainer.version % every != 0 and trainer.version != cfg.learner.total_steps):
+    return bool(every) and (version % every == 0 or version == cfg.learner.total_steps)
+
+
+def checkpoint_if_due(ctx: LearnerContext, trainer, counters: Counters, trained_ids: GroupIdSet) -> None:
+    """Save the learner's part into the staging directory of the trainer's version when
+    ``checkpoint_due``; report it as a ``checkpoint_part`` event (rank 0, once every rank's
+    DeepSpeed part is written: ``save_policy_state`` ends in a barrier)."""
+    if not checkpoint_due(ctx.cfg, trainer.version):
         return
     start = time.monotonic()
     save_learner_part(trainer, counters, trained_ids, staging_dir(ctx.run_dir, trainer.version) / "learner")
@@ -81,7 +86,8 @@ def save_policy_state(trainer: PolicyTrainer, out_dir: str | Path) -> None:
     """Everything a resume needs to continue bit for bit: DeepSpeed's checkpoint of the policy
     (weights, optimizer moments, ZeRO partitions) and the critic's, the version, the optimizer
     updates taken (the learning-rate schedule's position), the KL controller's beta and the
-    RNG states. Collective: every rank calls it."""
+    RNG states (each rank's own). Collective: every rank calls it; it returns once every rank's
+    files are written."""
     import torch
 
     out = Path(out_dir)
@@ -89,8 +95,8 @@ def save_policy_state(trainer: PolicyTrainer, out_dir: str | Path) -> None:
     trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state)
     if trainer.critic is not None:
         trainer.critic.engine.save_checkpoint(str(out), tag="critic")
-    if torch.distributed.get_rank() == 0:
-        torch.save(_rng_state(), out / "rng.pt")
+    torch.save(_rng_state(), out / _rng_file(torch.distributed.get_rank()))
+    trainer.dp.barrier("checkpoint written", trainer.version)  # the part is whole once every rank's is
 
 
 def load_policy_state(trainer: PolicyTrainer, in_dir: str | Path) -> None:
@@ -111,8 +117,14 @@ def load_policy_state(trainer: PolicyTrainer, in_dir: str | Path) -> None:
     trainer.kl_controller.value = float(state["kl_coef"])
     if trainer.critic is not None:
         trainer.critic.engine.load_checkpoint(str(src), tag="critic")
-    if (src / "rng.pt").exists():
-        _set_rng_state(torch.load(src / "rng.pt", weights_only=False))
+    rng = src / _rng_file(torch.distributed.get_rank())
+    if rng.exists():
+        _set_rng_state(torch.load(rng, weights_only=False))
+
+
+def _rng_file(rank: int) -> str:
+    """Each rank's RNG states: ``rng.pt`` for rank 0 (the one-rank name), ``rng.rank{r}.pt`` else."""
+    return "rng.pt" if rank == 0 else f"rng.rank{rank}.pt"
 
 
 def _rng_state() -> dict:

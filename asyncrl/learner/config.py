@@ -52,6 +52,11 @@ class TrainerConfig(Config):
     """Sequences per forward/backward; a bigger batch is accumulated over micro batches into one optimizer step."""
     micro_batch_tokens: int | None = None
     """Token slots per forward/backward, sequences packed several to a row (``asyncrl.learner.packing``); when set it wins over micro_batch_size. None: micro_batch_size sequences, each padded to the longest."""
+    collective_timeout_s: float = Field(600.0, gt=0)
+    """Seconds a learner rank waits in a collective for the others before the group is restored
+    from its last checkpoint (the error names the collective and where each rank was). It must
+    exceed the longest one rank can be busy alone: rank 0 publishing the weights or waiting
+    ``learner.batch_timeout_s`` for a batch; scale it with the model's publication time."""
     seed: int = 0
     """Seed of torch's RNG at start-up (dropout, if the model has any)."""
 

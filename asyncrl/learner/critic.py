@@ -29,7 +29,8 @@ import torch
 from asyncrl.learner.advantages import gae_advantages, vtrace_targets
 from asyncrl.learner.batch import TrainBatch
 from asyncrl.learner.config import AlgorithmConfig, CriticConfig, TrainerConfig
-from asyncrl.learner.deepspeed_setup import deepspeed_engine, init_single_process_distributed
+from asyncrl.learner.data_parallel import DataParallel
+from asyncrl.learner.deepspeed_setup import deepspeed_engine, init_learner_group
 from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.losses import value_loss
 
@@ -81,7 +82,7 @@ class CriticTrainer:
 
     def __init__(self, model_dir: str | Path, cfg: CriticConfig, trainer_cfg: TrainerConfig):
         if not torch.distributed.is_initialized():
-            init_single_process_distributed()
+            init_learner_group(trainer_cfg.collective_timeout_s)
         self.cfg = cfg
         model = ValueModel(model_dir)
         if trainer_cfg.gradient_checkpointing:
@@ -97,11 +98,17 @@ class CriticTrainer:
         token_rewards_per_micro: list[torch.Tensor],
         log_rhos_per_micro: list[torch.Tensor | None],
         total_tokens: int,
+        world: int = 1,
+        fillers: int = 0,
     ) -> tuple[list[torch.Tensor], dict[str, float]]:
         """Train the critic one step on the batch; return each micro batch's (b, l-1) advantages.
 
         ``log_rhos_per_micro[i]`` (log pi_prox - log mu) selects V-trace for that micro batch;
-        None: GAE. The value loss is token-mean over the whole batch's ``total_tokens``.
+        None: GAE. The value loss is token-mean over the whole batch's ``total_tokens``; with
+        ``world`` learner ranks each rank's share is scaled by it (DeepSpeed averages the ranks'
+        gradients), so the sum over ranks is the whole batch's loss. The last ``fillers`` micro
+        batches only keep the ranks' collectives in step: their loss is multiplied by 0 and they
+        add nothing to the stats.
         """
         cfg = self.cfg
         self.engine.train()
@@ -121,7 +128,11 @@ class CriticTrainer:
                 returns, adv = vtrace_targets(rewards, old, log_rhos.to(self.device), mask, cfg.gamma)
             per_token, clipped = value_loss(values, old, returns, mask, cfg.value_clip)
             loss = per_token.sum() / total_tokens
-            self.engine.backward(loss, scale_wrt_gas=False)
+            if index >= len(micro_batches) - fillers:
+                self.engine.backward(loss * 0.0, scale_wrt_gas=False)
+                advantages.append(adv.detach())
+                continue
+            self.engine.backward(loss * world if world > 1 else loss, scale_wrt_gas=False)
             advantages.append(adv.detach())
             stats["value_loss"] += loss.item()
             stats["value_clipfrac"] += clipped.float().sum().item() / total_tokens
@@ -141,6 +152,9 @@ def critic_advantages(
     weights,
     beta: float,
     policy_logprobs: Callable[[TrainBatch], torch.Tensor],
+    fillers: int = 0,
+    dp: DataParallel | None = None,
+    version: int = 0,
 ) -> dict:
     """Per-token advantages from the critic (one critic step), written into ``batch.advantages``.
 
@@ -153,7 +167,13 @@ def critic_advantages(
     every token when ``kl.use_in`` is reward. V-trace targets use log(pi_prox / mu) from a
     no-grad forward pass of the policy. Then optional whitening over the batch's response
     tokens, and each group's importance weight. Returns the critic's stats.
+
+    With several learner ranks (``dp``) ``bounds`` are this rank's micro batches, the last
+    ``fillers`` of them only there so that every rank runs as many critic passes (their loss is
+    multiplied by 0, their advantages dropped); the advantages of every rank's rows are summed into every rank's batch
+    before the whitening, and the stats summed over the ranks.
     """
+    dp = dp if dp is not None else DataParallel()
     micros = [batch.slice(lo, hi) for lo, hi in bounds]
     token_rewards_list, log_rhos = [], []
     for (lo, hi), micro, ref in zip(bounds, micros, ref_logprobs):
@@ -168,10 +188,16 @@ def critic_advantages(
         else:
             log_rhos.append(None)
     total_tokens = max(batch.num_tokens, 1)
-    advantages, stats = critic.advantages_and_step(micros, token_rewards_list, log_rhos, total_tokens)
+    with dp.collective("critic step", version):
+        advantages, stats = critic.advantages_and_step(
+            micros, token_rewards_list, log_rhos, total_tokens, dp.world, fillers
+        )
     batch.advantages.zero_()
-    for (lo, hi), adv in zip(bounds, advantages):
+    for (lo, hi), adv in list(zip(bounds, advantages))[: len(bounds) - fillers]:
         batch.advantages[lo:hi, : adv.shape[1]] = adv.cpu()
+    dp.all_sum(batch.advantages, "critic advantages", version)
+    ranks = dp.all_gather(stats, "critic figures", version)
+    stats = {key: sum(s[key] for s in ranks) for key in stats}
     mask = batch.response_mask
     if algo.critic.whiten_advantages:
         batch.advantages.copy_(whiten_tokens(batch.advantages, mask, algo.std_estimator == "unbiased"))

@@ -26,14 +26,18 @@ from asyncrl.learner.lr_schedule import lr_factor
 from asyncrl.wire.endpoints import free_ports
 
 
-def init_single_process_distributed(backend: str | None = None) -> None:
-    """Initialise DeepSpeed's process group for a process that is not launched by a launcher.
+def init_learner_group(timeout_s: float, backend: str | None = None) -> None:
+    """Join the learner's DeepSpeed process group (``deepspeed.init_distributed``).
 
-    Sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT where unset (a free port), skips the
-    CPU shared-memory all-reduce kernel (compiled on first use, 45-120 s, and useless with one
-    process), then ``deepspeed.init_distributed``. Idempotent: a second call does nothing.
-    ``backend`` defaults to nccl when CUDA is available, else gloo.
+    The launcher sets each rank's RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
+    (``asyncrl.fleet.launcher.learner_rank_env``); a process started otherwise (a test, a
+    notebook) is a group of one on a free port. A collective waits at most ``timeout_s``
+    (``learner.trainer.collective_timeout_s``). DeepSpeed's CPU shared-memory all-reduce kernel is
+    never built: it serves only inference all-reduce, and compiling it takes 45-120 s on first
+    use. ``backend`` defaults to nccl when CUDA is available, else gloo. Idempotent.
     """
+    import datetime
+
     import deepspeed
     import deepspeed.comm.torch  # noqa: F401  (the module whose build_shm_op is replaced)
 
@@ -43,8 +47,7 @@ def init_single_process_distributed(backend: str | None = None) -> None:
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(free_ports(1)[0])
-    if os.environ["WORLD_SIZE"] == "1":
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch.distributed.is_initialized():
@@ -53,7 +56,9 @@ def init_single_process_distributed(backend: str | None = None) -> None:
         import deepspeed.utils.groups
 
         deepspeed.utils.groups._WORLD_GROUP = None
-    deepspeed.init_distributed(dist_backend=backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def deepspeed_config(cfg: TrainerConfig) -> dict:

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import Field
 
 from asyncrl.configbase import Config
+from asyncrl.learner.data_parallel import DataParallel
 from asyncrl.wire.schema import Group
 
 
@@ -43,6 +44,7 @@ class MockTrainer:
 
     def __init__(self, cfg: MockTrainerConfig):
         self.cfg = cfg
+        self.dp = DataParallel()  # one rank: simulated learners are not data-parallel
         self.version = 0
         self._tensors: dict | None = None
 

@@ -18,6 +18,12 @@ while ``trained_with_reuse`` counts every time it was trained, and under a prior
 the groups' new priorities (their mean |advantage|) go back with the next request. At the end the final model is saved as a
 Hugging Face directory in ``RUN_DIR/final``, and late batches are held until the controller
 stops the learner.
+
+With ``learner.ranks: N`` this loop is rank 0's (the process named ``learner``): only it talks to
+the buffer, the generators and the controller, and before each thing the whole group must do
+together (train a step, publish, checkpoint, finish) it sends the other ranks an order
+(``asyncrl.learner.rank_orders``). Ranks 1..N-1 (``learner-1``...) run ``run_other_rank``: do
+what rank 0 orders, then save the final model with it and wait for the stop.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ import numpy as np
 
 from asyncrl.learner.batch_requests import Batch, BatchRequester
 from asyncrl.learner.build_trainer import build_trainer
-from asyncrl.learner.checkpoint_io import checkpoint_if_due, load_learner_part
+from asyncrl.learner.checkpoint_io import checkpoint_due, checkpoint_if_due, load_learner_part
 from asyncrl.learner.context import LearnerContext
+from asyncrl.learner.rank_orders import Order, OrderReceiver, OrderSender
 from asyncrl.learner.step_report import record_step_metrics, report_step
 from asyncrl.learner.totals import Counters, Reservoir, latency_summary
-from asyncrl.learner.weights_out import WeightsOut
+from asyncrl.learner.weights_out import WeightsOut, take_part_in_publication
+from asyncrl.rundir.checkpoints import staging_dir
 from asyncrl.rundir.ledger import GroupIdSet
 from asyncrl.wire.sockets import RequestClient
 
@@ -43,6 +51,10 @@ log = logging.getLogger(__name__)
 def run_learner(ctx: LearnerContext, model_dir: str) -> None:
     cfg = ctx.cfg
     trainer = build_trainer(cfg, model_dir, ctx.endpoints.reference)
+    if not trainer.dp.lead:
+        run_other_rank(ctx, trainer)
+        return
+    orders = OrderSender(trainer.dp)
     client = RequestClient(ctx.endpoints.buffer_requests, name="learner.buffer")
     weights = WeightsOut(ctx)
     counters = Counters()
@@ -54,21 +66,29 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
     latencies = Reservoir(10_000)  # seconds from the start of sampling to the end of training, per sample
     ctx.emit("ready", version=trainer.version)
     if trainer.version > 0:  # generators start from the initial weights: bring them to this version
+        orders.send(Order("publish", trainer.version))
         weights.publish(trainer)
     loop_start = time.monotonic()
     while trainer.version < cfg.learner.total_steps and not ctx.stop_requested():
         weights.announce()
         batch = batches.receive(trainer.version)
         if batch is None:
+            orders.send(Order("idle", trainer.version))
             continue
+        orders.send(Order("train", trainer.version, batch.groups, batch.is_weights))
         stats = trainer.train_step(batch.groups, weights=batch.is_weights)
         first_time = batches.trained(batch, trainer.version, _priorities(cfg, trainer, batch))
         record_step_metrics(trainer.version, batch, stats)
         _count_step(batch, stats, first_time, counters, latencies)
-        weights.publish_if_due(trainer)
-        checkpoint_if_due(ctx, trainer, counters, trained_ids)
+        if weights.due(trainer.version):
+            orders.send(Order("publish", trainer.version))
+            weights.publish(trainer)
+        if checkpoint_due(cfg, trainer.version):
+            orders.send(Order("checkpoint", trainer.version))
+            checkpoint_if_due(ctx, trainer, counters, trained_ids)
         report_step(ctx, trainer.version, batch, stats)
     wall = time.monotonic() - loop_start
+    orders.send(Order("finish", trainer.version))
     trainer.save_pretrained(ctx.run_dir / "final")
     ctx.emit("done", version=trainer.version)
     # Until the controller stops us (after the buffer): keep announcing the last version so every
@@ -79,6 +99,7 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         held += batches.take_late()
     ctx.emit(
         "final",
+        rank=0,
         trained=counters.trained,
         trained_with_reuse=counters.trained_with_reuse,
         held=held,
@@ -92,6 +113,32 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
     )
     batches.close()
     weights.close()
+
+
+def run_other_rank(ctx: LearnerContext, trainer) -> None:
+    """Learner rank r > 0: restore its part of the checkpoint, then do what rank 0 orders until
+    it says ``finish``; save the final model with it (collective under ZeRO-3; rank 0 writes)
+    and wait for the controller's stop. Its final report carries only its rank, version and
+    wall time: the learner's counts are rank 0's."""
+    orders = OrderReceiver(trainer.dp)
+    if ctx.resume_dir is not None:
+        trainer.load_state(ctx.resume_dir / "learner")
+    ctx.emit("ready", version=trainer.version)
+    start = time.monotonic()
+    while True:
+        order = orders.next(trainer.version)
+        if order.kind == "train":
+            trainer.train_step(order.groups, weights=order.is_weights)
+        elif order.kind == "publish":
+            take_part_in_publication(trainer, ctx.cfg.weights)
+        elif order.kind == "checkpoint":
+            trainer.save_state(staging_dir(ctx.run_dir, trainer.version) / "learner")
+        elif order.kind == "finish":
+            break
+    trainer.save_pretrained(ctx.run_dir / "final")
+    while not ctx.stop_requested():  # the controller stops the learner after the buffer
+        time.sleep(0.05)
+    ctx.emit("final", rank=trainer.dp.rank, version=trainer.version, wall_s=time.monotonic() - start)
 
 
 def _priorities(cfg, trainer, batch: Batch) -> list[float] | None:

@@ -20,6 +20,16 @@ mini-batch (and its sequences), so the accumulated gradient is exactly that of t
 loss, independent of how it is cut into micro batches; with one mini-batch, that of the batch.
 Only the last micro batch of an update is an accumulation boundary
 (``asyncrl.learner.deepspeed_setup``).
+
+With several learner ranks (``learner.ranks``) every rank runs this on the whole batch, cut by
+``asyncrl.learner.sharding.shard_plan``: what is a statistic of the batch is computed from all of
+it on every rank, the forward and backward passes run on the rank's own whole groups, each rank's
+loss is scaled by the number of ranks (DeepSpeed averages the gradients, the sum is the one-rank
+gradient), rows that other ranks scored (the reference's logprobs, the critic's advantages) are
+summed into every rank's batch, and the step's figures are gathered from every rank. DeepSpeed's
+collectives run once per forward and backward pass, so a rank with fewer micro batches in an
+update than another runs empty ones (``fillers``: a real row whose loss is multiplied by 0, so
+its gradient is exactly 0) until the counts agree.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.logprobs import TokenScores
 from asyncrl.learner.losses import aggregate, compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.learner.packing import MicroBatchPlan, plan_micro_batches
-from asyncrl.learner.step_stats import add_micro_figures, step_stats
+from asyncrl.learner.sharding import ShardPlan, shard_plan
+from asyncrl.learner.step_stats import add_micro_figures, merge_rank_figures, step_stats
 from asyncrl.learner.truncation import is_truncated
 from asyncrl.wire.schema import Group
 
@@ -66,29 +77,37 @@ class StepInputs:
     """seq-mean-token-sum-norm's constant."""
     version_before: int
     """The learner's version before the step (pi_prox's)."""
+    shards: ShardPlan
+    """The batch's mini-batches and each rank's rows of them (one rank: all of them)."""
 
 
 def train_step(trainer: PolicyTrainer, groups: list[Group], weights=None) -> dict:
     """One learner step of ``trainer`` on ``groups`` (see ``PolicyTrainer.train_step``)."""
     start = time.perf_counter()
-    algo = trainer.algo
+    algo, dp = trainer.algo, trainer.dp
     version_before = trainer.version
     beta = trainer.kl_controller.value
+    shards = shard_plan(groups, trainer.mini_batches, dp.world)
+    groups = [groups[i] for i in shards.order]  # each rank's share of a mini-batch: one run of rows
+    if weights is not None:
+        weights = [weights[i] for i in shards.order]
     batch, shaped, truncated = collate_step(algo, groups, trainer.pad_id)
     in_loss = ~truncated if algo.truncation.mode == "mask" else torch.ones_like(truncated)  # (B,)
-    ref = reference_logprobs(trainer, batch)  # (B, L-1) or None
-    critic_stats = write_advantages(trainer, batch, groups, shaped, ref, weights, beta)
-    minis = mini_batch_bounds(groups, trainer.mini_batches)
-    proximal = proximal_logprobs(trainer, batch) if len(minis) * trainer.ppo_epochs > 1 else None
+    ref = reference_logprobs(trainer, batch, shards)  # (B, L-1) or None
+    critic_stats = write_advantages(trainer, batch, groups, shaped, ref, weights, beta, shards)
+    several_updates = len(shards.minis) * trainer.ppo_epochs > 1
+    proximal = proximal_logprobs(trainer, batch, shards) if several_updates else None
     norm_tokens = algo.loss_norm_tokens or int(batch.response_mask.sum(dim=1).max().item())
-    step = StepInputs(batch, in_loss, proximal, ref, beta, norm_tokens, version_before)
+    step = StepInputs(batch, in_loss, proximal, ref, beta, norm_tokens, version_before, shards)
 
     epochs = []
-    for _ in range(trainer.ppo_epochs):
-        sums: Counter = Counter()
-        for lo, hi in minis:
-            update(trainer, step, lo, hi, sums)
-        epochs.append(sums)
+    with dp.collective("train step", version_before):  # DeepSpeed's gradient collectives
+        for _ in range(trainer.ppo_epochs):
+            sums: Counter = Counter()
+            for index in range(len(shards.minis)):
+                update(trainer, step, index, sums)
+            epochs.append(sums)
+    epochs = merge_rank_figures(dp.all_gather(epochs, "step figures", version_before))
     trainer.version += 1
     stats = step_stats(
         batch,
@@ -137,6 +156,8 @@ def mini_batch_bounds(groups: list[Group], mini_batches: int) -> list[tuple[int,
 def micro_plans(trainer: PolicyTrainer, batch: TrainBatch, lo: int, hi: int) -> list[MicroBatchPlan]:
     """Rows ``lo:hi`` cut into micro batches (``micro_batch_size`` sequences, or packed to
     ``micro_batch_tokens``: ``asyncrl.learner.packing``), their ``lo``/``hi`` rows of ``batch``."""
+    if hi <= lo:
+        return []
     cfg = trainer.cfg
     lengths = batch.attention_mask[lo:hi].sum(dim=1).tolist()
     plans = plan_micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, trainer.row_tokens)
@@ -151,26 +172,48 @@ def micro_bounds(micro_batch_size: int, lo: int, hi: int) -> list[tuple[int, int
     return [(a, min(a + micro_batch_size, hi)) for a in range(lo, hi, micro_batch_size)]
 
 
-def reference_logprobs(trainer: PolicyTrainer, batch: TrainBatch) -> torch.Tensor | None:
+def padded_plans(
+    trainer: PolicyTrainer, batch: TrainBatch, ranges: list[list[tuple[int, int]]], filler_row: int
+) -> list[tuple[MicroBatchPlan, bool]]:
+    """This rank's micro batches of its ``ranges[rank]`` (``ranges[r]``: rank r's row ranges),
+    then fillers (``True``: the plan of row ``filler_row``, to run with its response mask zeroed)
+    until it has as many as the rank with the most: every rank then enters DeepSpeed's
+    per-pass collectives equally often. A filler runs the real row's forward (every module and
+    parameter takes part, as ZeRO's hooks expect) and its loss is multiplied by 0. Every rank computes every rank's plans: they are
+    functions of the whole batch, which every rank has."""
+    rank = trainer.dp.rank
+    counts = [sum(len(micro_plans(trainer, batch, lo, hi)) for lo, hi in rank_ranges) for rank_ranges in ranges]
+    own = [(plan, False) for lo, hi in ranges[rank] for plan in micro_plans(trainer, batch, lo, hi)]
+    filler = micro_plans(trainer, batch, filler_row, filler_row + 1)[0]
+    return own + [(filler, True)] * (max(counts) - len(own))
+
+
+def reference_logprobs(trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor | None:
     """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by
-    micro batches; None without a reference."""
+    micro batches, each rank its own rows, summed into every rank's; None without a reference."""
     if trainer.reference is None:
         return None
     out = torch.zeros_like(batch.behaviour_logprobs)
     with torch.no_grad():
-        for lo, hi in micro_bounds(trainer.cfg.micro_batch_size, 0, len(batch)):
-            micro = batch.slice(lo, hi).to(trainer.device)
-            ref = trainer.reference.logprobs(  # (b, l-1)
-                micro.input_ids, micro.attention_mask, micro.response_mask, trainer.distribution
-            )
-            out[lo:hi, : ref.shape[1]] = ref.cpu()
-    return out
+        for start, stop in shards.own(trainer.dp.rank):
+            for lo, hi in micro_bounds(trainer.cfg.micro_batch_size, start, stop):
+                micro = batch.slice(lo, hi).to(trainer.device)
+                ref = trainer.reference.logprobs(  # (b, l-1)
+                    micro.input_ids, micro.attention_mask, micro.response_mask, trainer.distribution
+                )
+                out[lo:hi, : ref.shape[1]] = ref.cpu()
+    return trainer.dp.all_sum(out, "reference logprobs", trainer.version)
 
 
-def write_advantages(trainer: PolicyTrainer, batch: TrainBatch, groups, shaped, ref, weights, beta) -> dict:
+def write_advantages(
+    trainer: PolicyTrainer, batch: TrainBatch, groups, shaped, ref, weights, beta, shards: ShardPlan
+) -> dict:
     """Each sequence's advantage into ``batch.advantages`` (per token for gae): from the shaped
     rewards, less beta * KL(mu, ref) summed over the sequence when ``kl.use_in`` is reward,
-    scaled by the groups' importance weights. Returns the critic's stats (gae), else {}."""
+    scaled by the groups' importance weights. Returns the critic's stats (gae), else {}.
+
+    From the whole batch on every rank; the critic's passes run on each rank's own rows
+    (``critic.critic_advantages`` sums them into every rank's batch)."""
     algo = trainer.algo
     rewards = shaped
     if ref is not None and algo.kl.use_in == "reward" and algo.adv_estimator != "gae":  # gae: per token
@@ -179,7 +222,11 @@ def write_advantages(trainer: PolicyTrainer, batch: TrainBatch, groups, shaped, 
         offsets = np.cumsum([0] + [len(g.samples) for g in groups])
         rewards = [r - beta * seq_kl[offsets[i] : offsets[i + 1]] for i, r in enumerate(rewards)]
     if algo.adv_estimator == "gae":
-        bounds = micro_bounds(trainer.cfg.micro_batch_size, 0, len(batch))
+        size, dp = trainer.cfg.micro_batch_size, trainer.dp
+        counts = [sum(len(micro_bounds(size, lo, hi)) for lo, hi in shards.own(r)) for r in range(dp.world)]
+        bounds = [b for lo, hi in shards.own(dp.rank) for b in micro_bounds(size, lo, hi)]
+        fillers = max(counts) - len(bounds)  # every rank runs as many critic passes
+        bounds += [(0, 1)] * fillers
         micro_refs = [
             None if ref is None else ref[lo:hi, : batch.slice(lo, hi).response_mask.shape[1]] for lo, hi in bounds
         ]
@@ -193,16 +240,19 @@ def write_advantages(trainer: PolicyTrainer, batch: TrainBatch, groups, shaped, 
             weights,
             beta,
             policy_logprobs=lambda micro: trainer.score(micro.to(trainer.device), entropy=False).logprobs.cpu(),
+            fillers=fillers,
+            dp=dp,
+            version=trainer.version,
         )
     rows = weighted_advantages(algo, groups, weights, rewards)
     batch.advantages[:] = torch.from_numpy(np.concatenate(rows).astype(np.float32))[:, None]
     return {}
 
 
-def proximal_logprobs(trainer: PolicyTrainer, batch: TrainBatch) -> torch.Tensor:
-    """log pi_prox, (B, L-1) on the CPU: the current policy's logprobs of every response token
-    by a no-grad forward pass in micro batches (the same forward the updates run), before any
-    update of the step.
+def proximal_logprobs(trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor:
+    """log pi_prox, (B, L-1) on the CPU: the current policy's logprobs of this rank's response
+    tokens (0 on other ranks' rows, which it never trains on) by a no-grad forward pass in micro
+    batches (the same forward the updates run), before any update of the step.
 
     Every update of the step takes its ratio and clip against these (the decoupled
     objective's proximal policy; plain PPO's old policy), as PPO does over epochs. With
@@ -211,25 +261,32 @@ def proximal_logprobs(trainer: PolicyTrainer, batch: TrainBatch) -> torch.Tensor
     published version to interpolate towards.
     """
     out = torch.zeros_like(batch.behaviour_logprobs)
+    ranges = [shards.own(r) for r in range(trainer.dp.world)]
     trainer.engine.train()  # the mode of the updates' forward passes (dropout, if any)
-    with torch.no_grad():
-        for plan in micro_plans(trainer, batch, 0, len(batch)):
+    with torch.no_grad(), trainer.dp.collective("proximal logprobs", trainer.version):
+        for plan, filler in padded_plans(trainer, batch, ranges, filler_row=0):
             micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
             logprobs = trainer.score(micro, entropy=False, plan=plan).logprobs  # (b, l-1)
-            out[plan.lo : plan.hi, : logprobs.shape[1]] = logprobs.cpu()
+            if not filler:
+                out[plan.lo : plan.hi, : logprobs.shape[1]] = logprobs.cpu()
     return out
 
 
-def update(trainer: PolicyTrainer, step: StepInputs, lo: int, hi: int, sums: Counter) -> None:
-    """One optimizer update on the mini-batch of rows ``lo:hi``: forward/backward by micro
-    batches, gradients accumulated, then the step; its figures are added to ``sums``."""
-    batch = step.batch
+def update(trainer: PolicyTrainer, step: StepInputs, mini: int, sums: Counter) -> None:
+    """One optimizer update on mini-batch ``mini`` (this rank's rows of it): forward/backward by
+    micro batches, gradients accumulated (over the ranks too), then the step; its figures are
+    added to ``sums``.
+
+    The normalisers are the whole mini-batch's, on every rank; each rank's loss is scaled by the
+    number of ranks, as DeepSpeed averages the ranks' gradients (``asyncrl.learner.sharding``)."""
+    batch, world = step.batch, trainer.dp.world
+    lo, hi = step.shards.minis[mini]
     total_tokens = max(int(batch.response_mask[lo:hi].sum().item()), 1)
     num_seqs = int(step.in_loss[lo:hi].sum())
-    plans = micro_plans(trainer, batch, lo, hi)
+    plans = padded_plans(trainer, batch, [[share] for share in step.shards.shares[mini]], filler_row=lo)
     trainer.engine.train()
     update_loss = 0.0
-    for index, plan in enumerate(plans):
+    for index, (plan, filler) in enumerate(plans):
         micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
         # Only the last micro batch is an accumulation boundary: ZeRO-1/2 hand the summed
         # gradients to the optimizer partitions there, not after every micro batch.
@@ -238,9 +295,12 @@ def update(trainer: PolicyTrainer, step: StepInputs, lo: int, hi: int, sums: Cou
         loss, policy_loss, parts, entropy_sum, kl_sum = micro_loss(
             trainer.algo, step, plan, micro, scores, total_tokens, num_seqs
         )
+        if filler:  # its forward and backward keep the collectives in step; it trains nothing
+            trainer.engine.backward(loss * 0.0, scale_wrt_gas=False)
+            continue
+        trainer.engine.backward(loss * world if world > 1 else loss, scale_wrt_gas=False)
         if kl_sum is not None:
             sums["ref_kl_sum"] += float(kl_sum.detach())
-        trainer.engine.backward(loss, scale_wrt_gas=False)
         update_loss += add_micro_figures(
             sums, micro, plan, scores, parts, loss, policy_loss, entropy_sum, step.version_before
         )

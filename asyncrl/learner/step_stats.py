@@ -66,6 +66,30 @@ def add_micro_figures(
     return float(loss.detach())
 
 
+def merge_rank_figures(ranks: list[list[Counter]]) -> list[Counter]:
+    """Each epoch's figures from every learner rank (``ranks[r]``: rank r's epochs) as one rank's
+    would be on the whole batch: sums summed, ``is_weight_max`` the largest, ``update_losses``
+    summed update by update (each rank's is its share of the update's loss), ``lr`` and
+    ``grad_norms`` rank 0's (every rank takes the same update on the same reduced gradient)."""
+    if len(ranks) == 1:
+        return ranks[0]
+    merged = []
+    for parts in zip(*ranks):
+        out: Counter = Counter()
+        for key in sorted(set().union(*parts)):
+            values = [part[key] for part in parts if key in part]
+            if key == "is_weight_max":
+                out[key] = max(values)
+            elif key in ("lr", "grad_norms"):
+                out[key] = parts[0][key]
+            elif key == "update_losses":
+                out[key] = [sum(losses) for losses in zip(*values)]
+            else:
+                out[key] = sum(values)
+        merged.append(out)
+    return merged
+
+
 def step_stats(
     batch: TrainBatch,
     groups: list[Group],

@@ -52,9 +52,10 @@ from asyncrl.learner.batch import TrainBatch, collate
 from asyncrl.learner.checkpoint_io import load_policy_state, save_policy_state
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
 from asyncrl.learner.critic import CriticTrainer
+from asyncrl.learner.data_parallel import DataParallel
 from asyncrl.learner.deepspeed_setup import (
     deepspeed_engine,
-    init_single_process_distributed,
+    init_learner_group,
     optimizer_update,
     set_scheduled_lr,
 )
@@ -71,8 +72,9 @@ from asyncrl.wire.schema import Group
 class PolicyTrainer:
     """The learner's model, optimizer and step counter.
 
-    Every rank of a multi-process learner constructs one and calls ``train_step`` with its own
-    share of the groups (ZeRO averages gradients over ranks); ``full_state_dict`` and
+    Every rank of a multi-process learner (``learner.ranks``) constructs one and calls
+    ``train_step`` with the same whole batch; each trains its own share of the groups
+    (``asyncrl.learner.sharding``). ``full_state_dict``, ``weight_buckets``, ``probe`` and
     ``save_pretrained`` are collective under ZeRO-3 and must be called on every rank.
     """
 
@@ -116,7 +118,9 @@ class PolicyTrainer:
             )
 
         if not torch.distributed.is_initialized():
-            init_single_process_distributed()
+            init_learner_group(cfg.collective_timeout_s)
+        self.dp = DataParallel.of_process(cfg.collective_timeout_s)
+        """This rank's place in the learner's data-parallel group (one rank: a group of one)."""
         torch.manual_seed(cfg.seed)
 
         self.hf_config = AutoConfig.from_pretrained(self.model_dir)

@@ -42,9 +42,13 @@ class WeightsOut:
         """Announce the last version published (cheap; call it on every pass of a loop)."""
         self.publisher.announce()
 
+    def due(self, version: int) -> bool:
+        """Whether the schedule says ``version`` is to be published."""
+        return self.schedule.due(version)
+
     def publish_if_due(self, trainer) -> None:
         """Publish the trainer's weights if the schedule says its version is due."""
-        if self.schedule.due(trainer.version):
+        if self.due(trainer.version):
             self.publish(trainer)
 
     def publish(self, trainer) -> dict:
@@ -76,3 +80,19 @@ def publish_weights(trainer, publisher, wcfg, ctx: LearnerContext) -> dict:
         **stats,
     )
     return stats
+
+
+def take_part_in_publication(trainer, wcfg) -> None:
+    """A learner rank other than 0 while rank 0 publishes: under ZeRO-3 the probe's forward pass
+    and each bucket's gather are collectives, so it runs them too and drops what they give;
+    under ZeRO 0-2 every rank holds the whole weights and rank 0 reads its own alone.
+
+    Rank 0 publishes alone, whatever the transport: one sender per version keeps the generators'
+    side (one subscriber socket, one NCCL group with learner rank 0) as with one rank, and a
+    bucket gathered to every rank costs the same all-gather whoever sends it."""
+    if trainer.cfg.zero_stage != 3:
+        return
+    if wcfg.probe:
+        trainer.probe()
+    for _bucket in trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))):
+        pass

@@ -521,6 +521,8 @@ class FinalEvent(Event, kw_only=True, tag="final"):
 
     peak_rss_bytes: int | None = None
     """Peak RSS of the process and its live descendants."""
+    rank: int | None = None
+    """The learner's rank (``learner.ranks``): rank 0's report carries the learner's counts."""
     # shared by several roles
     version: int | None = None
     held: int | None = None

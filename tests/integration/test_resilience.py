@@ -14,7 +14,7 @@ from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
 from asyncrl.rundir import ledger_replay
-from tests.waits import wait_until
+from tests.integration.kills import kill_at_steps
 
 pytestmark = pytest.mark.slow  # whole runs of real processes, killed and restarted (~80 s)
 
@@ -26,23 +26,6 @@ SIMULATED = [
     "supervision.backoff_initial_s=0.2",
     "run.stall_timeout_s=120",
 ]
-
-
-def kill_at_steps(controller, plan, killed):
-    """SIGKILL the named process once the learner has taken that many steps (of this history)."""
-    for step, name in plan:
-        wait_until(
-            lambda step=step: (
-                controller.progress.steps_seen >= step
-                and controller.supervisor.training
-                and not controller.supervisor.restart_due
-            ),
-            f"the learner's step {step} with no restart due, to kill {name}",
-            timeout=600,
-            interval=0.05,
-        )
-        os.kill(controller.fleet.pid(name), signal.SIGKILL)
-        killed.append(name)
 
 
 def test_killed_generator_reward_worker_buffer_and_learner_lose_nothing(tmp_path, monkeypatch):
