@@ -5,8 +5,9 @@
 Runs a training job (``configs/demo.yaml``'s toy pipeline: real vLLM generators and DeepSpeed
 learner; ``--simulated``: the simulated engines of ``configs/bench_pipeline.yaml``) under the
 controller's supervision, with checkpoints every few steps. A killer thread, seeded, waits a
-random few seconds, SIGKILLs one of a generator, the reward worker, the buffer or the learner,
-waits until the run has recovered (the process is back and the learner has stepped again), and
+random few seconds, SIGKILLs one of a generator, the reward worker, the buffer or the learner
+(and, with ``learner.ranks`` above 1, learner rank 1: ``learner-1``, which takes the whole group
+back to the checkpoint), waits until the run has recovered (the process is back and the learner has stepped again), and
 repeats until ``--kills`` kills are done. Then it lets the run finish and replays the group
 ledger: every uid that was dispatched must be trained once, dropped with a named reason, or held
 at the end.
@@ -32,20 +33,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TARGETS = ("generator", "reward", "buffer", "learner")
+"""Roles whose processes are killed in turn (any of the role's processes)."""
+
+
+def targets(cfg) -> tuple[str, ...]:
+    """The kill rotation: every role of ``TARGETS``, and learner rank 1 by name when the learner
+    has several ranks (``learner`` alone is rank 0)."""
+    return TARGETS + (("learner-1",) if cfg.learner.ranks > 1 else ())
 
 
 def killer(controller, kills: int, seed: int, gap_s: tuple[float, float], log: list, stop: threading.Event) -> None:
     """Kill ``kills`` components at seeded random moments, each after the run recovered."""
     rng = random.Random(seed)
+    rotation = targets(controller.cfg)
     while len(log) < kills and not stop.is_set():
         if stop.wait(rng.uniform(*gap_s)):
             return
         fleet = getattr(controller, "fleet", None)
         if fleet is None or not controller.supervisor.training or controller.progress.learner_done is not None:
             continue
-        role = TARGETS[len(log) % len(TARGETS)] if len(log) < len(TARGETS) else rng.choice(TARGETS)
+        target = rotation[len(log) % len(rotation)] if len(log) < len(rotation) else rng.choice(rotation)
         dead = fleet.dead()
-        names = [n for n in fleet.names(role) if n not in dead and n not in controller.supervisor.restart_due]
+        candidates = [target] if target in fleet.procs else fleet.names(target)  # a process, or a role
+        if target == "learner":
+            candidates = ["learner"]  # rank 0; rank 1 is its own target
+        names = [n for n in candidates if n not in dead and n not in controller.supervisor.restart_due]
         if not names:
             continue
         name = rng.choice(names)

@@ -58,7 +58,12 @@ def init_learner_group(timeout_s: float, backend: str | None = None) -> None:
         deepspeed.utils.groups._WORLD_GROUP = None
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # DeepSpeed makes groups of its own (a clone of the world, which its gradient collectives run
+    # on) with new_group's default timeout, 30 minutes, not the world's: make ours the default.
+    torch.distributed.distributed_c10d.default_pg_timeout = timeout
+    torch.distributed.distributed_c10d.default_pg_nccl_timeout = timeout
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
 def deepspeed_config(cfg: TrainerConfig) -> dict:

@@ -57,7 +57,13 @@ def make_fleet(tmp_path, cluster, bind_host="127.0.0.1", placement=PLACEMENT, ti
     (endpoints or Endpoints.allocate()).save(tmp_path)
     launcher = LauncherConfig(kind="ray", address=cluster.address, bind_host=bind_host, placement_timeout_s=timeout)
     return StandInFleet(
-        tmp_path, tmp_path / "model", {"ASYNCRL_TEST": "yes"}, launcher, placement, ["buffer", "reward", "learner"]
+        tmp_path,
+        tmp_path / "model",
+        {"ASYNCRL_TEST": "yes"},
+        launcher,
+        placement,
+        ["buffer", "reward", "learner"],
+        learner_ranks=placement.learner.count or 1,
     )
 
 
