@@ -89,7 +89,7 @@ def train_step(trainer: PolicyTrainer, groups: list[Group], weights=None) -> dic
     beta = trainer.kl_controller.value
     shards = shard_plan(groups, trainer.mini_batches, dp.world)
     groups = [groups[i] for i in shards.order]  # each rank's share of a mini-batch: one run of rows
-    if weights is not None:
+    if weights is not None and len(weights) == len(groups):  # a wrong count: weighted_advantages names it
         weights = [weights[i] for i in shards.order]
     batch, shaped, truncated = collate_step(algo, groups, trainer.pad_id)
     in_loss = ~truncated if algo.truncation.mode == "mask" else torch.ones_like(truncated)  # (B,)
