@@ -1,7 +1,7 @@
 """The simulated pipeline (simulated engines, every other process real) launched on a Ray cluster
 of three nodes on this machine: placed by labels, trained to the end, every sample accounted for;
 then the same with a node removed mid-run, whose components supervision restarts on a live node;
-and the real pipeline (vLLM generators, DeepSpeed learner) over two nodes."""
+and the real pipeline (vLLM generators, a DeepSpeed learner of two ranks) over two nodes."""
 
 from __future__ import annotations
 
@@ -144,9 +144,9 @@ def test_a_run_survives_losing_a_node_with_its_generators_and_reward_worker(tmp_
         assert [r["node_id"] for r in starts[name]] == [lost["node_id"], spare], starts[name]
 
 
-def test_real_vllm_generators_and_a_deepspeed_learner_on_two_nodes(tmp_path):
+def test_real_vllm_generators_and_a_deepspeed_learner_of_two_ranks_on_two_nodes(tmp_path):
     with local_cluster(
-        head_cpus=4, head_labels={"pool": "main"}, nodes=[{"num_cpus": 2, "labels": {"pool": "gen"}}]
+        head_cpus=5, head_labels={"pool": "main"}, nodes=[{"num_cpus": 2, "labels": {"pool": "gen"}}]
     ) as c:
         cfg = load_config(
             "configs/demo.yaml",
@@ -155,6 +155,7 @@ def test_real_vllm_generators_and_a_deepspeed_learner_on_two_nodes(tmp_path):
                 "run.name=vllm",
                 "run.console=quiet",
                 "learner.total_steps=4",
+                "learner.ranks=2",  # one placement group, both bundles on the main node
                 "learner.broadcast_every=2",
                 "learner.batch_groups=4",
                 "generator.prompts_per_batch=4",
@@ -176,3 +177,4 @@ def test_real_vllm_generators_and_a_deepspeed_learner_on_two_nodes(tmp_path):
         "generator-0": "gen",
         "generator-1": "gen",
     }
+    assert {starts[name][-1]["labels"]["pool"] for name in ("learner", "learner-1")} == {"main"}
