@@ -33,6 +33,7 @@ from asyncrl.wire.messages import (
     ErrorEvent,
     EvalResult,
     Event,
+    HeartbeatEvent,
     ReadyEvent,
     RequeuedEvent,
     StepEvent,
@@ -134,6 +135,8 @@ class EventRouter:
             return
         elif isinstance(ev, ReadyEvent) and ev.role == "generator":
             self.progress.generator_versions[ev.source] = ev.version or 0
+        elif isinstance(ev, HeartbeatEvent):
+            return  # it only keeps its source's last word fresh (``ProcessReports``, supervision)
         self.console.update(ev.as_map())
 
 

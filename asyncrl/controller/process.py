@@ -185,6 +185,7 @@ class Controller:
         )
 
         def supervise() -> None:
+            self.supervisor.check_joined(self.reports, commands)
             why = self.supervisor.check(fleet, commands)
             if why is not None:
                 lifecycle.restore(why)

@@ -1,6 +1,9 @@
 """What the controller does when a component process dies, by the rules of
 ``asyncrl.fleet.supervision``: restart a stateless one after its backoff and have the dispatcher
 hand out again what it may have held, or have the whole run restored from its last checkpoint.
+A process that joined by address (``asyncrl.fleet.join``) is not this controller's to restart
+or watch by PID: its silence past ``supervision.joined_timeout_s`` (it sends heartbeats) is taken
+for its death, what it held is handed out again, and the death is reported like any other.
 
 Supervision acts only while the run trains (``training``); a death during start-up or the stop
 is an error, and so is one past ``supervision.max_restarts``.
@@ -47,6 +50,8 @@ class Supervisor:
         """Name -> monotonic time of its scheduled restart."""
         self.deaths: list[dict] = []
         self.restores = 0
+        self.silent: set[str] = set()
+        """Joined processes taken for dead (until heard from again)."""
 
     def check(self, fleet: ProcessFleet | RayFleet, commands: CommandSender) -> str | None:
         """Act on deaths: schedule restarts (and requeues), start what is due. Returns why the
@@ -83,6 +88,36 @@ class Supervisor:
                 del self.restart_due[name]
                 fleet.restart(name, {"ASYNCRL_RESUME": ""})  # stateless, or the buffer started empty
         return None
+
+    def check_joined(self, reports: ProcessReports, commands: CommandSender, now: float | None = None) -> None:
+        """Take a joined process silent for ``joined_timeout_s`` for dead (while the run trains):
+        report it, leave it out of the stop's wait, and have the dispatcher hand out again what
+        it may have held. One heard from again is back in the run (what it still held then
+        arrives as copies, which the ids keep from being trained twice)."""
+        now = time.monotonic() if now is None else now
+        for name in [n for n in self.silent if now - reports.last_event_at.get(n, 0.0) < self.cfg.joined_timeout_s]:
+            self.silent.discard(name)
+            log.warning("%s, taken for dead, is heard from again", name)
+        if not self.training:
+            return
+        for name, role in list(reports.joined.items()):
+            silent_s = now - reports.last_event_at.get(name, now)
+            if name in reports.finals or silent_s < self.cfg.joined_timeout_s:
+                continue
+            self.silent.add(name)
+            del reports.joined[name]  # not waited for at the stop; an event brings it back
+            self.deaths.append(
+                {"name": name, "role": role, "exit_code": None, "joined": True, "t": now - self.progress.go_at}
+            )
+            log.error(
+                "%s joined the run by address and has not been heard from for %.0f s: taken for dead", name, silent_s
+            )
+            scope = REQUEUE_SCOPE.get(role)
+            if scope is not None:
+                generator = name if role == "generator" else None
+                commands.send(
+                    "dispatcher", RequeueCommand(scope=scope, generator=generator), ack=f"requeue@{name}@{now}"
+                )
 
     def on_error(self, ev: ErrorEvent) -> None:
         """A process reported a failure: while supervision acts, its exit is what counts;

@@ -122,3 +122,7 @@ class SupervisionConfig(Config):
     """Wait before the first restart of a component."""
     backoff_max_s: float = Field(30.0, ge=0)
     """The wait doubles with each restart of the same component, up to this."""
+    joined_timeout_s: float = Field(30.0, ge=5)
+    """Seconds without a word from a process that joined by address (``asyncrl generator
+    --connect``, ``asyncrl reward-worker --connect``; each sends a heartbeat every 2 s) after
+    which it is taken for dead: what it held is handed out again, and the death reported."""

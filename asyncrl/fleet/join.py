@@ -4,7 +4,10 @@ and ``asyncrl reward-worker --connect RUN_DIR|ADDRESS``.
 Each reads the run's resolved config and endpoints from the run directory, or asks the run's
 first reward worker for them at its ``reward_share`` address (``fetch_run``), then runs the same
 loop as the controller's own processes of its role. The controller hears its events like any
-process's, so its final counts enter the run's accounting.
+process's, so its final counts enter the run's accounting. The controller cannot see such a
+process die: each sends a heartbeat every ``HEARTBEAT_S`` from a thread of its own (on its own
+socket), and the controller takes ``supervision.joined_timeout_s`` of silence for a death
+(``asyncrl.controller.supervision``): what the process held is handed out again.
 
 A joined generator takes prompts from the dispatcher (which admits by the same staleness budget,
 whoever asks), sends groups to the reward workers, and loads the newest published weights before
@@ -17,14 +20,15 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from pathlib import Path
 
 from asyncrl.config import RunConfig
 from asyncrl.configbase import apply_overrides
 from asyncrl.fleet.context import ProcessContext, configure_process
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import Run, WantRun
-from asyncrl.wire.sockets import RequestClient
+from asyncrl.wire.messages import HeartbeatEvent, Run, WantRun
+from asyncrl.wire.sockets import RequestClient, StreamSender
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +36,42 @@ SECTIONS = ("generator.", "engine.", "sampling.")
 """The config sections a joining generator may override (the rest is the run's)."""
 REWARD_SECTIONS = ("reward.",)
 """The config section a joining reward worker may override."""
+HEARTBEAT_S = 2.0
+"""Seconds between a joined process's heartbeats (``supervision.joined_timeout_s`` is many of them)."""
 
 
 class JoinedContext(ProcessContext):
-    """A process context that also stops when this process is told to leave by a signal."""
+    """A process context that also stops when this process is told to leave by a signal, and
+    sends the controller a heartbeat every ``HEARTBEAT_S`` until it is closed."""
 
     leaving = False
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._closing = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}.heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """Heartbeats on a socket of this thread's own (a ZeroMQ socket belongs to one thread); a
+        beat the controller does not take within a period is dropped: the next one follows."""
+        sender = StreamSender(self.endpoints.events, name=f"{self.name}.heartbeat", hwm=4)
+        try:
+            while not self._closing.wait(HEARTBEAT_S):
+                try:
+                    sender.send(HeartbeatEvent(source=self.name, role=self.role), timeout=HEARTBEAT_S)
+                except TimeoutError:
+                    pass
+        finally:
+            sender.close()
+
     def stop_requested(self) -> bool:
         return self.leaving or super().stop_requested()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._heartbeat.join(timeout=2 * HEARTBEAT_S + 1)
+        super().close()
 
 
 def fetch_run(address: str, timeout: float = 30.0) -> tuple[RunConfig, Endpoints]:
@@ -118,9 +149,9 @@ def run_joined_reward_worker(connect: str, name: str, overrides: list[str]) -> i
     configure_process()
     if "://" in connect:  # an address: the owner of the stream tells us the run's config and endpoints
         cfg, endpoints = fetch_run(connect)
-        ctx = ProcessContext("reward", name, None, cfg, endpoints)
+        ctx = JoinedContext("reward", name, None, cfg, endpoints)
     else:
-        ctx = ProcessContext("reward", name, connect)
+        ctx = JoinedContext("reward", name, connect)
     ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
     try:
         run_reward_worker(ctx, owner=False)

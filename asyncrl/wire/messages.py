@@ -515,6 +515,11 @@ class VersionEvent(Event, kw_only=True, tag="version"):
     probe_diff: float | None = None
 
 
+class HeartbeatEvent(Event, kw_only=True, tag="heartbeat"):
+    """A process that joined by address is alive (every ``asyncrl.fleet.join.HEARTBEAT_S``): the
+    controller, which did not start it and cannot see it die, takes its silence for a death."""
+
+
 class FinalEvent(Event, kw_only=True, tag="final"):
     """A process's last counters, before it exits; each role sends its own (the controller's
     accounting, ``asyncrl.controller.accounting``, reconciles them)."""
@@ -574,6 +579,7 @@ EVENTS: dict[str, type[Event]] = {
         DoneEvent,
         BroadcastEvent,
         VersionEvent,
+        HeartbeatEvent,
         FinalEvent,
     )
 }

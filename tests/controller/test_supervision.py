@@ -66,3 +66,27 @@ def test_a_death_outside_training_or_past_the_restarts_stops_the_run(tmp_path):
     s, commands = supervisor(tmp_path, max_restarts=0)
     with pytest.raises(RunError, match="after 0 restarts: giving up"):
         s.check(fleet, commands)
+
+
+def test_a_joined_process_silent_past_the_timeout_is_taken_for_dead_and_its_work_requeued(tmp_path):
+    from asyncrl.wire.messages import HeartbeatEvent
+
+    s, commands = supervisor(tmp_path, joined_timeout_s=10)
+    reports = s.reports
+    for name, role in (("gen-hot-1", "generator"), ("reward-hot-2", "reward")):
+        reports.record(HeartbeatEvent(source=name, role=role), started_here=False)
+    beat = reports.last_event_at["gen-hot-1"]
+    s.check_joined(reports, commands, now=beat + 9)
+    assert commands.publisher.sent == [] and s.deaths == []
+    reports.last_event_at["reward-hot-2"] = beat + 9  # the reward worker beats on
+    s.check_joined(reports, commands, now=beat + 11)
+    (body,) = commands.publisher.sent
+    assert body.command == "requeue" and body.scope == "generator" and body.generator == "gen-hot-1"
+    assert [(d["name"], d["joined"]) for d in s.deaths] == [("gen-hot-1", True)]
+    assert reports.joined_without_final(["generator", "reward"]) == ["reward-hot-2"]  # the stop waits for no ghost
+    s.check_joined(reports, commands, now=beat + 30)  # reported once
+    assert len(s.deaths) == 2 and s.deaths[1]["name"] == "reward-hot-2"
+    assert commands.publisher.sent[1].scope == "in_flight"
+    reports.record(HeartbeatEvent(source="gen-hot-1", role="generator"), started_here=False)  # it was only slow
+    s.check_joined(reports, commands, now=reports.last_event_at["gen-hot-1"] + 1)
+    assert "gen-hot-1" in reports.joined and "gen-hot-1" not in s.silent and len(s.deaths) == 2
