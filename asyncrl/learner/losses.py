@@ -39,7 +39,7 @@ import torch
 
 from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.policy_losses import CLIP_DUAL, CLIP_HIGH, CLIP_LOW, POLICY_LOSSES
-from asyncrl.learner.rejection import REJECTIONS, batch_normalised_weights
+from asyncrl.learner.rejection import REJECTIONS, batch_normalised_weights, weight_sums
 
 _MAX_LOG_WEIGHT = 20.0  # exp(20) ~ 5e8: the log of an importance weight is clamped here before exp
 
@@ -280,6 +280,41 @@ def value_loss(
 # composition
 
 
+def corrected_weights(
+    proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, algo: AlgorithmConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``CORRECTIONS[algo.correction]``, then ``REJECTIONS[algo.rejection]`` on top: (anchor, w, keep),
+    each (B, T); a rejected token's keep and weight are 0."""
+    anchor, weight, keep = CORRECTIONS[algo.correction](
+        proximal_logprobs,
+        behaviour_logprobs,
+        mask,
+        level=algo.correction_level,
+        cap=algo.is_cap,
+        low=algo.mis_low,
+        high=algo.mis_high,
+    )
+    if algo.rejection != "none":
+        reject = REJECTIONS[algo.rejection](proximal_logprobs - behaviour_logprobs, mask, algo.rejection_threshold)
+        keep, weight = keep * reject, weight * reject
+    return anchor, weight, keep
+
+
+def _weight_level(algo: AlgorithmConfig) -> str:
+    """Whether the importance weights are one per token or one per sequence."""
+    return algo.correction_level if algo.correction in ("tis", "mis") else "token"
+
+
+def batch_weight_sums(
+    proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, algo: AlgorithmConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, count) of the corrected importance weights of these rows (``weight_sums``), for
+    ``is_batch_normalise`` over a whole mini-batch: sums of its parts add up to its."""
+    proximal_logprobs, behaviour_logprobs = proximal_logprobs.float(), behaviour_logprobs.float()
+    _, weight, keep = corrected_weights(proximal_logprobs, behaviour_logprobs, mask.to(torch.float32), algo)
+    return weight_sums(weight, keep, _weight_level(algo))
+
+
 def compute_policy_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,
@@ -290,6 +325,7 @@ def compute_policy_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     norm_tokens: float | None = None,
+    weight_totals: tuple | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy loss ``algo`` (an ``AlgorithmConfig``) names, and its per-token parts.
 
@@ -306,6 +342,8 @@ def compute_policy_loss(
         behaviour_logprobs: (B, T) log mu from the generator. advantages, mask: (B, T).
         num_tokens, num_seqs: the whole batch's response tokens and sequences, when this is one
             micro batch of it (None: this tensor's). norm_tokens: seq-mean-token-sum-norm's constant.
+        weight_totals: ``is_batch_normalise``'s (sum, count) of the whole batch's weights
+            (``batch_weight_sums``), when this is one micro batch of it (None: this tensor's).
 
     Returns:
         ``(loss, parts)``: the scalar loss and detached (B, T) tensors for statistics:
@@ -328,21 +366,9 @@ def compute_policy_loss(
     advantages = advantages.detach().float()
     mask = mask.to(torch.float32)
 
-    anchor, weight, keep = CORRECTIONS[algo.correction](
-        proximal_logprobs,
-        behaviour_logprobs,
-        mask,
-        level=algo.correction_level,
-        cap=algo.is_cap,
-        low=algo.mis_low,
-        high=algo.mis_high,
-    )
-    if algo.rejection != "none":  # on top of the correction: rejected tokens leave the loss
-        reject = REJECTIONS[algo.rejection](proximal_logprobs - behaviour_logprobs, mask, algo.rejection_threshold)
-        keep, weight = keep * reject, weight * reject
+    anchor, weight, keep = corrected_weights(proximal_logprobs, behaviour_logprobs, mask, algo)
     if algo.is_batch_normalise:
-        level = algo.correction_level if algo.correction in ("tis", "mis") else "token"
-        weight = batch_normalised_weights(weight, keep, level)
+        weight = batch_normalised_weights(weight, keep, _weight_level(algo), weight_totals)
     pg_loss, clip = POLICY_LOSSES[algo.policy_loss](
         logprobs,
         anchor,

@@ -80,8 +80,28 @@ SEQUENCE_REJECTIONS = frozenset({"seq_mean_k3", "seq_max_k2"})
 """The criteria that keep or drop whole sequences."""
 
 
-def batch_normalised_weights(weights: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
-    """Importance weights scaled to mean 1 over the tokens (or sequences) in ``mask``.
+def weight_sums(weights: torch.Tensor, mask: torch.Tensor, level: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, count) of the importance weights in ``mask``: over tokens, or over sequences (each
+    row's weight, the mean of its kept tokens', once per row that has any). Sums of parts add
+    up to the whole's, so a mini-batch's mean can be gathered from its micro batches and ranks."""
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level ({level!r}) must be 'token' or 'sequence'")
+    mask = mask.to(weights.dtype)
+    if level == "token":
+        return (weights * mask).sum(), mask.sum()
+    tokens = mask.sum(dim=1)  # (B,)
+    per_row = (weights * mask).sum(dim=1) / tokens.clamp(min=1.0)  # (B,) each row's weight
+    rows = (tokens > 0).to(weights.dtype)
+    return (per_row * rows).sum(), rows.sum()
+
+
+def batch_normalised_weights(
+    weights: torch.Tensor,
+    mask: torch.Tensor,
+    level: str = "token",
+    sums: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
+) -> torch.Tensor:
+    """Importance weights scaled to mean 1 over the tokens (or sequences) of a batch.
 
         token:     w_t / (sum_t mask_t w_t / sum_t mask_t)
         sequence:  w_i / mean_{i : |y_i| > 0} w_i          (w_i: sequence i's weight, one per row)
@@ -89,19 +109,12 @@ def batch_normalised_weights(weights: torch.Tensor, mask: torch.Tensor, level: s
     After truncation (tis) or masking (mis) the weights' mean drifts below 1 and scales the
     whole gradient down with the mismatch; normalising keeps the step size and leaves only the
     weights' relative sizes (verl's ``rollout_is_batch_normalize``; self-normalised importance
-    sampling, a little bias for less variance). The mean is over the tensors given: the
-    learner applies it per micro batch, so it is the mini-batch's exactly when one micro batch
-    holds the mini-batch (``learner.trainer.micro_batch_size``). A mean below 1e-8 leaves the
+    sampling, a little bias for less variance). ``sums``: the batch's ``weight_sums`` when
+    ``weights`` is one micro batch of it; None: this tensor's, which is what the learner's step
+    uses today (each micro batch normalised by its own mean). A mean below 1e-8 leaves the
     weights as they are.
     """
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level ({level!r}) must be 'token' or 'sequence'")
-    mask = mask.to(weights.dtype)
-    if level == "token":
-        mean = (weights * mask).sum() / mask.sum().clamp(min=1.0)
-    else:
-        tokens = mask.sum(dim=1)  # (B,)
-        per_row = (weights * mask).sum(dim=1) / tokens.clamp(min=1.0)  # (B,) each row's weight
-        rows = (tokens > 0).to(weights.dtype)
-        mean = (per_row * rows).sum() / rows.sum().clamp(min=1.0)
+    total, count = weight_sums(weights, mask, level) if sums is None else sums
+    as_tensor = lambda x: torch.as_tensor(x, dtype=weights.dtype, device=weights.device)  # noqa: E731
+    mean = as_tensor(total) / as_tensor(count).clamp(min=1.0)
     return torch.where(mean > 1e-8, weights / mean.clamp(min=1e-8), weights)  # no host sync

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncrl.learner.config import AlgorithmConfig
-from asyncrl.learner.losses import compute_policy_loss
+from asyncrl.learner.losses import batch_weight_sums, compute_policy_loss
 from asyncrl.learner.rejection import REJECTIONS, batch_normalised_weights, k2_divergence, k3_divergence
 
 ln = math.log
@@ -89,3 +89,32 @@ def test_rejection_and_normalisation_in_the_policy_loss():
 def test_config_names_the_keys(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AlgorithmConfig(**kwargs)
+
+
+@pytest.mark.parametrize("correction, level", [("tis", "token"), ("mis", "sequence"), ("decoupled", "token")])
+def test_micro_batches_normalised_by_the_batchs_sums_add_up_to_the_batch(correction, level):
+    g = torch.Generator().manual_seed(0)
+    prox = -torch.rand(6, 4, generator=g) * 3
+    mu = prox + 0.5 * torch.randn(6, 4, generator=g)
+    lp = (prox + 0.1 * torch.randn(6, 4, generator=g)).requires_grad_(True)
+    adv = torch.randn(6, 1, generator=g).expand(6, 4)
+    mask = torch.ones(6, 4)
+    mask[2, 2:] = 0
+    algo = AlgorithmConfig(
+        correction=correction, correction_level=level, is_cap=3.0, mis_low=0.1, mis_high=10.0, is_batch_normalise=True
+    )
+    whole, _ = compute_policy_loss(lp, prox, mu, adv, mask, algo, num_tokens=mask.sum())
+    sums = batch_weight_sums(prox, mu, mask, algo)
+    parts = [
+        compute_policy_loss(
+            lp[a:b], prox[a:b], mu[a:b], adv[a:b], mask[a:b], algo, num_tokens=mask.sum(), weight_totals=sums
+        )[0]
+        for a, b in ((0, 2), (2, 6))
+    ]
+    assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-5)
+    # each micro batch normalised by its own mean would not add up
+    alone = sum(
+        compute_policy_loss(lp[a:b], prox[a:b], mu[a:b], adv[a:b], mask[a:b], algo, num_tokens=mask.sum())[0]
+        for a, b in ((0, 2), (2, 6))
+    )
+    assert alone.item() != pytest.approx(whole.item(), rel=1e-3)
