@@ -170,8 +170,8 @@ def critic_advantages(
 
     With several learner ranks (``dp``) ``bounds`` are this rank's micro batches, the last
     ``fillers`` of them only there so that every rank runs as many critic passes (their loss is
-    multiplied by 0, their advantages dropped); the advantages of every rank's rows are summed into every rank's batch
-    before the whitening, and the stats summed over the ranks.
+    multiplied by 0, their advantages dropped); the advantages of every rank's rows are summed
+    into every rank's batch before the whitening, and the stats summed over the ranks.
     """
     dp = dp if dp is not None else DataParallel()
     micros = [batch.slice(lo, hi) for lo, hi in bounds]

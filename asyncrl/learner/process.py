@@ -15,9 +15,9 @@ Each pass of the loop is five named steps:
 When the buffer may hand a group out more than once (``buffer.max_times_sampled != 1``),
 ``trained`` counts each sample once, by its group's id (``trained_ids``, kept in checkpoints),
 while ``trained_with_reuse`` counts every time it was trained, and under a prioritized sampler
-the groups' new priorities (their mean |advantage|) go back with the next request. At the end the final model is saved as a
-Hugging Face directory in ``RUN_DIR/final``, and late batches are held until the controller
-stops the learner.
+the groups' new priorities (their mean |advantage|) go back with the next request. At the end
+the final model is saved as a Hugging Face directory in ``RUN_DIR/final``, and late batches are
+held until the controller stops the learner.
 
 With ``learner.ranks: N`` this loop is rank 0's (the process named ``learner``): only it talks to
 the buffer, the generators and the controller, and before each thing the whole group must do

@@ -176,11 +176,11 @@ def padded_plans(
     trainer: PolicyTrainer, batch: TrainBatch, ranges: list[list[tuple[int, int]]], filler_row: int
 ) -> list[tuple[MicroBatchPlan, bool]]:
     """This rank's micro batches of its ``ranges[rank]`` (``ranges[r]``: rank r's row ranges),
-    then fillers (``True``: the plan of row ``filler_row``, to run with its response mask zeroed)
-    until it has as many as the rank with the most: every rank then enters DeepSpeed's
-    per-pass collectives equally often. A filler runs the real row's forward (every module and
-    parameter takes part, as ZeRO's hooks expect) and its loss is multiplied by 0. Every rank computes every rank's plans: they are
-    functions of the whole batch, which every rank has."""
+    then fillers (``True``: the plan of row ``filler_row``) until it has as many as the rank with
+    the most: every rank then enters DeepSpeed's per-pass collectives equally often. A filler runs
+    the real row's forward (every module and parameter takes part, as ZeRO's hooks expect) and its
+    loss is multiplied by 0. Every rank computes every rank's plans: they are functions of the
+    whole batch, which every rank has."""
     rank = trainer.dp.rank
     counts = [sum(len(micro_plans(trainer, batch, lo, hi)) for lo, hi in rank_ranges) for rank_ranges in ranges]
     own = [(plan, False) for lo, hi in ranges[rank] for plan in micro_plans(trainer, batch, lo, hi)]
