@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import signal
 import socket
 import subprocess
@@ -114,7 +115,7 @@ async def run_level(url: str, concurrency: int, rounds: int) -> dict:
 class _OutageDriver:
     """A reward worker's load on the client (``asyncrl.rewards.worker`` with ``on_failure:
     requeue``): ``lanes`` groups of 8 scored at once; a group with unscored samples waits
-    ``requeue_s`` and is scored again (only those samples are requested again; see
+    ``requeue_s`` (± the worker's jitter) and is scored again (only those samples are requested again; see
     ``asyncrl.rewards.base.score_with``), at most ``max_requeues`` times, then dropped; fresh groups
     from an endless supply while fewer than ``queue_groups`` wait (the worker's bounded intake)."""
 
@@ -143,6 +144,7 @@ class _OutageDriver:
 
     async def _lane(self, until: float) -> None:
         from asyncrl.rewards.base import score_with
+        from asyncrl.rewards.worker import REQUEUE_JITTER
 
         while time.monotonic() < until:
             item = self._take()
@@ -157,7 +159,8 @@ class _OutageDriver:
             if group.scored:
                 continue
             if requeues < self.max_requeues:
-                self.waiting.append((now + self.requeue_s, group, known, requeues + 1))
+                delay = self.requeue_s * random.uniform(1 - REQUEUE_JITTER, 1 + REQUEUE_JITTER)
+                self.waiting.append((now + delay, group, known, requeues + 1))
             else:
                 self.dropped += len(group.samples)
             await asyncio.sleep(0)  # a group failing at once (open breaker) must not starve the loop

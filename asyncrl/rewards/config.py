@@ -25,6 +25,6 @@ class RewardConfig(Config):
     """With on_failure=requeue: times a group is scored again before it is forwarded unscored (the HTTP
     rewards re-request only the samples they have not scored yet)."""
     requeue_delay_s: float = Field(2.0, ge=0)
-    """With on_failure=requeue: seconds before a group is scored again."""
+    """With on_failure=requeue: seconds before a group is scored again, ±50 % at random (groups that failed together return spread out)."""
     request_timeout_s: float = Field(5.0, gt=0)
     """A hot-plugged worker's wait for the owner's reply to a request for work."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,6 +26,11 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.1
 """Seconds between a busy or leaving hot-plugged worker's reports of what it holds."""
+
+REQUEUE_JITTER = 0.5
+"""A requeued group waits ``requeue_delay_s`` × uniform(1 - j, 1 + j): groups that failed together
+(an API outage) come back spread out, not in one wave, so the circuit breaker's probe goes as soon
+as its cooldown ends and the slots refill as soon as the API is back."""
 
 
 @dataclass
@@ -222,7 +228,8 @@ class RewardWorker:
         if not group.scored and self.cfg.on_failure == "requeue" and item.requeues < self.cfg.max_requeues:
             self.requeued += len(group.samples)
             group.meta["requeues"] = item.requeues + 1
-            ready_at = time.monotonic() + self.cfg.requeue_delay_s
+            delay = self.cfg.requeue_delay_s * random.uniform(1 - REQUEUE_JITTER, 1 + REQUEUE_JITTER)
+            ready_at = time.monotonic() + delay
             self.waiting.append(_Waiting(group, ready_at, item.requeues + 1, item.known))
             return
         if not group.scored:
