@@ -5,6 +5,13 @@ checkpoint holds) the dispatcher keeps its prompt row, and learns what became of
 buffer's status (inserted, dropped, trained). When the controller reports a death, or a group's
 lease runs out unseen, the rows that may have been lost are dispatched again, first, under the
 same group id; their slots were admitted already.
+
+A dead reward worker or buffer took with it only what it held; the groups still being sampled
+upstream reach the restarted process in a few seconds. Those (dispatched, not yet in the buffer)
+are not queued at once but given a short lease (``grace_s``): one that turns up in the buffer
+meanwhile is not sampled a second time, and one that does not goes out again when that lease
+runs out. A copy sent at once ran beside its original outside the staleness budget, and
+whichever of the two came second was dropped (as a duplicate, or as stale in the buffer).
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ class Outstanding:
     """
 
     lease_s: float = 600.0
+    grace_s: float = 0.0
+    """Seconds the groups not yet in the buffer are given to turn up there after a reward worker
+    or the buffer died, before they are dispatched again (0: at once)."""
     entries: dict[str, Entry] = field(default_factory=dict)
     again: deque = field(default_factory=deque)
     """Rows to dispatch again, before any new prompt."""
@@ -94,14 +104,16 @@ class Outstanding:
             del self.entries[gid]
 
     def requeue(self, scope: str, generator: str | None = None, now: float | None = None) -> int:
-        """Queue again the groups a failure may have lost; returns how many.
+        """Queue again the groups a failure may have lost; returns how many are queued now.
 
         ``generator``: those dispatched to that generator and not yet in the buffer;
         ``in_flight``: every group not yet in the buffer (a reward worker died);
         ``buffered``: every group not yet trained (the buffer died);
         ``expired``: groups not in the buffer after ``lease_s`` (``now`` required).
+        For ``in_flight`` and ``buffered`` with ``grace_s`` > 0 (``now`` required), the groups
+        not yet in the buffer are not queued but leased for ``grace_s`` more seconds
+        (``shorten_leases``): most are still upstream of the dead process.
         """
-        queued = {r["group_id"] for r in self.again}
         states = {"generator": (DISPATCHED,), "in_flight": (DISPATCHED,), "buffered": (DISPATCHED, BUFFERED)}
         if scope == "expired":
             picked = [e for e in self.entries.values() if e.state == DISPATCHED and now - e.at > self.lease_s]
@@ -109,8 +121,25 @@ class Outstanding:
             picked = [e for e in self.entries.values() if e.state in states[scope]]
             if scope == "generator":
                 picked = [e for e in picked if e.generator == generator]
+            elif self.grace_s > 0:
+                self.shorten_leases([e for e in picked if e.state == DISPATCHED], now)
+                picked = [e for e in picked if e.state != DISPATCHED]
         else:
             raise ValueError(f"requeue scope {scope!r} is not one of generator, in_flight, buffered, expired")
+        return self._queue(picked)
+
+    def shorten_leases(self, entries: list[Entry], now: float | None) -> None:
+        """Let ``entries`` expire ``grace_s`` seconds from ``now`` unless the buffer sees them first
+        (a group already queued, or already due sooner, is left as it is)."""
+        if now is None:
+            raise ValueError(f"a requeue with grace_s ({self.grace_s}) > 0 needs the time now")
+        at = now + self.grace_s - self.lease_s
+        for e in entries:
+            if e.at != float("inf"):
+                e.at = min(e.at, at)
+
+    def _queue(self, picked: list[Entry]) -> int:
+        queued = {r["group_id"] for r in self.again}
         picked = [e for e in picked if e.row["group_id"] not in queued]
         for e in picked:
             e.state, e.at = DISPATCHED, float("inf")  # not expired again while it waits in the queue

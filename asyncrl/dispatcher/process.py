@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 from asyncrl.dispatcher.admission import Admission
@@ -39,6 +40,8 @@ LEASE_CHECK_S = 1.0
 READ_WAIT_S = 0.05
 """Seconds a turn waits for a request when none is queued."""
 GO_POLL_S = 0.05
+BUDGET_REPORT_S = 5.0
+"""Seconds between two debug reports of the budget's counters."""
 
 
 class Dispatcher:
@@ -51,6 +54,7 @@ class Dispatcher:
         self.status = BufferStatusFeed(ctx.endpoints.buffer_status)
         self.nudged: dict[str, int] = {}  # generator -> the version it was last told to move on from
         self.last_lease_check = time.monotonic()
+        self.last_report = time.monotonic()
 
     @classmethod
     def from_context(cls, ctx: DispatcherContext, model_dir: str | None) -> Dispatcher:
@@ -59,7 +63,11 @@ class Dispatcher:
         cfg = ctx.cfg
         cursor = PromptCursor(load_run_prompts(cfg, "train", model_dir), cfg.run.seed, cfg.dispatcher.epochs)
         admission = Admission(cfg.learner.batch_groups, cfg.buffer.max_staleness)
-        outstanding = Outstanding(lease_s=cfg.dispatcher.lease_s, keep_trained=cfg.checkpoint.every_steps > 0)
+        outstanding = Outstanding(
+            lease_s=cfg.dispatcher.lease_s,
+            grace_s=cfg.dispatcher.requeue_grace_s,
+            keep_trained=cfg.checkpoint.every_steps > 0,
+        )
         if ctx.resume_dir is not None:
             restored = restore_dispatcher(ctx.resume_dir, cursor, admission, outstanding)
             log.info("dispatcher: resumed from %s: %s", ctx.resume_dir, restored)
@@ -80,6 +88,24 @@ class Dispatcher:
         self.requests.expire(now)
         self.serve(now)
         self.nudge_behind()
+        self.report_budget(now)
+
+    def report_budget(self, now: float) -> None:
+        """Every few seconds, at debug level: the budget's counters and what is outstanding, by
+        state (what a run that drops too much as stale is diagnosed from)."""
+        if now - self.last_report <= BUDGET_REPORT_S or not log.isEnabledFor(logging.DEBUG):
+            return
+        self.last_report = now
+        a, states = self.admission, Counter(e.state for e in self.outstanding.entries.values())
+        log.debug(
+            "dispatcher: version %d dispatched %d dropped %d capacity %d outstanding %s again %d",
+            a.version,
+            a.dispatched,
+            a.dropped,
+            a.capacity(),
+            dict(states),
+            len(self.outstanding.again),
+        )
 
     def settle_from_buffer(self) -> None:
         """Slots are freed by the groups this dispatcher sees retired, by id: the buffer's own
@@ -99,9 +125,7 @@ class Dispatcher:
             return
         self.last_lease_check = now
         if n := self.outstanding.requeue("expired", now=now):
-            log.warning(
-                "dispatcher: %d groups unseen by the buffer for %.0f s: dispatching again", n, self.outstanding.lease_s
-            )
+            log.warning("dispatcher: %d groups unseen by the buffer past their lease: dispatching again", n)
 
     def serve(self, now: float) -> None:
         for request in list(self.requests.pending):
@@ -155,8 +179,12 @@ class Dispatcher:
                 ctx.emit("requeued", scope=scope, generator=generator, groups=0, id=ack)
                 return
             outstanding.handled.append(ack)
-            n = outstanding.requeue(scope, generator)
+            n = outstanding.requeue(scope, generator, now=time.monotonic())
             log.warning("dispatcher: %s (%s): %d groups to dispatch again", scope, generator, n)
+            if scope in ("in_flight", "buffered") and outstanding.grace_s > 0:
+                log.warning(
+                    "dispatcher: those not yet in the buffer go out again if unseen for %.0f s", outstanding.grace_s
+                )
             ctx.emit("requeued", scope=scope, generator=generator, groups=n, id=ack)
         elif isinstance(command, CheckpointCommand):
             path = Path(command.dir) / "dispatcher.json"

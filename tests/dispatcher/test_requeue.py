@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from asyncrl.dispatcher.admission import Admission
 from asyncrl.dispatcher.checkpoint import restore_dispatcher, save_dispatcher
 from asyncrl.dispatcher.cursor import PromptCursor
@@ -118,3 +120,36 @@ def test_a_group_frees_its_admission_slot_once_however_many_copies_are_dropped()
     assert o.settle(dropped=["g00000000"]) == 0  # a second copy of it
     o.settle(trained=[[1, ["g00000001"]]])
     assert o.settle(dropped=["g00000001"]) == 0  # a copy of a trained group
+
+
+def test_after_a_reward_worker_death_groups_still_upstream_get_a_grace_not_a_copy():
+    o = Outstanding(lease_s=600.0, grace_s=5.0)
+    for row in rows(0, 1, 2):
+        o.dispatched(row, "generator-0", 0.0)
+    o.settle(inserted=["g00000001"])
+    assert o.requeue("in_flight", now=100.0) == 0 and not o.again  # g0, g2 may still be sampled
+    o.settle(inserted=["g00000000"])  # g0 was: it reached the restarted reward worker, then the buffer
+    assert o.requeue("expired", now=104.0) == 0
+    assert o.requeue("expired", now=105.5) == 1 and queued(o) == ["g00000002"]  # g2 was lost with it
+
+
+def test_after_a_buffer_death_what_it_held_goes_out_at_once_the_rest_after_the_grace():
+    o = outstanding_with(now=45.0)
+    o.grace_s = 5.0
+    assert o.requeue("buffered", now=50.0) == 2 and queued(o) == ["g00000001", "g00000003"]
+    assert o.requeue("expired", now=54.0) == 0  # g0, g2 may still reach the restarted buffer
+    assert o.requeue("expired", now=55.5) == 2 and queued(o) == [f"g{s:08d}" for s in range(4)]
+
+
+def test_a_grace_never_postpones_a_lease_due_sooner():
+    o = Outstanding(lease_s=10.0, grace_s=5.0)
+    o.dispatched(rows(0)[0], "generator-0", 0.0)
+    o.requeue("in_flight", now=8.0)  # its lease runs out at 10, before the grace would (13)
+    assert o.requeue("expired", now=10.5) == 1
+
+
+def test_a_grace_needs_the_time_of_the_requeue():
+    o = Outstanding(grace_s=5.0)
+    o.dispatched(rows(0)[0], "generator-0", 0.0)
+    with pytest.raises(ValueError, match="grace_s"):
+        o.requeue("in_flight")
