@@ -139,6 +139,16 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _check_admission_lead(self) -> RunConfig:
+        ahead, bound = self.dispatcher.ahead_versions, self.buffer.max_staleness
+        if ahead is not None and bound is not None and ahead > bound:
+            raise ValueError(
+                f"dispatcher.ahead_versions ({ahead}) must be <= buffer.max_staleness ({bound}): groups "
+                "dispatched further ahead could not be trained within the staleness bound"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_stall_bounds(self) -> RunConfig:
         if self.run.stall_cap_s < self.run.stall_timeout_s:
             raise ValueError(

@@ -11,6 +11,12 @@ learner version ⌊i / B⌋ ≤ s + v, so its staleness stays within s and the b
 nothing to drop. v is the version the *requesting generator serves* (it says so in its request),
 not the learner's: a generator lags the learner by up to the broadcast period, and admitting
 against the learner's version let a third of the demo's samples go stale before training.
+
+s is ``buffer.max_staleness`` unless ``dispatcher.ahead_versions`` sets a smaller one: the rule
+then keeps that many versions' groups ahead, and each still has the whole bound to be trained
+in. Taken in order, groups within the bound are never dropped; a prioritized sampler does not
+take them in order, and with the learner the slower side the buffer holds (s + 1) · B groups, of
+which the ones it passes over turn stale. A smaller lead leaves it less choice and less to drop.
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ class Admission:
     8
     """
 
-    def __init__(self, batch_groups: int, max_staleness: int | None):
+    def __init__(self, batch_groups: int, max_staleness: int | None, ahead: int | None = None):
         if batch_groups < 1:
             raise ValueError(f"batch_groups ({batch_groups}) must be >= 1")
+        if ahead is not None and (ahead < 0 or (max_staleness is not None and ahead > max_staleness)):
+            raise ValueError(f"ahead ({ahead}) must be in [0, max_staleness ({max_staleness})]")
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
+        self.ahead = max_staleness if ahead is None else ahead
+        """The rule's s: versions of groups dispatched ahead."""
         self.version = 0
         self.dispatched = 0
         self.dropped = 0
@@ -37,10 +47,10 @@ class Admission:
     def capacity(self, version: int | None = None) -> int:
         """How many more groups may be dispatched now, to be sampled by ``version``
         (default: the learner's version, the most any generator can serve)."""
-        if self.max_staleness is None:
+        if self.ahead is None:
             return 1 << 30
         v = self.version if version is None else min(version, self.version)
-        bound = (self.max_staleness + v + 1) * self.batch_groups
+        bound = (self.ahead + v + 1) * self.batch_groups
         return max(0, bound - (self.dispatched - self.dropped))
 
     def behind(self, version: int) -> bool:

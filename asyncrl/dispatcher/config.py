@@ -18,3 +18,7 @@ class DispatcherConfig(Config):
     buffer died, before they are dispatched again: most were still being sampled upstream and
     reach the restarted process (a copy sent at once is sampled twice and one of the two dropped).
     Longer than a restart plus the sampling of a group; 0 sends them out again at once."""
+    ahead_versions: int | None = Field(None, ge=0)
+    """Versions of groups dispatched ahead of the generators' (the admission rule's s in
+    ``asyncrl.dispatcher.admission``); None: ``buffer.max_staleness``, which it may not exceed.
+    Smaller, a prioritized buffer has fewer groups to pass over until they turn stale."""

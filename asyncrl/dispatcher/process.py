@@ -62,7 +62,7 @@ class Dispatcher:
 
         cfg = ctx.cfg
         cursor = PromptCursor(load_run_prompts(cfg, "train", model_dir), cfg.run.seed, cfg.dispatcher.epochs)
-        admission = Admission(cfg.learner.batch_groups, cfg.buffer.max_staleness)
+        admission = Admission(cfg.learner.batch_groups, cfg.buffer.max_staleness, cfg.dispatcher.ahead_versions)
         outstanding = Outstanding(
             lease_s=cfg.dispatcher.lease_s,
             grace_s=cfg.dispatcher.requeue_grace_s,

@@ -73,3 +73,21 @@ def test_cursor_covers_every_prompt_each_epoch_in_a_seeded_order():
     assert c.take(1) == []  # two epochs done
     again = PromptCursor(prompts, seed=3, epochs=2).take(5)
     assert [p.prompt_uid for p in again] == [p.prompt_uid for p in first]
+
+
+def test_a_shorter_lead_admits_fewer_groups_and_keeps_the_whole_bound_to_train_them():
+    a = Admission(batch_groups=4, max_staleness=4, ahead=1)
+    assert a.capacity() == 8  # (1 + 0 + 1) * 4, not (4 + 0 + 1) * 4
+    a.update(version=3, dropped_groups=0)
+    assert a.capacity() == 20  # (1 + 3 + 1) * 4
+    assert a.may_sample(0)  # 3 versions behind: beyond the lead (1), within max_staleness (4)
+
+
+def test_a_lead_beyond_the_staleness_bound_is_refused():
+    with pytest.raises(ValueError, match=r"ahead \(5\) must be in \[0, max_staleness \(4\)\]"):
+        Admission(batch_groups=4, max_staleness=4, ahead=5)
+    from asyncrl.config import load_config
+
+    with pytest.raises(ValueError, match=r"dispatcher.ahead_versions \(5\) must be <= buffer.max_staleness \(4\)"):
+        load_config(None, ["dispatcher.ahead_versions=5", "buffer.max_staleness=4"])
+    assert load_config(None, ["dispatcher.ahead_versions=2"]).dispatcher.ahead_versions == 2
