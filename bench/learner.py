@@ -34,6 +34,11 @@ and tied embeddings, fp32, 4 (and 2) sequences of 64 + 192 tokens, logits 128 to
 full``: 512 prompt + 1,536 response each; ``rl``: the same prompts, answers of 64 (or a quarter of the longest)..1,536 tokens,
 padded to 2,048 by the plain loop, packed by asyncrl), ``plain`` against ``asyncrl``; goal
 ``speedup`` >= 1.5. One JSON object on stdout, also written to ``--out``.
+
+``--ranks``: the learner group of one rank against two (``learner.ranks``) on the same model and
+global batch, at ZeRO-2 and ZeRO-3: tokens/s, peak RSS and the parameters + optimizer state each
+rank holds, and the ways of publishing the weights under ZeRO-3 (``bench/learner_ranks.py``, which
+takes the options after it).
 """
 
 from __future__ import annotations
@@ -301,7 +306,16 @@ def run_child(args, variant: str, batch: int | None = None) -> dict:
 
 
 def main() -> None:
+    if "--ranks" in sys.argv[1:]:
+        # The learner group of 1 and 2 ranks: its own options (bench/learner_ranks.py --help).
+        from learner_ranks import main as ranks_main
+
+        ranks_main([arg for arg in sys.argv[1:] if arg != "--ranks"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--ranks", action="store_true", help="the learner group of 1 and 2 ranks instead (bench/learner_ranks.py)"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="default: small on cpu, 0.5b on cuda")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), help="default: fp32 on cpu, bf16 on cuda")
