@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 
 from asyncrl.fleet.context import ProcessContext, configure_process
+from asyncrl.observability import heapwatch
 from asyncrl.roles import ROLE_NAMES, Role, role
 from asyncrl.wire.sockets import flush_on_exit
 
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_dir")
     args = parser.parse_args(argv)
     configure_process()
+    heapwatch.start_from_env(args.name)  # off unless ASYNCRL_HEAPWATCH is set
     ctx = ProcessContext(args.role, args.name, args.run_dir)
     try:
         r = role(args.role)
