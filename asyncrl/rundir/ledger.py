@@ -18,8 +18,8 @@ was writing), naming the groups concerned:
 dispatched has exactly one outcome, and compacts what a committed checkpoint settled.
 
 Files are segments: past ``segment_bytes`` a writer closes ``NAME.jsonl`` as ``NAME.<k>.jsonl``
-(k = 1, 2, ...) and begins a new ``NAME.jsonl``; only closed segments are ever compacted or
-removed, so a writer never loses a line to the compaction.
+(k = 1, 2, ...) and begins a new ``NAME.jsonl``; the compaction only reads an open segment and
+only removes closed ones, so a writer never loses a line to it.
 
 Group ids are ``g<sequence number>`` from the dispatcher; ``GroupIdSet`` keeps such ids as a
 bitmap (an eighth of a byte per group ever dispatched, so days of training fit in megabytes) and
