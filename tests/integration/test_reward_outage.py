@@ -45,7 +45,7 @@ def test_the_learner_keeps_stepping_after_a_reward_api_outage(tmp_path):
             "sampling.max_tokens=128",
             "buffer.max_staleness=null",
             "reward.on_failure=requeue",
-            "run.stall_timeout_s=30",  # a breaker stuck open shows as a stall within the test's time
+            "run.stall_timeout_s=60",  # a breaker stuck open shows as a stall within the test's time
         ],
     )
     cfg.reward.rewards = [{"kind": "http_json", "name": "scorer", "options": options}]
