@@ -263,7 +263,7 @@ class AlgorithmConfig(Config):
     rejection_threshold: float | None = Field(None, gt=0)
     """The divergence above which rejection drops a token (sequence); required by a rejection, e.g. 0.01 for seq_mean_k3."""
     is_batch_normalise: bool = False
-    """tis / mis / decoupled: scale the importance weights to mean 1 over the kept tokens (sequences, at correction_level sequence) of each micro batch, so truncation and masking do not shrink the step (self-normalised IS; verl's rollout_is_batch_normalize)."""
+    """tis / mis / decoupled: scale the importance weights to mean 1 over the kept tokens (sequences, at correction_level sequence) of each mini-batch, so truncation and masking do not shrink the step (self-normalised IS; verl's rollout_is_batch_normalize). Costs one no-grad forward pass per step for pi_prox when the step takes a single update."""
     proximal: Literal["recompute", "log_linear"] = "recompute"
     """decoupled: pi_prox from the learner's forward pass, or AReaL's log-linear interpolation between mu and pi_theta by version."""
     kl: KLConfig = KLConfig()

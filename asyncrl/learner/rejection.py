@@ -110,9 +110,8 @@ def batch_normalised_weights(
     whole gradient down with the mismatch; normalising keeps the step size and leaves only the
     weights' relative sizes (verl's ``rollout_is_batch_normalize``; self-normalised importance
     sampling, a little bias for less variance). ``sums``: the batch's ``weight_sums`` when
-    ``weights`` is one micro batch of it; None: this tensor's, which is what the learner's step
-    uses today (each micro batch normalised by its own mean). A mean below 1e-8 leaves the
-    weights as they are.
+    ``weights`` is one micro batch of it (the learner's step passes each mini-batch's, over every
+    rank); None: this tensor's. A mean below 1e-8 leaves the weights as they are.
     """
     total, count = weight_sums(weights, mask, level) if sums is None else sums
     as_tensor = lambda x: torch.as_tensor(x, dtype=weights.dtype, device=weights.device)  # noqa: E731

@@ -48,7 +48,7 @@ from asyncrl.learner.critic import critic_advantages
 from asyncrl.learner.group_advantages import shaped_rewards, weighted_advantages
 from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.logprobs import TokenScores
-from asyncrl.learner.losses import aggregate, compute_policy_loss, log_linear_proximal_logprobs
+from asyncrl.learner.losses import aggregate, batch_weight_sums, compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.learner.packing import MicroBatchPlan, plan_micro_batches
 from asyncrl.learner.sharding import ShardPlan, shard_plan
 from asyncrl.learner.step_stats import add_micro_figures, merge_rank_figures, step_stats
@@ -79,6 +79,9 @@ class StepInputs:
     """The learner's version before the step (pi_prox's)."""
     shards: ShardPlan
     """The batch's mini-batches and each rank's rows of them (one rank: all of them)."""
+    weight_totals: torch.Tensor | None = None
+    """(B, 2): each row's mini-batch's (sum, count) of importance weights, under
+    ``algorithm.is_batch_normalise`` (``importance_weight_totals``); None otherwise."""
 
 
 def train_step(trainer: PolicyTrainer, groups: list[Group], weights=None) -> dict:
@@ -96,9 +99,12 @@ def train_step(trainer: PolicyTrainer, groups: list[Group], weights=None) -> dic
     ref = reference_logprobs(trainer, batch, shards)  # (B, L-1) or None
     critic_stats = write_advantages(trainer, batch, groups, shaped, ref, weights, beta, shards)
     several_updates = len(shards.minis) * trainer.ppo_epochs > 1
-    proximal = proximal_logprobs(trainer, batch, shards) if several_updates else None
+    # batch-normalised importance weights need pi_prox of the whole mini-batch before its update
+    needs_proximal = several_updates or algo.is_batch_normalise
+    proximal = proximal_logprobs(trainer, batch, shards) if needs_proximal else None
     norm_tokens = algo.loss_norm_tokens or int(batch.response_mask.sum(dim=1).max().item())
-    step = StepInputs(batch, in_loss, proximal, ref, beta, norm_tokens, version_before, shards)
+    totals = importance_weight_totals(trainer, batch, shards, proximal) if algo.is_batch_normalise else None
+    step = StepInputs(batch, in_loss, proximal, ref, beta, norm_tokens, version_before, shards, totals)
 
     epochs = []
     with dp.collective("train step", version_before):  # DeepSpeed's gradient collectives
@@ -272,6 +278,26 @@ def proximal_logprobs(trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPl
     return out
 
 
+def importance_weight_totals(
+    trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPlan, proximal: torch.Tensor
+) -> torch.Tensor:
+    """(B, 2): each row's mini-batch's (sum, count) of corrected importance weights
+    (``losses.batch_weight_sums``), from every rank's rows of it (``proximal`` holds this rank's
+    rows only), so batch normalisation divides every micro batch on every rank by the mean of
+    the whole mini-batch, as one rank on the whole mini-batch would."""
+    own = torch.zeros(len(shards.minis), 2, dtype=torch.float64)  # (M, 2)
+    for mini, share in enumerate(shards.shares):
+        lo, hi = share[trainer.dp.rank]
+        if hi > lo:
+            rows = (proximal[lo:hi], batch.behaviour_logprobs[lo:hi], batch.response_mask[lo:hi])
+            own[mini] = torch.stack(batch_weight_sums(*rows, trainer.algo)).double()
+    totals = trainer.dp.all_sum(own, "importance weight sums", trainer.version)
+    out = torch.zeros(len(batch), 2, dtype=torch.float64)
+    for mini, (lo, hi) in enumerate(shards.minis):
+        out[lo:hi] = totals[mini]
+    return out
+
+
 def update(trainer: PolicyTrainer, step: StepInputs, mini: int, sums: Counter) -> None:
     """One optimizer update on mini-batch ``mini`` (this rank's rows of it): forward/backward by
     micro batches, gradients accumulated (over the ranks too), then the step; its figures are
@@ -353,6 +379,7 @@ def micro_loss(
         num_tokens=total_tokens,
         num_seqs=num_seqs,
         norm_tokens=step.norm_tokens,
+        weight_totals=None if step.weight_totals is None else tuple(step.weight_totals[a]),
     )
     loss = policy_loss
     entropy = scores.entropy if algo.entropy_coef > 0 else scores.entropy.detach()  # (b, l-1)

@@ -48,6 +48,21 @@ CASES |= {
     "z0-token-mean": (0, {}, {}, 1, 1),
     "z2-packed": (2, {"micro_batch_tokens": 40}, {}, 1, 1),
     "z2-reinforce-pp": (2, {}, {"adv_estimator": "reinforce_pp"}, 1, 1),
+    "z2-token-sum-kl-entropy": (2, {}, {"loss_agg_mode": "token-sum", "entropy_coef": 0.01, **KL_LOSS}, 1, 1),
+    # the importance weights' mean is the whole mini-batch's, gathered from both ranks
+    "z2-batch-normalised-is": (
+        2,
+        {},
+        {
+            "correction": "tis",
+            "is_cap": 2.0,
+            "is_batch_normalise": True,
+            "rejection": "token_k3",
+            "rejection_threshold": 0.02,
+        },
+        2,
+        2,
+    ),
 }
 
 

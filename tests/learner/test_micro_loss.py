@@ -20,7 +20,9 @@ def loss_terms(algo: AlgorithmConfig, entropy: torch.Tensor, kl_as_logprobs: tor
         advantages=torch.zeros(2, 3),
         policy_version=torch.zeros(2, dtype=torch.long),
     )
-    step = SimpleNamespace(proximal=None, ref=-kl_as_logprobs, beta=1.0, norm_tokens=4, version_before=0)
+    step = SimpleNamespace(
+        proximal=None, ref=-kl_as_logprobs, beta=1.0, norm_tokens=4, version_before=0, weight_totals=None
+    )
     scores = SimpleNamespace(logprobs=torch.zeros(2, 3, requires_grad=True), entropy=entropy)
     plan = SimpleNamespace(lo=0, hi=2)
     loss, policy_loss, *_ = micro_loss(algo, step, plan, micro, scores, total_tokens=8, num_seqs=4)
