@@ -6,7 +6,8 @@ prompt, a new prompt is admitted only while
     accepted + running < (s + v + 1) · B
 
 where ``accepted + running`` counts groups dispatched and not dropped (dropped groups never
-become a training step, so they free their slot). Taken in order, the i-th group is trained at
+become a training step, so they free their slot), less those queued to go out again after a
+failure (``unsent``): they hold no slot until sent, and are then charged like a new prompt. Taken in order, the i-th group is trained at
 learner version ⌊i / B⌋ ≤ s + v, so its staleness stays within s and the buffer's gate has
 nothing to drop. v is the version the *requesting generator serves* (it says so in its request),
 not the learner's: a generator lags the learner by up to the broadcast period, and admitting
@@ -44,19 +45,20 @@ class Admission:
         self.dropped = 0
         self._buffer_dropped: int | None = None  # the last count the buffer reported
 
-    def capacity(self, version: int | None = None) -> int:
-        """How many more groups may be dispatched now, to be sampled by ``version``
-        (default: the learner's version, the most any generator can serve)."""
+    def capacity(self, version: int | None = None, unsent: int = 0) -> int:
+        """How many more groups may be dispatched now, to be sampled by ``version`` (default: the
+        learner's version, the most any generator can serve), with ``unsent`` groups queued to go
+        out again (they hold no slot until sent)."""
         if self.ahead is None:
             return 1 << 30
         v = self.version if version is None else min(version, self.version)
         bound = (self.ahead + v + 1) * self.batch_groups
-        return max(0, bound - (self.dispatched - self.dropped))
+        return max(0, bound - (self.dispatched - self.dropped - unsent))
 
-    def behind(self, version: int) -> bool:
+    def behind(self, version: int, unsent: int = 0) -> bool:
         """True when a generator serving ``version`` gets nothing now but would at the learner's
         version: it should load the newer weights and ask again rather than wait."""
-        return version < self.version and self.capacity(version) == 0 and self.capacity() > 0
+        return version < self.version and self.capacity(version, unsent) == 0 and self.capacity(None, unsent) > 0
 
     def update(self, version: int, dropped_groups: int | None = None) -> None:
         """The buffer's status: the learner's version and the groups it has dropped so far. That

@@ -44,4 +44,5 @@ def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, o
     for row in again:
         outstanding.entries[row["group_id"]] = Entry(row, DISPATCHED, at=float("inf"))
         outstanding.again.append(row)
+        outstanding.unsent.add(row["group_id"])  # sent again as the staleness budget allows
     return {"version": admission.version, "dispatched": admission.dispatched, "again": len(again)}

@@ -4,7 +4,11 @@ Until a group is settled for good (dropped with a reason, or trained by a step a
 checkpoint holds) the dispatcher keeps its prompt row, and learns what became of it from the
 buffer's status (inserted, dropped, trained). When the controller reports a death, or a group's
 lease runs out unseen, the rows that may have been lost are dispatched again, first, under the
-same group id; their slots were admitted already.
+same group id. A row queued again gives up its slot in the staleness budget until it is sent
+again (``unsent``; ``asyncrl.dispatcher.admission``), so it goes out only as the budget allows,
+like a new prompt: after a restore the rows in flight at the checkpoint and those trained after
+it all go out again, and sent at once they let more groups run than can be trained within the
+bound, so that the ones the learner took last were dropped as stale.
 
 A dead reward worker or buffer took with it only what it held; the groups still being sampled
 upstream reach the restarted process in a few seconds. Those (dispatched, not yet in the buffer)
@@ -64,6 +68,9 @@ class Outstanding:
     nothing could bring them back, and memory stays flat)."""
     handled: deque = field(default_factory=lambda: deque(maxlen=256))
     """Ids of requeue commands already acted on."""
+    unsent: set[str] = field(default_factory=set)
+    """Groups queued again and neither sent since nor seen downstream: they hold no slot of the
+    staleness budget (the admission counts dispatched - dropped - len(unsent))."""
 
     def dispatched(self, row: dict, generator: str, now: float) -> None:
         e = self.entries.get(row["group_id"])
@@ -84,13 +91,16 @@ class Outstanding:
             e = self.entries.get(gid)
             if e is not None and e.state == DISPATCHED:
                 e.state = BUFFERED
+                self.unsent.discard(gid)  # its original turned up: it holds its slot again
         for gid in dropped:
             e = self.entries.get(gid)
             if e is not None and e.state != TRAINED:
                 del self.entries[gid]
+                self.unsent.discard(gid)
                 retired += 1
         for version, gids in trained:
             for gid in gids:
+                self.unsent.discard(gid)
                 e = self.entries.get(gid)
                 if e is not None and not self.keep_trained:
                     del self.entries[gid]
@@ -144,11 +154,12 @@ class Outstanding:
         for e in picked:
             e.state, e.at = DISPATCHED, float("inf")  # not expired again while it waits in the queue
             self.again.append(e.row)
+            self.unsent.add(e.row["group_id"])
         self.requeued += len(picked)
         return len(picked)
 
     def take_again(self, k: int) -> list[dict]:
-        """Up to ``k`` rows to dispatch again. Rows settled since they were queued are passed
+        """Up to ``k`` rows to dispatch again (each takes a slot of the budget again). Rows settled since they were queued are passed
         over: the original turned up in the buffer after all (a reward worker or the buffer died
         while it was on its way), was trained, or was dropped. A copy of those would only be
         sampled to be thrown away."""
@@ -158,7 +169,9 @@ class Outstanding:
             e = self.entries.get(row["group_id"])
             if e is not None and e.state == DISPATCHED:
                 rows.append(row)
+                self.unsent.discard(row["group_id"])
             else:
+                self.unsent.discard(row["group_id"])
                 self.passed_over += 1
         return rows
 

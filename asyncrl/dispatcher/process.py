@@ -98,13 +98,14 @@ class Dispatcher:
         self.last_report = now
         a, states = self.admission, Counter(e.state for e in self.outstanding.entries.values())
         log.debug(
-            "dispatcher: version %d dispatched %d dropped %d capacity %d outstanding %s again %d",
+            "dispatcher: version %d dispatched %d dropped %d capacity %d outstanding %s again %d unsent %d",
             a.version,
             a.dispatched,
             a.dropped,
-            a.capacity(),
+            a.capacity(None, len(self.outstanding.unsent)),
             dict(states),
             len(self.outstanding.again),
+            len(self.outstanding.unsent),
         )
 
     def settle_from_buffer(self) -> None:
@@ -138,13 +139,15 @@ class Dispatcher:
             self.requests.answer(request, rows)
 
     def rows_for(self, max_prompts: int, version: int) -> list[PromptRow]:
-        """Groups to hand out again come first (they were admitted once already), but only to a
+        """Groups to hand out again come first, but only to a
         generator whose weights are recent enough: a restarted one starts from the initial
         weights, and what it sampled before loading the newest would only be dropped as stale.
-        Then new prompts, as far as the budget of ``version`` allows."""
-        admission = self.admission
-        rows = self.outstanding.take_again(max_prompts) if admission.may_sample(version) else []
-        room = min(max_prompts - len(rows), admission.capacity(version))
+        Both take slots of the budget of ``version``: groups sent again after a restore or a
+        death are charged like new prompts, so no more run than can be trained within the bound."""
+        admission, outstanding = self.admission, self.outstanding
+        room = min(max_prompts, admission.capacity(version, len(outstanding.unsent)))
+        rows = outstanding.take_again(room) if admission.may_sample(version) else []
+        room = min(max_prompts - len(rows), admission.capacity(version, len(outstanding.unsent)))
         for prompt in self.cursor.take(room) if room > 0 else []:
             rows.append(
                 PromptRow(
@@ -166,7 +169,8 @@ class Dispatcher:
         for p in [
             p
             for p in self.requests.pending
-            if self.admission.behind(p.policy_version) and self.nudged.get(p.generator) != p.policy_version
+            if self.admission.behind(p.policy_version, len(self.outstanding.unsent))
+            and self.nudged.get(p.generator) != p.policy_version
         ]:
             self.nudged[p.generator] = p.policy_version
             self.requests.answer(p, [], learner_version=self.admission.version)

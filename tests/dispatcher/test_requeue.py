@@ -153,3 +153,61 @@ def test_a_grace_needs_the_time_of_the_requeue():
     o.dispatched(rows(0)[0], "generator-0", 0.0)
     with pytest.raises(ValueError, match="grace_s"):
         o.requeue("in_flight")
+
+
+def dispatcher_of(admission, outstanding, prompts=20):
+    """A dispatcher without sockets: enough for ``rows_for``."""
+    from asyncrl.dispatcher.process import Dispatcher
+
+    d = Dispatcher.__new__(Dispatcher)
+    cursor = PromptCursor([Prompt(f"p{i}", f"{i}+1=", str(i + 1), "t") for i in range(prompts)], seed=0, epochs=None)
+    d.cursor, d.admission, d.outstanding = cursor, admission, outstanding
+    return d
+
+
+def test_rows_queued_again_give_up_their_slots_and_go_out_again_within_the_budget():
+    a, o = Admission(batch_groups=4, max_staleness=1), Outstanding()
+    d = dispatcher_of(a, o)
+    sent = d.rows_for(16, version=0)
+    assert len(sent) == 8  # (1 + 0 + 1) * 4
+    for row in sent:
+        o.dispatched(row, "generator-0" if int(row["group_id"][1:]) < 4 else "generator-1", 0.0)
+    assert o.requeue("generator", "generator-0") == 4 and len(o.unsent) == 4
+    assert a.capacity(0, len(o.unsent)) == 4  # their slots are free until they go out again
+    again = d.rows_for(16, version=0)
+    assert [r["group_id"] for r in again] == [f"g{s:08d}" for s in range(4)]  # only again: the budget is full
+    assert not o.unsent and a.capacity(0, 0) == 0
+
+
+def test_a_queued_row_whose_original_turns_up_holds_its_slot_again():
+    o = outstanding_with()
+    o.requeue("in_flight")
+    assert o.unsent == {"g00000000", "g00000002"}
+    o.settle(inserted=["g00000000"], dropped=["g00000002"])
+    assert not o.unsent  # one reached the buffer (its slot is taken), one was dropped (its slot freed by the drop)
+
+
+def test_after_a_restore_what_goes_out_again_is_sent_as_the_budget_allows(tmp_path):
+    prompts = [Prompt(prompt_uid=f"p{i}", text=f"{i}+1=", answer=str(i + 1), task="t") for i in range(40)]
+    cursor, admission = PromptCursor(prompts, seed=0, epochs=None), Admission(batch_groups=2, max_staleness=1)
+    o = Outstanding()
+    for row in rows(*range(10)):  # version 1, then a checkpoint at version 1
+        o.dispatched(row, "generator-0", 0.0)
+    admission.dispatched = 10
+    o.settle(trained=[[1, ["g00000000", "g00000001"]], [2, ["g00000002", "g00000003"]]], inserted=["g00000004"])
+    ckpt = tmp_path / "v1"
+    (ckpt / "buffer").mkdir(parents=True)
+    (ckpt / "learner").mkdir()
+    save_dispatcher(ckpt / "dispatcher.json", cursor, admission, o, version=1)
+    (ckpt / "buffer" / "buffer_ids.json").write_text(json.dumps(["g00000004"]))
+    trained = GroupIdSet()
+    for gid in ("g00000000", "g00000001"):
+        trained.add(gid)
+    (ckpt / "learner" / "trained_ids.bin").write_bytes(trained.to_bytes())
+
+    a2, o2 = Admission(2, 1), Outstanding()
+    restore_dispatcher(ckpt, PromptCursor(prompts, seed=0, epochs=None), a2, o2)
+    # g2, g3 (trained at version 2 > 1) and g5..g9 (in flight) go out again: 7 rows, held back
+    # to (1 + 1 + 1) * 2 = 6 slots less 2 trained and 1 in the buffer: 3 at once.
+    assert len(o2.again) == 7 and len(o2.unsent) == 7
+    assert len(dispatcher_of(a2, o2).rows_for(16, version=1)) == 3
