@@ -7,7 +7,10 @@ prompt, a new prompt is admitted only while
 
 where ``accepted + running`` counts groups dispatched and not dropped (dropped groups never
 become a training step, so they free their slot), less those queued to go out again after a
-failure (``unsent``): they hold no slot until sent, and are then charged like a new prompt. Taken in order, the i-th group is trained at
+failure (``unsent``): they hold no slot until sent, and are then charged like a new prompt.
+The rule counts B groups trained per version; a step that trains fewer (the learner refuses a
+copy of a group it trained before, which a restarted buffer can hand out) is charged the
+groups it lacks (``short``), or each such step would let that many more run for good. Taken in order, the i-th group is trained at
 learner version ⌊i / B⌋ ≤ s + v, so its staleness stays within s and the buffer's gate has
 nothing to drop. v is the version the *requesting generator serves* (it says so in its request),
 not the learner's: a generator lags the learner by up to the broadcast period, and admitting
@@ -44,6 +47,10 @@ class Admission:
         self.dispatched = 0
         self.dropped = 0
         self._buffer_dropped: int | None = None  # the last count the buffer reported
+        self.trained_by_version: dict[int, int] = {}
+        """Groups each step trained, as reported (a step not heard of counts as B)."""
+        self.short_before = 0
+        """Groups lacking from the steps folded (``fold``) or restored from a checkpoint."""
 
     def capacity(self, version: int | None = None, unsent: int = 0) -> int:
         """How many more groups may be dispatched now, to be sampled by ``version`` (default: the
@@ -53,7 +60,22 @@ class Admission:
             return 1 << 30
         v = self.version if version is None else min(version, self.version)
         bound = (self.ahead + v + 1) * self.batch_groups
-        return max(0, bound - (self.dispatched - self.dropped - unsent))
+        return max(0, bound - (self.dispatched - self.dropped - unsent) - self.short())
+
+    def count_trained(self, version: int, groups: int) -> None:
+        """The step that produced ``version`` trained ``groups`` groups (a report may repeat)."""
+        self.trained_by_version[int(version)] = int(groups)
+
+    def short(self, upto: int | None = None) -> int:
+        """Groups the steps (up to version ``upto``) trained fewer than B each."""
+        return self.short_before + sum(
+            max(0, self.batch_groups - n) for v, n in self.trained_by_version.items() if upto is None or v <= upto
+        )
+
+    def fold(self, version: int) -> None:
+        """A checkpoint at ``version`` is committed: keep its steps' shortfall as one number."""
+        self.short_before = self.short(version)
+        self.trained_by_version = {v: n for v, n in self.trained_by_version.items() if v > version}
 
     def behind(self, version: int, unsent: int = 0) -> bool:
         """True when a generator serving ``version`` gets nothing now but would at the learner's

@@ -16,6 +16,7 @@ def save_dispatcher(path: Path, cursor: PromptCursor, admission: Admission, outs
         "index": cursor.index,
         "dispatched": admission.dispatched,
         "dropped": admission.dropped,
+        "short": admission.short(version),
         "version": version,
         "rows": outstanding.to_checkpoint(version),
     }
@@ -35,6 +36,7 @@ def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, o
     admission.dispatched = int(state["dispatched"])
     admission.dropped = int(state["dropped"])
     admission.version = int(state["version"])
+    admission.short_before = int(state.get("short", 0))  # steps after the checkpoint are trained anew
     held = set(json.loads((ckpt / "buffer" / "buffer_ids.json").read_text()))
     trained = GroupIdSet.from_bytes((ckpt / "learner" / "trained_ids.bin").read_bytes())
     again = [r for r in state["rows"] if r["group_id"] not in held and r["group_id"] not in trained]

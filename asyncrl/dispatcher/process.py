@@ -114,6 +114,8 @@ class Dispatcher:
         for status in self.status.latest():
             self.admission.update(status.learner_version)
             self.admission.dropped += self.outstanding.settle(status.inserted, status.dropped, status.trained)
+            for version, gids in status.trained:
+                self.admission.count_trained(version, len(gids))
 
     def hold_requests(self) -> None:
         for client, request in self.requests.take(READ_WAIT_S):
@@ -197,6 +199,7 @@ class Dispatcher:
             ctx.emit("checkpoint_part", part="dispatcher.json", version=command.version)
         elif isinstance(command, CheckpointCommittedCommand):
             outstanding.forget_trained(command.version)
+            self.admission.fold(command.version)
 
     def finish(self) -> None:
         # The last replies may still sit in the socket's queue: give them time to leave before the

@@ -91,3 +91,17 @@ def test_a_lead_beyond_the_staleness_bound_is_refused():
     with pytest.raises(ValueError, match=r"dispatcher.ahead_versions \(5\) must be <= buffer.max_staleness \(4\)"):
         load_config(None, ["dispatcher.ahead_versions=5", "buffer.max_staleness=4"])
     assert load_config(None, ["dispatcher.ahead_versions=2"]).dispatcher.ahead_versions == 2
+
+
+def test_a_step_that_trains_fewer_than_b_groups_is_charged_the_groups_it_lacks():
+    a = Admission(batch_groups=4, max_staleness=1)
+    a.dispatched = 8
+    a.update(version=1, dropped_groups=0)
+    assert a.capacity() == 4  # (1 + 1 + 1) * 4 - 8
+    a.count_trained(1, 3)  # the learner refused a copy of a group it had trained: 3 groups, not 4
+    assert a.capacity() == 3 and a.short() == 1
+    a.count_trained(1, 3)  # the same report again
+    a.count_trained(2, 4)
+    assert a.short() == 1
+    a.fold(1)  # a checkpoint at version 1 is committed
+    assert (a.short_before, a.trained_by_version, a.short(upto=1)) == (1, {2: 4}, 1)

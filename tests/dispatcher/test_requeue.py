@@ -83,6 +83,8 @@ def test_dispatcher_checkpoint_round_trip_sends_out_what_no_other_part_holds(tmp
     ckpt = tmp_path / "v3"
     (ckpt / "buffer").mkdir(parents=True)
     (ckpt / "learner").mkdir()
+    admission.count_trained(2, 1)  # version 2 trained one group of two
+    admission.count_trained(4, 0)  # after the checkpoint: not in it
     save_dispatcher(ckpt / "dispatcher.json", cursor, admission, o, version=2)
     (ckpt / "buffer" / "buffer_ids.json").write_text(json.dumps(["g00000001"]))
     trained = GroupIdSet()
@@ -96,6 +98,7 @@ def test_dispatcher_checkpoint_round_trip_sends_out_what_no_other_part_holds(tmp
     assert queued(o2) == ["g00000000", "g00000003"] and out["again"] == 2
     assert (cursor2.epoch, cursor2.index, admission2.dispatched) == (cursor.epoch, cursor.index, 4)
     assert [p.prompt_uid for p in cursor2.take(3)] == [p.prompt_uid for p in cursor.take(3)]
+    assert admission2.short_before == 1  # the step to version 2 lacked a group; version 4 is trained anew
 
 
 def test_without_checkpoints_trained_groups_are_forgotten_at_once():
@@ -206,7 +209,9 @@ def test_after_a_restore_what_goes_out_again_is_sent_as_the_budget_allows(tmp_pa
     (ckpt / "learner" / "trained_ids.bin").write_bytes(trained.to_bytes())
 
     a2, o2 = Admission(2, 1), Outstanding()
+    a2.short_before = 5  # from before the restore: the checkpoint's own count replaces it
     restore_dispatcher(ckpt, PromptCursor(prompts, seed=0, epochs=None), a2, o2)
+    assert a2.short_before == 0
     # g2, g3 (trained at version 2 > 1) and g5..g9 (in flight) go out again: 7 rows, held back
     # to (1 + 1 + 1) * 2 = 6 slots less 2 trained and 1 in the buffer: 3 at once.
     assert len(o2.again) == 7 and len(o2.unsent) == 7
