@@ -3,7 +3,10 @@ and ``asyncrl reward-worker --connect RUN_DIR|ADDRESS``.
 
 Each reads the run's resolved config and endpoints from the run directory, or asks the run's
 first reward worker for them at its ``reward_share`` address (``fetch_run``), then runs the same
-loop as the controller's own processes of its role. The controller hears its events like any
+loop as the controller's own processes of its role. A run with ``security.curve`` on is joined
+with this host's keys: ``security.curve=true security.keys_dir=DIR security.client_key=NAME``
+(a client pair the run authorised, ``asyncrl keys DIR --clients NAME``); by address the request
+for the run's config already goes over CURVE (``join_context``). The controller hears its events like any
 process's, so its final counts enter the run's accounting. The controller cannot see such a
 process die: each sends a heartbeat every ``HEARTBEAT_S`` from a thread of its own (on its own
 socket), and the controller takes ``supervision.joined_timeout_s`` of silence for a death
@@ -23,9 +26,10 @@ import signal
 import threading
 from pathlib import Path
 
-from asyncrl.config import RunConfig
+from asyncrl.config import RunConfig, load_run_config
 from asyncrl.configbase import apply_overrides
 from asyncrl.fleet.context import ProcessContext, configure_process
+from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
 from asyncrl.wire.messages import HeartbeatEvent, Run, WantRun
 from asyncrl.wire.sockets import RequestClient, StreamSender
@@ -36,6 +40,10 @@ SECTIONS = ("generator.", "engine.", "sampling.")
 """The config sections a joining generator may override (the rest is the run's)."""
 REWARD_SECTIONS = ("reward.",)
 """The config section a joining reward worker may override."""
+SECURITY_KEYS = ("curve", "keys_dir", "client_key")
+"""The ``security`` keys a joining process sets for itself: whether it speaks CURVE, where this
+host's copy of the keys is, and which client pair it presents (the run's own paths are another
+machine's)."""
 HEARTBEAT_S = 2.0
 """Seconds between a joined process's heartbeats (``supervision.joined_timeout_s`` is many of them)."""
 
@@ -87,6 +95,36 @@ def fetch_run(address: str, timeout: float = 30.0) -> tuple[RunConfig, Endpoints
     return RunConfig(**reply[1].config), Endpoints(**reply[1].endpoints)
 
 
+def split_security(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
+    """This host's ``security.*`` settings (``SECURITY_KEYS`` only), and the other overrides."""
+    own, rest = {}, []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if not key.startswith("security."):
+            rest.append(override)
+            continue
+        if key.removeprefix("security.") not in SECURITY_KEYS:
+            raise SystemExit(f"override ({override}) may set only security.{{{', '.join(SECURITY_KEYS)}}} when joining")
+        own[key.removeprefix("security.")] = value
+    return own, rest
+
+
+def join_context(role: str, name: str, connect: str, own_security: dict[str, str]) -> JoinedContext:
+    """The context of a process joining the run at ``connect`` (a run directory or the owner's
+    ``reward_share`` address), with this host's security settings over the run's: by address
+    they are in force before the request for the run's config, so a CURVE run can be joined."""
+    if "://" in connect:
+        if own_security:
+            security.configure(security.SecurityConfig(**own_security))
+        cfg, endpoints = fetch_run(connect)
+    else:
+        cfg, endpoints = load_run_config(Path(connect) / "config.yaml"), Endpoints.load(Path(connect))
+    if own_security:  # validated: a bad value is named as for any override
+        mine = security.SecurityConfig(**{**cfg.security.model_dump(mode="json"), **own_security})
+        cfg = cfg.model_copy(update={"security": mine})
+    return JoinedContext(role, name, None if "://" in connect else connect, cfg, endpoints)
+
+
 def starting_model(run_dir: Path | None, cfg: RunConfig) -> str:
     """The model a run's generators started from: recorded in ``RUN_DIR/model_dir``, else the
     warm-started or built model in ``RUN_DIR/model``, else ``model.path``; a simulated engine
@@ -109,15 +147,13 @@ def run_joined_generator(connect: str, name: str, model: str | None, overrides: 
     """One more generator in the run at ``connect`` (its run directory or ``reward_share`` address)."""
     from asyncrl.generators.process import run_generator
 
+    own_security, overrides = split_security(overrides)
     bad = [o for o in overrides if not o.startswith(SECTIONS)]
     if bad:
         raise SystemExit(f"overrides ({bad}) must be of the sections {SECTIONS}, e.g. engine.seed=7")
     configure_process()
-    if "://" in connect:  # an address: the owner of the stream tells us the run's config and endpoints
-        cfg, endpoints = fetch_run(connect)
-        ctx, run_dir = JoinedContext("generator", name, None, cfg, endpoints), None
-    else:
-        ctx, run_dir = JoinedContext("generator", name, connect), Path(connect)
+    ctx = join_context("generator", name, connect, own_security)
+    run_dir = None if "://" in connect else Path(connect)
     ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
     model_dir = model or starting_model(run_dir, ctx.cfg)
 
@@ -143,15 +179,12 @@ def run_joined_reward_worker(connect: str, name: str, overrides: list[str]) -> i
     address): it asks the run's first reward worker for groups (``asyncrl.rewards.process``)."""
     from asyncrl.rewards.process import run_reward_worker
 
+    own_security, overrides = split_security(overrides)
     bad = [o for o in overrides if not o.startswith(REWARD_SECTIONS)]
     if bad:
         raise SystemExit(f"overrides ({bad}) must be of the reward section (reward.key=value)")
     configure_process()
-    if "://" in connect:  # an address: the owner of the stream tells us the run's config and endpoints
-        cfg, endpoints = fetch_run(connect)
-        ctx = JoinedContext("reward", name, None, cfg, endpoints)
-    else:
-        ctx = JoinedContext("reward", name, connect)
+    ctx = join_context("reward", name, connect, own_security)
     ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
     try:
         run_reward_worker(ctx, owner=False)
