@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from asyncrl.wire.schema import Group
+from asyncrl.wire.schema import Group, token_versions
 
 
 @dataclass
@@ -31,8 +31,13 @@ class TrainBatch:
     """(B, L-1) float32 generator log-probabilities of ``input_ids[:, t+1]``; 0 off the response."""
     advantages: torch.Tensor
     """(B, L-1) float32, each sample's advantage on every position of its row (use with the mask)."""
+    behaviour_version: torch.Tensor
+    """(B, L-1) int64 policy version that sampled ``input_ids[:, t+1]`` (a sample's
+    ``version_segments``: a weight update swapped in while it was sampled); off the response,
+    the row's ``policy_version``."""
     policy_version: torch.Tensor
-    """(B,) int64 policy version that sampled each sequence."""
+    """(B,) int64 version of each sequence's oldest response token: its staleness is measured
+    from it (the group's ``policy_version`` unless the sample's segments start later)."""
     group_index: torch.Tensor
     """(B,) int64 index of each sequence's group in the list given to ``collate``."""
 
@@ -50,7 +55,7 @@ class TrainBatch:
         length = max(int(rows["attention_mask"].sum(dim=1).max().item()), 2) if stop > start else 2
         for name in ("input_ids", "attention_mask"):
             rows[name] = rows[name][:, :length]
-        for name in ("response_mask", "behaviour_logprobs", "advantages"):
+        for name in ("response_mask", "behaviour_logprobs", "behaviour_version", "advantages"):
             rows[name] = rows[name][:, : length - 1]
         return TrainBatch(**rows)
 
@@ -76,7 +81,7 @@ def collate(
         raise ValueError("groups is empty: a batch needs at least one group")
     if len(advantages) != len(groups):
         raise ValueError(f"advantages has {len(advantages)} rows, must have one per group ({len(groups)})")
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, int, int]] = []
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, int]] = []
     for g_index, group in enumerate(groups):
         if len(group.prompt_ids) == 0:
             raise ValueError(f"group {group.group_id}: prompt_ids is empty, must hold at least one token")
@@ -87,7 +92,8 @@ def collate(
             )
         for i, sample in enumerate(group.samples):
             adv = float(advantages[g_index][i])
-            rows.append((group.prompt_ids, sample.response_ids, sample.logprobs, adv, group.policy_version, g_index))
+            versions = token_versions(sample, group.policy_version)  # (T,)
+            rows.append((group.prompt_ids, sample.response_ids, sample.logprobs, adv, versions, g_index))
 
     B = len(rows)
     L = max(max(len(p) + len(r) for p, r, *_ in rows), 2)  # >= 2 so that L - 1 >= 1
@@ -96,9 +102,10 @@ def collate(
     response_mask = torch.zeros((B, L - 1), dtype=torch.float32)
     behaviour_logprobs = torch.zeros((B, L - 1), dtype=torch.float32)
     advantage_rows = torch.zeros((B, L - 1), dtype=torch.float32)
+    behaviour_version = torch.zeros((B, L - 1), dtype=torch.int64)
     policy_version = torch.zeros(B, dtype=torch.int64)
     group_index = torch.zeros(B, dtype=torch.int64)
-    for b, (prompt, response, logprobs, adv, version, g_index) in enumerate(rows):
+    for b, (prompt, response, logprobs, adv, versions, g_index) in enumerate(rows):
         P, T = len(prompt), len(response)
         input_ids[b, :P] = torch.from_numpy(np.asarray(prompt, dtype=np.int64))
         input_ids[b, P : P + T] = torch.from_numpy(np.asarray(response, dtype=np.int64))
@@ -107,7 +114,10 @@ def collate(
         response_mask[b, P - 1 : P - 1 + T] = 1.0
         behaviour_logprobs[b, P - 1 : P - 1 + T] = torch.from_numpy(np.asarray(logprobs, dtype=np.float32))
         advantage_rows[b, :] = adv
-        policy_version[b] = version
+        oldest = int(versions.min()) if T else groups[g_index].policy_version
+        behaviour_version[b, :] = oldest
+        behaviour_version[b, P - 1 : P - 1 + T] = torch.from_numpy(versions)
+        policy_version[b] = oldest
         group_index[b] = g_index
     return TrainBatch(
         input_ids=input_ids,
@@ -115,6 +125,7 @@ def collate(
         response_mask=response_mask,
         behaviour_logprobs=behaviour_logprobs,
         advantages=advantage_rows,
+        behaviour_version=behaviour_version,
         policy_version=policy_version,
         group_index=group_index,
     )

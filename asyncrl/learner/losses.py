@@ -156,12 +156,16 @@ def log_linear_proximal_logprobs(
         alpha       = (v_prox - v_mu) / (v_theta - v_mu)       (1 where v_theta == v_mu)
         log pi_prox ~ log mu + alpha * (log pi_theta - log mu)
 
-    ``behaviour_version`` is (B,), one per sequence. With one optimizer step per batch,
-    v_prox == v_theta and this is exactly pi_theta (detached).
+    ``behaviour_version``: (B, T), the version that sampled each token (a sample spanning a
+    weight update interpolates each of its segments from its own version), or (B,), one per
+    sequence. With one optimizer step per batch, v_prox == v_theta and this is exactly pi_theta
+    (detached).
     """
-    gap = (current_version - behaviour_version).to(logprobs.dtype)  # (B,)
+    if behaviour_version.dim() == 1:
+        behaviour_version = behaviour_version[:, None]  # (B, 1): one version for the whole row
+    gap = (current_version - behaviour_version).to(logprobs.dtype)  # (B, T) or (B, 1)
     alpha = torch.where(gap > 0, (proximal_version - behaviour_version).to(logprobs.dtype) / gap.clamp(min=1), 1.0)
-    return (behaviour_logprobs + alpha[:, None] * (logprobs.detach() - behaviour_logprobs)).detach()
+    return (behaviour_logprobs + alpha * (logprobs.detach() - behaviour_logprobs)).detach()
 
 
 # ---------------------------------------------------------------------------------------------

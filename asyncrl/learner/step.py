@@ -365,7 +365,7 @@ def micro_loss(
         prox = step.proximal[a:b, :width].to(logprobs.device)
     elif algo.proximal == "log_linear":
         prox = log_linear_proximal_logprobs(
-            micro.behaviour_logprobs, logprobs, micro.policy_version, step.version_before, step.version_before
+            micro.behaviour_logprobs, logprobs, micro.behaviour_version, step.version_before, step.version_before
         )
     else:  # the step's only update: the current policy is the proximal one (ratio == 1)
         prox = logprobs.detach()

@@ -58,7 +58,7 @@ def add_micro_figures(
     sums["raw_sum"] += float((raw * mask).sum())
     k3 = (raw - 1) - raw.log()  # (b, l-1) per-token k3 of KL(mu || pi_prox)
     sums["behaviour_kl_sum"] += float((k3 * mask).sum())
-    fresh = mask * (version_before - micro.policy_version == 0).to(mask.dtype)[:, None]
+    fresh = mask * (micro.behaviour_version == version_before).to(mask.dtype)  # (b, l-1): sampled by pi_prox's version
     sums["fresh_tokens"] += float(fresh.sum())
     sums["mismatch_kl_sum"] += float((k3 * fresh).sum())
     if bool((mask > 0).any()):
@@ -142,6 +142,7 @@ def step_stats(
         "outside_truncation_frac": sum(e["outside"] for e in epochs) / max(tokens, 1.0),
         "padding_frac": 1.0 - sum(e["slots_used"] for e in epochs) / max(sum(e["slots"] for e in epochs), 1.0),
         "staleness": staleness,
+        "token_staleness": token_staleness(batch, version_before),
         "staleness_mean": float(np.mean(staleness)),
         "staleness_max": int(max(staleness)),
         "reward_mean": float(np.mean([s.reward for g in groups for s in g.samples])),
@@ -162,6 +163,14 @@ def step_stats(
     if with_reference:
         stats["ref_kl"] = sum(e["ref_kl_sum"] for e in epochs) / max(tokens, 1.0)
     return stats
+
+
+def token_staleness(batch: TrainBatch, version_before: int) -> dict[int, int]:
+    """Response tokens in the loss by staleness, ``version_before`` minus the version that sampled
+    each (``behaviour_version``): a sample spanning a weight update counts each segment at its own."""
+    lags = (version_before - batch.behaviour_version)[batch.response_mask > 0]  # (tokens,)
+    values, counts = np.unique(lags.numpy(), return_counts=True)
+    return {int(v): int(c) for v, c in zip(values, counts)}
 
 
 def clip_stats(grad_norms: list[float], grad_clip: float) -> dict:

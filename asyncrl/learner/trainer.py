@@ -196,13 +196,15 @@ class PolicyTrainer:
         ``is_weight_ess`` (effective sample size of the applied weights over response tokens,
         (sum w)^2 / (N sum w^2), in (0, 1]), ``masked_frac`` (response tokens dropped by the
         correction), ``behaviour_kl`` (k3 estimate of KL(mu || pi_prox) over all tokens),
-        ``mismatch_kl`` (the same over tokens of staleness 0 only: sampler/learner mismatch at one
-        version; NaN when there are none), ``entropy`` (token-mean entropy of pi_theta),
+        ``mismatch_kl`` (the same over tokens sampled by the version before the step only:
+        sampler/learner mismatch at one version; NaN when there are none), ``entropy`` (token-mean entropy of pi_theta),
         ``outside_truncation_frac`` (response tokens outside pi_theta's top-k/top-p set, scored as
         ``asyncrl.learner.logprobs`` says; 0 without top-k/top-p), ``padding_frac`` (padding /
         token slots of the micro batches' forward passes, packed or not; ``asyncrl.learner.packing``),
         ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence:
-        ``version before the step - group.policy_version``), ``staleness_mean``/``staleness_max``,
+        ``version before the step -`` the version of its oldest response token),
+        ``token_staleness`` (response tokens in the loss by the staleness of the version that
+        sampled each), ``staleness_mean``/``staleness_max``,
         ``reward_mean`` (the task's reward, before any shaping), ``truncated_frac`` (samples
         cut off at the length limit), ``overlong_penalty`` (its mean, under truncation mode
         penalise), ``sequences`` (in the loss), ``tokens`` (response tokens trained on), ``seconds``.

@@ -220,6 +220,20 @@ def validate_segments(segments, num_tokens: int, policy_version: int, uid: str) 
         )
 
 
+def token_versions(sample: Sample, policy_version: int) -> np.ndarray:
+    """(T,) int64: the policy version that sampled each response token of ``sample``, from its
+    ``version_segments`` (None: ``policy_version``, its group's, sampled every token).
+
+    >>> s = Sample("g/0", np.arange(5, dtype=np.int32), np.zeros(5, np.float32), "", "length", version_segments=[[0, 3], [2, 4]])
+    >>> token_versions(s, 3).tolist()
+    [3, 3, 4, 4, 4]
+    """
+    out = np.full(len(sample.response_ids), policy_version, dtype=np.int64)
+    for index, version in sample.version_segments or ():
+        out[index:] = version  # later segments overwrite from their first token on
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # arrays on the wire
 

@@ -121,3 +121,17 @@ def test_collate_errors_name_the_problem(groups):
         collate([make_group("c", [], [[1]])], [[0.0]], pad_id=PAD)
     with pytest.raises(ValueError, match=r"temperature \(0.0\) must be > 0"):
         token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), temperature=0.0)
+
+
+def test_each_token_carries_the_version_that_sampled_it():
+    """A sample spanning an update: its segments become per-token versions, aligned with the
+    response mask; the row's policy_version is its oldest token's, not the group's."""
+    group = make_group("s", [5, 6], [[8, 9, 10, 11], [12, 13]], version=2)
+    group.samples[0].version_segments = [[0, 2], [1, 3], [3, 5]]
+    group.samples[1].version_segments = [[0, 4]]  # began after a swap: younger than its group
+    batch = collate([group], [[0.0, 0.0]], pad_id=PAD)
+    in_response = batch.response_mask > 0
+    assert batch.behaviour_version[0][in_response[0]].tolist() == [2, 3, 3, 5]
+    assert batch.behaviour_version[1][in_response[1]].tolist() == [4, 4]
+    assert batch.policy_version.tolist() == [2, 4]
+    assert batch.slice(1, 2).behaviour_version.tolist() == [[4, 4, 4]]

@@ -3,9 +3,13 @@ reduction property: with mu equal to the learner's logprobs, every correction is
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from asyncrl.generators.engine import Completion
+from asyncrl.generators.groups import build_groups
+from asyncrl.learner.batch import collate
 from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.losses import (
     CORRECTIONS,
@@ -284,3 +288,31 @@ def test_stale_samples_make_the_corrections_differ():
     }
     assert len({round(v, 6) for v in losses.values()}) == len(CORRECTIONS) - 1  # tis == decoupled at one cap
     assert losses["tis"] == pytest.approx(losses["decoupled"])
+
+
+def test_log_linear_proximal_interpolates_each_token_by_its_own_version():
+    """A generation spanning versions 1 and 3 (then 4): each segment is interpolated with the
+    alpha of the version that sampled it, alpha = (v_prox - v_mu) / (v_theta - v_mu)."""
+    T = 6
+    completion = Completion(
+        prompt_ids=np.array([1, 2], dtype=np.int32),
+        response_ids=np.arange(3, 3 + T, dtype=np.int32),
+        logprobs=np.full(T, -2.0, dtype=np.float32),
+        text="",
+        finish_reason="length",
+        version_segments=[[0, 1], [2, 3], [5, 4]],
+    )
+    row = {"group_id": "g", "prompt_uid": "p", "task": "t", "text": "", "answer": ""}
+    (group,) = build_groups([row], [[completion]], version=0, generator="gen", rollout_s=0.0)
+    assert group.policy_version == 1 and group.samples[0].version_segments == [[0, 1], [2, 3], [5, 4]]
+    batch = collate([group], [[1.0]], pad_id=0)
+    logprobs = torch.full_like(batch.behaviour_logprobs, -1.0)
+    out = log_linear_proximal_logprobs(
+        batch.behaviour_logprobs, logprobs, batch.behaviour_version, proximal_version=4, current_version=5
+    )
+    response = out[0][batch.response_mask[0] > 0]
+    # mu = -2, pi_theta = -1: log pi_prox = -2 + alpha; alpha = 3/4 (v1), 1/2 (v3), 0 (v4)
+    torch.testing.assert_close(response, torch.tensor([-1.25, -1.25, -1.5, -1.5, -1.5, -2.0]))
+    # one version for the whole row would have given every token the oldest segment's alpha
+    whole = log_linear_proximal_logprobs(batch.behaviour_logprobs, logprobs, batch.policy_version, 4, 5)
+    torch.testing.assert_close(whole[0][batch.response_mask[0] > 0], torch.full((T,), -1.25))

@@ -788,3 +788,28 @@ def test_mini_batches_never_split_a_group_and_the_learner_config_checks_them():
     assert trainer._mini_batches(sized) == [(0, 7), (7, 9), (9, 14)]
     trainer.mini_batches = 8  # more than there are groups: one group each
     assert trainer._mini_batches(sized) == [(0, 3), (3, 7), (7, 9), (9, 14)]
+
+
+def test_staleness_figures_count_each_segment_at_its_own_version(model_dir, hf_state):
+    """Samples spanning an update (versions 0, then 3 from their third token) trained at version 3:
+    the sequence is 3 stale (its oldest token), its tokens 3 and 0, and the sampler/learner
+    mismatch is measured over the tokens sampled by version 3 alone."""
+    model = hf_state[0]
+    spanning = make_groups(model.config.vocab_size, policy_version=0, seed=5)
+    for g in spanning:
+        for s in g.samples:
+            s.version_segments = [[0, 0], [2, 3]]
+    trainer = PolicyTrainer(model_dir, config(0))
+    trainer.version = 3
+    stats = trainer.train_step(spanning)
+    samples = [s for g in spanning for s in g.samples]
+    tokens = sum(len(s.response_ids) for s in samples)
+    assert stats["staleness"] == [3] * len(samples)
+    assert stats["token_staleness"] == {0: tokens - 2 * len(samples), 3: 2 * len(samples)}
+    batch = collate(spanning, [np.zeros(len(g.samples)) for g in spanning], pad_id=0)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    raw = (token_logprobs(logits, batch.input_ids) - batch.behaviour_logprobs).exp()  # pi_prox / mu
+    fresh = batch.response_mask * (batch.behaviour_version == 3)
+    k3 = (raw - 1) - raw.log()
+    assert stats["mismatch_kl"] == pytest.approx(float((k3 * fresh).sum() / fresh.sum()), rel=1e-4)
