@@ -16,6 +16,12 @@ Why it is built this way:
   thread runs the engine, ``generate``/``score``/``load_weights`` submit coroutines to it and
   wait. ``load_weights`` may therefore be called from another thread while ``generate`` waits
   (``asyncrl.generators.inflight``).
+- **Interruptible requests** (partial rollouts, ``asyncrl.generators.resume``). One answer per
+  request (``sample_request``), so that each can be aborted (``abort_requests``: it ends with
+  what it sampled so far, finish reason ``abort``) and continued under the weights now loaded
+  from its prompt + those tokens (``resume_request``), the tokens kept with their logprobs and
+  versions. Which requests to abort, and when, is the generator loop's decision (the contract
+  is in ``sample_request``).
 - **The weights travel to the engine process without pickled tensors.** ``AsyncLLM`` runs its
   engine core in a child process; ``WeightLoaderExtension`` (a vLLM worker extension) maps
   shared-memory buckets itself (zero copy), or takes each bucket as raw bytes, or a directory.
@@ -24,15 +30,18 @@ Why it is built this way:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import mmap
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from asyncrl.generators.engine import (
+    FINISH_REASONS,
     Completion,
     EngineConfig,
     SamplingConfig,
@@ -44,6 +53,7 @@ from asyncrl.generators.engine import (
     to_completions,
     tokens_prompts,
 )
+from asyncrl.generators.resume import continuation_params, merge_continuation, oldest_version
 
 EXTENSION = "asyncrl.generators.async_engine.WeightLoaderExtension"
 
@@ -124,6 +134,7 @@ class AsyncVLLMEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="asyncrl-vllm-loop", daemon=True)
         self._thread.start()
         self._swap_lock = threading.Lock()  # one swap at a time, whichever thread asks
+        self._running: dict[str, int] = {}  # request id -> oldest version it may hold (engine loop only)
         args = AsyncEngineArgs(**engine_args(model_dir, cfg), worker_extension_cls=EXTENSION)
 
         async def build():
@@ -187,6 +198,93 @@ class AsyncVLLMEngine:
         request = ScoreRequest(self.tokenizer, prompt, continuation_ids, self.cfg.max_model_len)
         params = request.params(output_kind=RequestOutputKind.FINAL_ONLY)
         return request.logprobs(self._call(self._one(request.prompt(), params), "the probe to be scored"))
+
+    # -----------------------------------------------------------------------------------------
+    # interruptible requests: one answer each, aborted and resumed one by one
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        """Schedule ``coro`` (``sample_request(...)``, ``resume_request(...)``) on the engine's
+        loop; the caller bounds its wait (``future.result(timeout)``) and names what it waits for."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def sample_request(
+        self, prompt_ids: list[int], params, request_id: str, oldest: int | None = None
+    ) -> Completion:
+        """Sample one answer after ``prompt_ids`` with vLLM ``params`` (``n`` must be 1; any
+        output kind but DELTA) as request ``request_id``, on the engine's loop (``submit``).
+
+        The contract for a generator loop that interrupts requests (partial rollouts):
+
+        1. Run each answer as its own request: ``engine.submit(engine.sample_request(...))``.
+        2. After ``load_weights(..., version)``, ``requests_older_than(version - max_staleness)``
+           names the running requests whose oldest tokens would exceed the staleness bound;
+           ``abort_requests(ids)`` ends them.
+        3. An aborted request's coroutine returns its ``Completion`` with ``finish_reason ==
+           "abort"``: the tokens, behaviour logprobs and ``version_segments`` sampled so far
+           (possibly none). Submit ``resume_request(partial, params, new_id)`` with the
+           *original* ``params``: it returns the whole answer (which may be aborted again, and
+           resumed again), its ``resumed`` counting the interruptions.
+        4. Nothing else returns ``abort``; a finished answer has ``stop`` or ``length``.
+
+        ``oldest``: the oldest version the request's tokens may hold (a resumed prefix's);
+        None: the version loaded now."""
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if params.n != 1 or params.output_kind == RequestOutputKind.DELTA:
+            raise ValueError(f"request {request_id}: params must have n = 1 ({params.n}) and a cumulative output kind")
+        submitted = self.version
+        self._running[request_id] = submitted if oldest is None else min(oldest, submitted)
+        final = None
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
+                final = out
+        finally:
+            self._running.pop(request_id, None)
+        if final is None:
+            raise RuntimeError(f"request {request_id}: the engine returned no output")
+        (completion,) = to_completions(final, FINISH_REASONS + ("abort",))
+        if completion.version_segments is None and len(completion.response_ids):
+            completion.version_segments = [[0, submitted]]  # an engine that labels no versions
+        return completion
+
+    async def resume_request(self, partial: Completion, params, request_id: str) -> Completion:
+        """Continue the aborted answer ``partial`` under the weights loaded now: prompt + its
+        tokens as the prompt, ``params.max_tokens`` less its length left to sample
+        (``resume.continuation_params``), then merged (``resume.merge_continuation``: its tokens
+        keep their logprobs and versions, the segments record the switch, the text is decoded
+        from the merged ids). An answer with no room left (``max_tokens`` or ``max_model_len``
+        reached) is returned whole, finish reason ``length``."""
+        done = len(partial.response_ids)
+        prompt = [int(t) for t in partial.prompt_ids]
+        if done >= params.max_tokens or len(prompt) + done >= self.cfg.max_model_len:
+            return replace(partial, finish_reason="length")
+        prefix_version = oldest_version(partial, self.version)
+        continuation = await self.sample_request(
+            prompt + [int(t) for t in partial.response_ids],
+            continuation_params(params, done),
+            request_id,
+            oldest=prefix_version,
+        )
+        merged = merge_continuation(partial, continuation, prefix_version, self.version)
+        merged.text = self.tokenizer.decode(merged.response_ids.tolist(), skip_special_tokens=True)
+        return merged
+
+    def requests_older_than(self, version: int) -> list[str]:
+        """Ids of running ``sample_request``/``resume_request`` requests that may hold tokens of a
+        version older than ``version``: submitted under one (a lower bound on their first token's
+        version, as a swap may come before it), or resuming a prefix that holds one."""
+
+        async def older():
+            return [rid for rid, oldest in self._running.items() if oldest < version]
+
+        return self._call(older(), f"the requests older than version {version}")
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """End ``request_ids`` now, from any thread: each one's coroutine returns what it sampled
+        so far, finish reason ``abort``. Ids of requests already finished are ignored."""
+        if request_ids:
+            self._call(self._llm.abort(list(request_ids)), f"{len(request_ids)} requests to be aborted")
 
     # -----------------------------------------------------------------------------------------
     # weights

@@ -138,6 +138,9 @@ class Completion:
     version_segments: list[list[int]] | None = None
     """``[[first_token_index, policy_version], ...]``: which version sampled which tokens, when the
     engine labels versions (``AsyncVLLMEngine``: more than one when the answer spans an update)."""
+    resumed: int = 0
+    """Times this answer was aborted and continued from its tokens so far under newer weights
+    (``asyncrl.generators.resume``); 0 for an answer sampled in one request."""
 
 
 def tokens_prompts(tokenizer, prompts: list[str], max_model_len: int) -> list:
@@ -359,14 +362,15 @@ def derive_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint32)[0] >> 1)
 
 
-def to_completions(output) -> list[Completion]:
-    """A vLLM ``RequestOutput`` -> its n completions, ordered by sample index."""
+def to_completions(output, finish_reasons: tuple[str, ...] = FINISH_REASONS) -> list[Completion]:
+    """A vLLM ``RequestOutput`` -> its n completions, ordered by sample index; a finish reason
+    outside ``finish_reasons`` is a RuntimeError (``abort`` only where the caller aborts)."""
     prompt_ids = np.asarray(output.prompt_token_ids, dtype=np.int32)
     completions = []
     for sample in sorted(output.outputs, key=lambda s: s.index):
-        if sample.finish_reason not in FINISH_REASONS:
+        if sample.finish_reason not in finish_reasons:
             raise RuntimeError(
-                f"request {output.request_id}: finish_reason ({sample.finish_reason!r}) must be one of {FINISH_REASONS}"
+                f"request {output.request_id}: finish_reason ({sample.finish_reason!r}) must be one of {finish_reasons}"
             )
         token_ids = list(sample.token_ids)
         if sample.logprobs is None or len(sample.logprobs) != len(token_ids):

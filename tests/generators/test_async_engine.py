@@ -162,3 +162,48 @@ def test_a_failed_swap_in_flight_is_raised_by_drain(engine):
     with pytest.raises(TimeoutError, match="bucket 0 of version 9"):
         applier.drain(RecordingContext())
     applier.close()
+
+
+def test_an_aborted_and_resumed_answer_holds_each_versions_own_tokens_and_logprobs(engine, hf):
+    """Abort an answer under weights a, swap in b, resume it: the prefix keeps a's tokens and
+    logprobs (rescored by the engine under a), the rest is b's (rescored under b), and the
+    segments record the switch."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    old = engine.version + 1
+    engine.load_weights(list(hf["a"].state_dict().items()), old)
+    params = SamplingParams(
+        n=1,
+        temperature=1.0,
+        max_tokens=40,
+        logprobs=0,
+        ignore_eos=True,
+        seed=7,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+    running = engine.submit(engine.sample_request(engine.tokenizer.encode(PROMPT), params, "answer-0"))
+    wait_until(lambda: _tokens_so_far(engine) >= 4 or running.done(), "the answer to have 4 tokens", interval=0.001)
+    assert engine.requests_older_than(old + 1) == ["answer-0"] and engine.requests_older_than(old) == []
+    engine.abort_requests(["answer-0"])
+    partial = running.result(60)
+    cut = len(partial.response_ids)
+    assert partial.finish_reason == "abort" and 0 < cut < 40 and partial.version_segments == [[0, old]]
+    assert engine.requests_older_than(old + 1) == []  # an aborted request is no longer running
+
+    new = old + 1
+    engine.load_weights(list(hf["b"].state_dict().items()), new)
+    whole = engine.submit(engine.resume_request(partial, params, "answer-0/resumed")).result(60)
+    assert whole.finish_reason == "length" and len(whole.response_ids) == 40 and whole.resumed == 1
+    assert whole.version_segments == [[0, old], [cut, new]]
+    np.testing.assert_array_equal(whole.response_ids[:cut], partial.response_ids)
+    np.testing.assert_array_equal(whole.logprobs[:cut], partial.logprobs)
+    np.testing.assert_array_equal(whole.prompt_ids, partial.prompt_ids)
+    assert whole.text == engine.tokenizer.decode(whole.response_ids.tolist(), skip_special_tokens=True)
+
+    under_new = engine.score(PROMPT, whole.response_ids.tolist())
+    engine.load_weights(list(hf["a"].state_dict().items()), new + 1)
+    under_old = engine.score(PROMPT, whole.response_ids.tolist())
+    np.testing.assert_allclose(whole.logprobs[:cut], under_old[:cut], atol=1e-3)
+    np.testing.assert_allclose(whole.logprobs[cut:], under_new[cut:], atol=1e-3)
+    assert np.abs(under_old[cut:] - under_new[cut:]).max() > 0.05  # the two versions really differ there
