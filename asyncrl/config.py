@@ -149,6 +149,25 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _check_zero_variance_filter(self) -> RunConfig:
+        zv, estimator = self.buffer.zero_variance, self.algorithm.adv_estimator
+        if not zv.drop:
+            return self
+        if estimator in ("remax", "reinforce_pp", "gae"):
+            raise ValueError(
+                f"buffer.zero_variance.drop needs a group-relative advantage; algorithm.adv_estimator ({estimator!r}) "
+                "gives a group whose answers all score alike advantages other than 0 (a greedy baseline, the "
+                "batch's statistics, a critic), so dropping it throws a signal away"
+            )
+        names = [spec.label for spec in self.reward.rewards]
+        if zv.reward is not None and zv.reward not in names:
+            raise ValueError(
+                f"buffer.zero_variance.reward ({zv.reward!r}) must name one of the run's rewards {names} "
+                "(reward.rewards), or be null for the combined reward"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_stall_bounds(self) -> RunConfig:
         if self.run.stall_cap_s < self.run.stall_timeout_s:
             raise ValueError(

@@ -14,6 +14,22 @@ from pydantic import Field, model_validator
 from asyncrl.configbase import Config
 
 
+class ZeroVarianceConfig(Config):
+    """The buffer's zero-variance filter (``buffer.zero_variance``, ``asyncrl.buffer.zero_variance``):
+    DAPO's dynamic sampling."""
+
+    drop: bool = False
+    """Drop a group whose answers all score alike (reason ``zero_variance``); the dispatcher hands
+    a new prompt out in its place. Only for group-relative advantages (a config check refuses
+    ``remax``, ``reinforce_pp`` and ``gae``, whose advantages of such a group are not 0)."""
+    tolerance: float = Field(0.0, ge=0)
+    """Rewards are alike when their population standard deviation is at most this; 0: exactly
+    equal (verl's and DAPO's rule). Above 0 also drops a reward model's near-ties."""
+    reward: str | None = None
+    """Which score must vary: None, the combined reward (verl's ``score``); or a reward's name in
+    ``reward.rewards`` (its part of each sample, e.g. ``exact_match``: verl's ``acc``)."""
+
+
 class BufferConfig(Config):
     capacity_samples: int = Field(4096, ge=1)
     """Samples held at most; past it the oldest groups are evicted (reason ``evicted``), the buffer never grows."""
@@ -45,6 +61,8 @@ class BufferConfig(Config):
     """Target times each group is sampled (Reverb's SampleToInsertRatio); None: no ratio is enforced."""
     error_buffer: float = Field(64.0, gt=0)
     """Groups by which samples may run ahead of or behind ``samples_per_insert`` × inserts before one side blocks."""
+    zero_variance: ZeroVarianceConfig = ZeroVarianceConfig()
+    """Drop groups whose answers all score alike (DAPO's dynamic sampling; off by default)."""
     seed: int = 0
     """Seed of the sampler's random draws."""
     snapshot_on_exit: bool = False

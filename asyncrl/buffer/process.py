@@ -62,6 +62,7 @@ def run_buffer(ctx: BufferContext) -> None:
         removed=dict(buf.removed),
         rejected_frames=service.rejected_frames,
         priority_updates_ignored=buf.priority_updates_ignored,
+        **({"zero_variance": buf.zero_variance.report()} if buf.zero_variance is not None else {}),
     )
     for sock in (service.inbox, service.requests, service.status):
         sock.close()

@@ -15,7 +15,9 @@ Ledger. Every sample that arrives ends in exactly one counter, each sample count
 often it is trained: ``sampled`` (handed out at least once; later hand-outs count in
 ``resampled``), ``dropped[reason]`` (left without ever being handed out: ``stale``, ``evicted``,
 the reward failure, ``duplicate``, ``too_large``, ``truncated`` when ``drop_truncated`` refuses
-groups holding an answer cut off at the length limit), or ``held`` (stored, never handed out yet):
+groups holding an answer cut off at the length limit, ``zero_variance`` when the
+``zero_variance`` filter refuses groups whose answers all score alike), or ``held`` (stored,
+never handed out yet):
 
     inserted = sampled + Σ dropped + held
 
@@ -38,6 +40,7 @@ from asyncrl.buffer.removers import FIFOEviction, MaxTimesSampled, StalenessGate
 from asyncrl.buffer.samplers import Sampler, make_sampler
 from asyncrl.buffer.snapshot import restore_buffer, save_buffer
 from asyncrl.buffer.storage import GroupStorage, SlotStorage, group_nbytes
+from asyncrl.buffer.zero_variance import ZeroVarianceFilter
 from asyncrl.wire.schema import Group
 
 __all__ = ["BufferConfig", "ReplayBuffer", "SampledBatch"]
@@ -91,6 +94,7 @@ class ReplayBuffer:
         observer=None,
         clock=time.time,
         drop_truncated: bool = False,
+        zero_variance: ZeroVarianceFilter | None = None,
     ):
         self.storage = storage
         self.sampler = sampler
@@ -104,6 +108,8 @@ class ReplayBuffer:
         self.clock = clock
         self.drop_truncated = drop_truncated
         """Drop on arrival a group with a sample whose finish_reason is ``length`` (``algorithm.truncation.mode: drop``)."""
+        self.zero_variance = zero_variance
+        """Drop on arrival, last of all checks, a group whose answers all score alike (``buffer.zero_variance``)."""
         self.learner_version = 0
         self.inserted = Counter()  # "groups", "samples": every arrival, stored or not
         self.sampled = Counter()  # first hand-outs
@@ -144,6 +150,7 @@ class ReplayBuffer:
             cfg.max_staleness,
             observer,
             drop_truncated=drop_truncated,
+            zero_variance=ZeroVarianceFilter.from_config(cfg.zero_variance),
         )
 
     def __len__(self) -> int:
@@ -167,6 +174,8 @@ class ReplayBuffer:
             reason = "truncated"
         elif self.staleness.is_stale(group.policy_version, self.learner_version):
             reason = "stale"
+        elif self.zero_variance is not None and self.zero_variance.filters(group):
+            reason = ZeroVarianceFilter.reason
         else:
             reason = None
         if reason is not None:

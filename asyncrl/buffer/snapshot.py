@@ -3,7 +3,8 @@
 ``save_buffer(buf, path)`` / ``restore_buffer(buf, path)`` (``ReplayBuffer.snapshot`` and
 ``.restore``): stored items with their metadata in arrival order, payloads (groups as ``wire``
 frames, so a restore validates them like any received group; slab records as arrays), the
-sampler's leaves and RNG state, the rate limiter's counters and every ledger counter. The
+sampler's leaves and RNG state, the rate limiter's counters and every ledger counter (the
+zero-variance filter's among them). The
 staleness buckets, free slots and arrival ring are rebuilt from the items. Restored into a
 buffer built with the same config, the next samples are those the original would have drawn.
 
@@ -116,6 +117,8 @@ def save_buffer(buf, path) -> None:
         "priority_updates_ignored": buf.priority_updates_ignored,
         **{name: dict(getattr(buf, name)) for name in _COUNTERS},
     }
+    if getattr(buf, "zero_variance", None) is not None:
+        header["zero_variance"] = buf.zero_variance.state()
     write_snapshot(path, arrays, header, blobs)
 
 
@@ -152,4 +155,6 @@ def restore_buffer(buf, path) -> None:
     buf.priority_updates_ignored = int(header["priority_updates_ignored"])
     for name in _COUNTERS:
         setattr(buf, name, Counter(header[name]))
+    if getattr(buf, "zero_variance", None) is not None and "zero_variance" in header:
+        buf.zero_variance.load_state(header["zero_variance"])
     buf.staleness.rebuild(storage)

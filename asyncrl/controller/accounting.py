@@ -12,6 +12,10 @@ When the buffer hands a group out more than once (``buffer.max_times_sampled != 
 sample still counts once: ``trained`` is samples trained at least once (the learner counts by
 uid), matched by the buffer's first hand-outs (``sampled``); repeats are reported beside it
 (``trained_with_reuse``, matched by the buffer's ``sampled + resampled``).
+
+With ``buffer.zero_variance.drop`` the groups whose answers all scored alike are one of the drop
+reasons (``zero_variance``); ``zero_variance`` beside them gives the filter's counts in groups, by
+the reward they shared, and the share of the samples reaching the buffer that it dropped.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None,
         "unaccounted_by_link": unaccounted,
         "rejected_frames": buffer.get("rejected_frames", 0) + sum(r.get("rejected_frames", 0) for r in rewards),
     }
+    if (zero_variance := buffer.get("zero_variance")) is not None:
+        summary["zero_variance"] = {**zero_variance, "fraction": zero_variance["samples"] / max(buffer["inserted"], 1)}
     summary["reconciles"] = summary["generated"] == (
         summary["trained"] + sum(dropped.values()) + summary["buffered_at_end"] + summary["in_flight_at_end"]
     )

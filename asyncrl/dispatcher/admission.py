@@ -21,6 +21,41 @@ then keeps that many versions' groups ahead, and each still has the whole bound 
 in. Taken in order, groups within the bound are never dropped; a prioritized sampler does not
 take them in order, and with the learner the slower side the buffer holds (s + 1) · B groups, of
 which the ones it passes over turn stale. A smaller lead leaves it less choice and less to drop.
+
+Filtered groups (``buffer.zero_variance``: every answer scored alike, DAPO's dynamic sampling)
+follow the rule of every drop: a group holds its slot from its dispatch until the buffer reports
+it dropped, then frees it once (by id, ``Outstanding.settle``: a copy's drop frees nothing more),
+and the dispatcher refills the slot with a new prompt charged like any other, at the version of
+the generator that asks. That is the one choice that neither over-admits nor starves:
+
+- Never over-admits: ``dispatched - dropped`` counts the groups that may still be trained, and a
+  slot is freed only once its group is known never to be, so at every dispatch the trainable
+  groups dispatched stay within (s + v + 1) · B exactly as without a filter. The learner's batches
+  are full (the buffer hands out B stored groups), so the i-th trainable group is still trained
+  at version ⌊i / B⌋ ≤ s + v. Freeing slots ahead of the drops instead, for the share expected to
+  be filtered (verl's ``gen_batch_size`` > ``train_batch_size``), lets more than that run
+  whenever fewer groups are filtered than expected, and the last ones turn stale.
+- Never starves: a filtered group that kept its slot would hold it for good (it is never trained,
+  and the bound grows by B per step only as B trainable groups are trained): each one shrinks the
+  lead for the rest of the run, and after (s + 1) · B of them the learner waits for groups that
+  the dispatcher waits for a version to admit.
+
+The cost: a group to be filtered holds its slot while it is sampled and scored, so with a share p
+filtered about (1 - p) · (s + 1) · B trainable groups run ahead, and at s = 0 (synchronous) a step
+waits for the refills' round trip, as DAPO waits for its extra generation batches.
+
+Worked example, B = 4, s = 1, generators serving v = 0: the bound is (1 + 0 + 1) · 4 = 8.
+
+    dispatch g0..g7                      dispatched 8,  dropped 0: capacity 8 - 8 = 0
+    g2 and g5 answered all alike         dispatched 8,  dropped 2: capacity 8 - 6 = 2
+    refill g8, g9 (sampled by v = 0)     dispatched 10, dropped 2: capacity 8 - 8 = 0
+    step 1 trains g0 g1 g3 g4            bound 12:                 capacity 12 - 8 = 4
+
+The trainable groups in order are g0 g1 g3 g4 | g6 g7 g8 g9 | ...: the refills are the 7th and
+8th, trained by the step from version 1, staleness 1 ≤ s. Had g8 and g9 been sent at dispatch to
+cover the expected drops and nobody had been filtered, they would have been the 9th and 10th,
+trained from version 2: staleness 2 > s. Had g2 and g5 kept their slots, g8 and g9 never went out,
+and the lead stays two groups short for the rest of the run.
 """
 
 from __future__ import annotations

@@ -229,6 +229,12 @@ BUFFER_REMOVED = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+ZERO_VARIANCE_GROUPS = Counter(
+    "asyncrl_zero_variance_groups",
+    "Groups the buffer dropped because every answer scored alike (buffer.zero_variance), by that shared reward.",
+    ["reward"],
+    registry=REGISTRY,
+)
 BUFFER_SAMPLE_AGE_VERSIONS = Histogram(
     "asyncrl_buffer_sample_age_versions",
     "Learner version minus the group's policy version when the buffer hands it out.",

@@ -543,6 +543,8 @@ class FinalEvent(Event, kw_only=True, tag="final"):
     held_groups: int | None = None
     removed: dict[str, int] | None = None
     priority_updates_ignored: int | None = None
+    zero_variance: dict | None = None
+    """The zero-variance filter's counts (``ZeroVarianceFilter.report``), when it is on."""
     # dispatcher
     dispatched: int | None = None
     epoch: int | None = None

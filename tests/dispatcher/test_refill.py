@@ -1,0 +1,108 @@
+"""Refilling the slots of filtered groups (``buffer.zero_variance``): the admission rule of
+``asyncrl.dispatcher.admission`` neither over-admits nor starves the learner.
+
+A small discrete-time model of the pipeline drives the real ``Dispatcher.rows_for``,
+``Outstanding`` and ``Admission``: generators ask every tick for prompts at the version they
+serve, a group is scored ``latency`` ticks later and is either filtered (the buffer reports it
+dropped) or stored, and the learner trains B stored groups, oldest first, whenever the buffer has
+them. Groups arrive in the order they were dispatched: the rule's bound is for groups taken in
+order (one overtaken by later ones can still turn stale, filter or not; the buffer's gate drops
+it).
+"""
+
+import random
+from collections import deque
+
+from asyncrl.dispatcher.admission import Admission
+from asyncrl.dispatcher.cursor import PromptCursor
+from asyncrl.dispatcher.outstanding import Outstanding
+from asyncrl.tasks.prompts import Prompt
+
+
+def dispatcher_of(admission, outstanding, prompts=64):
+    """A dispatcher without sockets: enough for ``rows_for``."""
+    from asyncrl.dispatcher.process import Dispatcher
+
+    d = Dispatcher.__new__(Dispatcher)
+    cursor = PromptCursor([Prompt(f"p{i}", f"{i}+1=", str(i + 1), "t") for i in range(prompts)], seed=0, epochs=None)
+    d.cursor, d.admission, d.outstanding = cursor, admission, outstanding
+    return d
+
+
+def simulate(filtered, steps=30, b=4, s=1, free_slot=True, ticks=2000, seed=0, latency=3):
+    """Run until the learner has taken ``steps`` steps or ``ticks`` pass. ``filtered(rng)``: whether
+    the next group scored is filtered. Returns (steps taken, staleness of each trained group,
+    groups filtered, groups dispatched)."""
+    rng = random.Random(seed)
+    a, o = Admission(batch_groups=b, max_staleness=s), Outstanding(keep_trained=False)
+    d = dispatcher_of(a, o)
+    in_flight: deque = deque()  # (tick it is scored, group id, version that sampled it)
+    stored: deque = deque()  # (group id, version), oldest first
+    version, staleness, dropped = 0, [], 0
+    for tick in range(ticks):
+        if version >= steps:
+            break
+        # Two generators: one serves the learner's version, one lags a step behind it.
+        for generator, serves in (("generator-0", version), ("generator-1", max(0, version - 1))):
+            for row in d.rows_for(2, serves):
+                o.dispatched(row, generator, float(tick))
+                in_flight.append((tick + latency, row["group_id"], serves))
+        for entry in sorted(e for e in in_flight if e[0] <= tick):
+            in_flight.remove(entry)
+            _, gid, v = entry
+            if filtered(rng):
+                dropped += 1
+                retired = o.settle(dropped=[gid])  # the buffer's status names the group dropped
+                if free_slot:
+                    a.dropped += retired
+            else:
+                o.settle(inserted=[gid])
+                stored.append((gid, v))
+        if len(stored) >= b:  # the buffer hands out full batches only
+            batch = [stored.popleft() for _ in range(b)]
+            staleness += [version - v for _, v in batch]
+            version += 1
+            o.settle(trained=[(version, [g for g, _ in batch])])
+            a.update(version)
+            a.count_trained(version, b)
+    return version, staleness, dropped, a.dispatched
+
+
+def test_filtered_groups_are_refilled_and_every_trained_group_stays_within_the_bound():
+    steps, staleness, dropped, dispatched = simulate(lambda rng: rng.random() < 0.4)
+    assert steps == 30 and len(staleness) == 30 * 4  # the learner never lacked a full batch
+    assert max(staleness) <= 1  # s: never over-admitted
+    assert dropped > 30  # a real share was filtered, and as many refills went out
+    assert dispatched >= 30 * 4 + dropped
+
+
+def test_a_filtered_group_that_kept_its_slot_would_starve_the_learner():
+    steps, _staleness, dropped, _dispatched = simulate(lambda rng: rng.random() < 0.4, free_slot=False)
+    assert steps < 30  # the lead leaked away, one slot per filtered group, until nothing moved
+    assert dropped <= (1 + 1 + steps) * 4  # everything ever admitted was scored
+
+
+def test_with_everything_filtered_nothing_is_trained_and_nothing_runs_past_the_budget():
+    a, o = Admission(batch_groups=4, max_staleness=1), Outstanding()
+    d = dispatcher_of(a, o)
+    sent = d.rows_for(100, version=0)
+    assert len(sent) == 8  # (1 + 0 + 1) * 4
+    for row in sent:
+        o.dispatched(row, "generator-0", 0.0)
+    # The worked example of the module docstring: g2 and g5 answered all alike.
+    a.dropped += o.settle(dropped=["g00000002", "g00000005"])
+    assert a.capacity(0) == 2
+    refills = d.rows_for(100, version=0)
+    assert [r["group_id"] for r in refills] == ["g00000008", "g00000009"] and a.capacity(0) == 0
+    # A second status naming g2 again (statuses repeat, copies arrive) frees nothing more.
+    a.dropped += o.settle(dropped=["g00000002"])
+    assert a.capacity(0) == 0
+    a.update(1)
+    a.count_trained(1, 4)
+    assert a.capacity(1) == 4  # bound 12, 8 groups that may still train
+
+
+def test_refills_keep_the_staleness_bound_at_every_filter_share():
+    for share in (0.0, 0.2, 0.7):
+        steps, staleness, _dropped, _dispatched = simulate(lambda rng, p=share: rng.random() < p, steps=15, seed=3)
+        assert steps == 15 and max(staleness) <= 1, share
