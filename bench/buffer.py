@@ -336,7 +336,7 @@ def bench_service(batch: int, batches: int, repeats: int) -> dict:
                 reply = learner.request(WantBatch(num_groups=batch, timeout_s=30.0), timeout=30.0)
                 if reply is None:
                     raise RuntimeError(f"no batch within 30 s after {received} of {count} groups")
-                received += len(reply[1]["groups"])
+                received += len(reply[1].groups)
             elapsed = time.perf_counter() - start
             sender.join(30)
         finally:

@@ -125,10 +125,11 @@ class ReferencePER:
         return slots, self.leaf[slots] / total, (p_min / self.leaf[slots]) ** self.beta
 
 
-def test_fast_paths_draw_the_same_batches_and_weights_as_a_reference_implementation():
-    # Small enough that batches often hold duplicates (the redraw path) and the smallest leaf is
-    # often overwritten (its recount), with enough writes to pass an exact rebuild of the tree.
-    capacity, k = 600, 48
+@pytest.mark.parametrize(("capacity", "k"), [(600, 48), (40_000, 256)])
+def test_fast_paths_draw_the_same_batches_and_weights_as_a_reference_implementation(capacity, k):
+    # 600: small enough that batches often hold duplicates (the redraw path) and the smallest
+    # leaf is often overwritten (its recount); the tree is its top level alone. 40,000: the
+    # tree has two levels under its top, as at the buffer's real sizes.
     rng = np.random.default_rng(7)
     fast = PrioritizedSampler(capacity, alpha=0.6, beta=0.4, beta_final=0.4, floor=0.01, seed=3)
     ref = ReferencePER(capacity, alpha=0.6, beta=0.4, floor=0.01, seed=3)

@@ -6,25 +6,42 @@ from hypothesis import strategies as st
 from asyncrl.buffer.sumtree import SumTree, sample_distinct
 
 
-def test_total_min_and_find_against_cumsum():
+class NarrowTree(SumTree):
+    """The same tree with rows of 4 under a top of at most 4 nodes: many levels on few leaves."""
+
+    FANOUT = 4
+    TOP_NODES = 4
+
+
+@pytest.mark.parametrize(
+    ("make", "n"),
+    [(SumTree, 1000), (SumTree, 5000), (SumTree, 100_000), (NarrowTree, 1000), (NarrowTree, 999)],
+)
+def test_total_min_and_find_against_cumsum(make, n):
     rng = np.random.default_rng(0)
-    tree = SumTree(1000)
-    leaves = rng.random(1000) * (rng.random(1000) > 0.3)  # ~30% empty leaves
-    tree.update(np.arange(1000), leaves)
+    tree = make(n)
+    leaves = rng.random(n) * (rng.random(n) > 0.3)  # ~30% empty leaves
+    tree.update(np.arange(n), leaves)
     assert tree.total == pytest.approx(leaves.sum(), rel=1e-12)
     assert tree.min == leaves[leaves > 0].min()
     u = rng.random(5000) * tree.total
     expected = np.searchsorted(np.cumsum(leaves), u, side="right")
     assert (tree.find(u) == expected).mean() > 0.999  # disagreements only at float ties
     assert (leaves[tree.find(u)] > 0).all()  # an empty leaf is never returned
+    edges = np.array([0.0, np.nextafter(tree.total, 0), tree.total])  # the ends of the range
+    assert tree.find(edges).tolist() == [np.flatnonzero(leaves)[0]] + [np.flatnonzero(leaves)[-1]] * 2
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=300), st.integers(0, 2**31 - 1))
-def test_batched_updates_keep_every_parent_the_sum_of_its_children(values, seed):
+@given(
+    st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=300),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([SumTree, NarrowTree]),
+)
+def test_batched_updates_keep_every_parent_the_sum_of_its_children(values, seed, make):
     rng = np.random.default_rng(seed)
     n = len(values)
-    tree = SumTree(n)
+    tree = make(n)
     truth = np.zeros(n)
     for _ in range(3):  # overlapping batches of distinct indices
         idx = rng.permutation(n)[: rng.integers(1, n + 1)]
@@ -34,18 +51,24 @@ def test_batched_updates_keep_every_parent_the_sum_of_its_children(values, seed)
     assert np.array_equal(tree.values(), truth)
     assert tree.total == pytest.approx(truth.sum(), rel=1e-9, abs=1e-9)
     assert tree.min == (truth[truth > 0].min() if (truth > 0).any() else np.inf)
+    if truth.sum() > 0:  # every draw lands where a running sum over the leaves puts it
+        u = rng.random(200) * tree.total
+        expected = np.searchsorted(np.cumsum(truth), u, side="right")
+        assert (tree.find(u) == expected).mean() > 0.99
 
 
-def test_rounding_at_the_end_never_lands_on_an_empty_leaf():
-    tree = SumTree(8)
+@pytest.mark.parametrize("make", [SumTree, NarrowTree])
+def test_rounding_at_the_end_never_lands_on_an_empty_leaf(make):
+    tree = make(8)
     tree.update(np.array([0, 1, 2]), np.array([0.1, 0.2, 0.3]))
     leaf = tree.find(np.array([tree.total, np.nextafter(tree.total, 0)]))
     assert set(leaf.tolist()) == {2}
 
 
-def test_sample_distinct_returns_distinct_leaves_and_restores_the_tree():
+@pytest.mark.parametrize("make", [SumTree, NarrowTree])
+def test_sample_distinct_returns_distinct_leaves_and_restores_the_tree(make):
     rng = np.random.default_rng(0)
-    tree = SumTree(16)
+    tree = make(16)
     values = np.array([100.0] + [1.0] * 9 + [0.0] * 6)  # one leaf dominates: duplicates certain
     tree.update(np.arange(16), values)
     chosen = sample_distinct(tree, 8, rng)
