@@ -140,11 +140,21 @@ class RunConfig(Config):
 
     @model_validator(mode="after")
     def _check_admission_lead(self) -> RunConfig:
-        ahead, bound = self.dispatcher.ahead_versions, self.buffer.max_staleness
+        # Under auto the bound moves within [min, max]: the lead must fit the lowest.
+        auto = self.buffer.auto
+        ahead = self.dispatcher.ahead_versions
+        bound = self.buffer.auto_staleness.min if auto else self.buffer.max_staleness
+        name = "buffer.auto_staleness.min" if auto else "buffer.max_staleness"
         if ahead is not None and bound is not None and ahead > bound:
             raise ValueError(
-                f"dispatcher.ahead_versions ({ahead}) must be <= buffer.max_staleness ({bound}): groups "
+                f"dispatcher.ahead_versions ({ahead}) must be <= {name} ({bound}): groups "
                 "dispatched further ahead could not be trained within the staleness bound"
+            )
+        margin = self.weights.staleness_margin
+        if auto and self.weights.schedule == "staleness" and bound - margin < 1:
+            raise ValueError(
+                f"buffer.auto_staleness.min ({bound}) minus weights.staleness_margin ({margin}) must be >= 1 "
+                "under weights.schedule staleness: at a lower bound no publication could keep samples within it"
             )
         return self
 

@@ -60,7 +60,14 @@ def run_measured(cfg: RunConfig) -> dict:
     cpu, busy = window["cpu_s_by_role"], window["busy_s_by_role"]
     per_sample_us = {role: 1e6 * cpu.get(role, 0.0) / trained for role in (*CONTROL_PLANE, "generator")}
     groups = trained / cfg.sampling.n
+    auto = {}
+    if cfg.buffer.auto:  # the bound each step set, and why it moved
+        auto["staleness_bounds"] = [s.get("staleness_bound") for s in steps]
+        auto["staleness_bound_changes"] = [
+            [s["version"], s["staleness_bound_reason"]] for s in steps if s.get("staleness_bound_reason")
+        ]
     return {
+        **auto,
         "samples_per_s": trained / wall,
         "tokens_per_s": tokens / wall,
         "generator_busy_fraction": busy.get("generator", 0.0) / (cfg.run.num_generators * wall),

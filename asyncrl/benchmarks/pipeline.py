@@ -10,6 +10,9 @@ which the dispatcher's admission also uses):
   over the generators (``generator.prompts_per_batch`` = ⌈batch_groups / num_generators⌉).
 - ``one-step-off`` (η = 1): the next batch is generated while the learner trains on this one.
 - ``async-4``, ``async-16``: generators run up to η versions ahead of the learner.
+- ``auto``: the learner sets η step by step from its off-policy signals
+  (``buffer.max_staleness: auto``; the simulated learner's signals follow
+  ``simulation.learner.behaviour_kl_per_version``); its figures add the bound of each step.
 
 For each mode it reports samples/s and tokens/s, busy fractions, the staleness distribution,
 end-to-end latency per sample, CPU per sample of the controller and of each control-plane
@@ -35,7 +38,7 @@ import numpy as np
 from asyncrl.benchmarks.measured_run import run_measured
 from asyncrl.config import RunConfig, load_config
 
-MODES = {"sync": 0, "one-step-off": 1, "async-4": 4, "async-16": 16}
+MODES: dict[str, int | str] = {"sync": 0, "one-step-off": 1, "async-4": 4, "async-16": 16, "auto": "auto"}
 
 
 def mode_overrides(cfg: RunConfig, mode: str) -> list[str]:

@@ -7,7 +7,7 @@ load time with the value and the rule, not as a stalled run.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -28,6 +28,40 @@ class ZeroVarianceConfig(Config):
     reward: str | None = None
     """Which score must vary: None, the combined reward (verl's ``score``); or a reward's name in
     ``reward.rewards`` (its part of each sample, e.g. ``exact_match``: verl's ``acc``)."""
+
+
+class AutoStalenessConfig(Config):
+    """Limits of the staleness controller of ``buffer.max_staleness: auto``
+    (``asyncrl.learner.staleness_control``): the learner raises the bound while the off-policy
+    signals of its steps stay well inside ``ess_min`` and ``kl_max``, and lowers it when one breaks."""
+
+    min: int = Field(1, ge=0)
+    """Lowest bound the controller sets (0: it may go synchronous)."""
+    max: int = Field(16, ge=0)
+    """Highest bound the controller sets; groups dispatched before a lowering were admitted under at most this."""
+    start: int = Field(4, ge=0)
+    """The bound of the first steps (and of a resumed run that had none saved), within [min, max]."""
+    ess_min: float = Field(0.5, gt=0, le=1)
+    """Lowest acceptable effective sample size of a step's raw importance weights w = pi_prox / mu,
+    (Σw)² / (N·Σw²) over its response tokens (1: on-policy)."""
+    kl_max: float = Field(0.05, gt=0)
+    """Highest acceptable behaviour KL (k3 estimate of KL(mu ‖ pi_prox), per token) of a step's
+    stalest samples; set it above the engines' own mismatch (``mismatch_kl``), or the bound only falls."""
+    margin: float = Field(0.5, gt=0, lt=1)
+    """Hysteresis: a step counts towards a raise only while kl ≤ margin·kl_max and
+    1 − ess ≤ margin·(1 − ess_min); between that and the limits the bound holds."""
+    raise_after: int = Field(4, ge=1)
+    """Consecutive healthy steps whose stalest samples reached the bound before it goes up by one."""
+    lower_after: int = Field(1, ge=1)
+    """Consecutive steps breaking a limit before the bound is lowered."""
+    decrease: float = Field(0.5, gt=0, lt=1)
+    """A lowering multiplies the bound by this (rounded down; at least one lower, never below ``min``)."""
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> AutoStalenessConfig:
+        if not self.min <= self.start <= self.max:
+            raise ValueError(f"auto_staleness.start ({self.start}) must be within [min ({self.min}), max ({self.max})]")
+        return self
 
 
 class BufferConfig(Config):
@@ -53,8 +87,11 @@ class BufferConfig(Config):
     """Batches sampled over which β moves linearly from ``beta`` to ``beta_final``."""
     max_times_sampled: int | None = Field(1, ge=1)
     """Remove a group after it has been sampled this many times (1: use once); None keeps it until evicted."""
-    max_staleness: int | None = Field(4, ge=0)
-    """Drop groups more than this many versions behind the learner; None keeps all."""
+    max_staleness: Annotated[int, Field(ge=0)] | Literal["auto"] | None = 4
+    """Drop groups more than this many versions behind the learner; None keeps all; ``auto``: the
+    learner sets the bound step by step within ``auto_staleness``, from its off-policy signals."""
+    auto_staleness: AutoStalenessConfig = AutoStalenessConfig()
+    """The controller's limits under ``max_staleness: auto`` (unused otherwise)."""
     min_size_to_sample: int = Field(1, ge=1)
     """Groups the buffer must hold before any batch is handed out (Reverb's MinSize)."""
     samples_per_insert: float | None = Field(None, gt=0)
@@ -67,6 +104,21 @@ class BufferConfig(Config):
     """Seed of the sampler's random draws."""
     snapshot_on_exit: bool = False
     """Write the buffer's whole state to ``RUN_DIR/buffer_snapshot`` when the buffer process stops."""
+
+    @property
+    def auto(self) -> bool:
+        """Whether the learner sets the staleness bound (``max_staleness: auto``)."""
+        return self.max_staleness == "auto"
+
+    @property
+    def initial_staleness(self) -> int | None:
+        """The bound a run starts with: ``max_staleness``, or ``auto_staleness.start`` under auto."""
+        return self.auto_staleness.start if self.max_staleness == "auto" else self.max_staleness
+
+    @property
+    def staleness_ceiling(self) -> int | None:
+        """The largest bound the run can have: ``max_staleness``, or ``auto_staleness.max`` under auto."""
+        return self.auto_staleness.max if self.max_staleness == "auto" else self.max_staleness
 
     @model_validator(mode="after")
     def _check_combinations(self) -> BufferConfig:

@@ -86,6 +86,16 @@ class StalenessGate:
         self._buckets: dict[int, list[np.ndarray]] = {}  # policy_version -> slots that arrived with it
         self._entries = 0
 
+    def set_bound(self, max_staleness: int) -> None:
+        """A new bound while running (``buffer.max_staleness: auto``): groups are bucketed by
+        version whatever the bound, so it applies from the next ``select``."""
+        if self.max_staleness is None or max_staleness < 0:
+            raise ValueError(
+                f"max_staleness ({max_staleness}) must be >= 0, set on a gate built with a bound "
+                f"(this one: {self.max_staleness})"
+            )
+        self.max_staleness = max_staleness
+
     def is_stale(self, policy_version, learner_version: int) -> np.ndarray:
         if self.max_staleness is None:
             return np.zeros(np.shape(policy_version), dtype=bool)

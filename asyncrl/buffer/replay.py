@@ -147,7 +147,7 @@ class ReplayBuffer:
             GroupPriority(cfg.priority, cfg.recency_decay),
             limiter,
             cfg.max_times_sampled,
-            cfg.max_staleness,
+            cfg.initial_staleness,
             observer,
             drop_truncated=drop_truncated,
             zero_variance=ZeroVarianceFilter.from_config(cfg.zero_variance),

@@ -10,6 +10,9 @@ has work or a held request's deadline comes; never a busy loop.
   asks again. Several learners may hold requests at once; they are served in arrival order.
 - Status. After every change, and every second for late subscribers, ``buffer_status`` carries
   the learner version and the groups settled, for the dispatcher's admission rule.
+- The bound. Under ``buffer.max_staleness: auto`` each request carries the staleness bound the
+  learner set; the gate applies it before the request's version, and ``buffer_status`` passes it
+  on with that version, so the dispatcher admits under the bound the gate drops by.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class BufferService:
         self._insert_blocked_since: float | None = None
         self._last_blocked_log = 0.0
         self._last_wake = time.monotonic()
+        self.max_staleness: int | None = None  # the bound the learner last set (under auto)
 
     @property
     def bad_requests(self) -> int:
@@ -125,7 +129,8 @@ class BufferService:
         return taken
 
     def _apply(self, request: WantBatch) -> None:
-        """What rides on a request: priority updates, the groups trained, the learner's version."""
+        """What rides on a request: priority updates, the groups trained, the bound the learner set
+        and its version (the bound first: a lowered one drops what it makes stale at that version)."""
         updates = request.priority_updates
         if updates is not None and (updates.group_keys or updates.priorities):
             try:
@@ -136,6 +141,10 @@ class BufferService:
         if trained is not None:
             version = request.policy_version if trained.version is None else trained.version
             self._trained.append((version, list(trained.group_ids)))
+        if request.max_staleness is not None and request.max_staleness != self.max_staleness:
+            self.buf.staleness.set_bound(request.max_staleness)
+            self.max_staleness = request.max_staleness
+            m.STALENESS_BOUND.labels("buffer").set(request.max_staleness)
         self.buf.set_learner_version(request.policy_version)
 
     def serve_held(self, now: float) -> bool:
@@ -196,6 +205,7 @@ class BufferService:
                 inserted=self._inserted_ids,
                 dropped=list(dropped_ids),
                 trained=self._trained,
+                max_staleness=self.max_staleness,
             )
         )
         self._inserted_ids, self._trained = [], []

@@ -56,6 +56,11 @@ The trainable groups in order are g0 g1 g3 g4 | g6 g7 g8 g9 | ...: the refills a
 cover the expected drops and nobody had been filtered, they would have been the 9th and 10th,
 trained from version 2: staleness 2 > s. Had g2 and g5 kept their slots, g8 and g9 never went out,
 and the lead stays two groups short for the rest of the run.
+
+Under ``buffer.max_staleness: auto`` the learner moves the bound (``set_bound``, from the buffer's
+status, which carries it with the version the gate applies it at). A raise admits more at once; a
+lowering admits nothing until the versions catch up, and the groups already out beyond the new
+bound are dropped by the gate as stale, which frees their slots like any drop.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class Admission:
             raise ValueError(f"ahead ({ahead}) must be in [0, max_staleness ({max_staleness})]")
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
+        self.lead = ahead
+        """``dispatcher.ahead_versions``: the rule's s when set, else the bound."""
         self.ahead = max_staleness if ahead is None else ahead
         """The rule's s: versions of groups dispatched ahead."""
         self.version = 0
@@ -86,6 +93,18 @@ class Admission:
         """Groups each step trained, as reported (a step not heard of counts as B)."""
         self.short_before = 0
         """Groups lacking from the steps folded (``fold``) or restored from a checkpoint."""
+
+    def set_bound(self, max_staleness: int) -> None:
+        """The learner set a new staleness bound (``buffer.max_staleness: auto``).
+
+        >>> a = Admission(batch_groups=4, max_staleness=1)
+        >>> a.set_bound(3); a.capacity()  # (3 + 0 + 1) * 4
+        16
+        """
+        if max_staleness < 0 or (self.lead is not None and self.lead > max_staleness):
+            raise ValueError(f"max_staleness ({max_staleness}) must be >= 0 and >= ahead ({self.lead})")
+        self.max_staleness = max_staleness
+        self.ahead = max_staleness if self.lead is None else self.lead
 
     def capacity(self, version: int | None = None, unsent: int = 0) -> int:
         """How many more groups may be dispatched now, to be sampled by ``version`` (default: the

@@ -1,4 +1,6 @@
-"""The dispatcher's part of a checkpoint: the cursor, the counters and the rows not yet settled."""
+"""The dispatcher's part of a checkpoint: the cursor, the counters, the rows not yet settled and
+the staleness bound admission used (restored under ``buffer.max_staleness: auto``, so a resumed
+run admits under the bound it stopped with until the learner's first word)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ def save_dispatcher(path: Path, cursor: PromptCursor, admission: Admission, outs
         "dropped": admission.dropped,
         "short": admission.short(version),
         "version": version,
+        "max_staleness": admission.max_staleness,
         "rows": outstanding.to_checkpoint(version),
     }
     tmp = path.with_suffix(".partial")
@@ -25,8 +28,11 @@ def save_dispatcher(path: Path, cursor: PromptCursor, admission: Admission, outs
     tmp.replace(path)
 
 
-def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding) -> dict:
-    """Load the dispatcher's part of checkpoint ``ckpt``; queue again what the other parts lack."""
+def restore_dispatcher(
+    ckpt: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding, auto: bool = False
+) -> dict:
+    """Load the dispatcher's part of checkpoint ``ckpt``; queue again what the other parts lack.
+    ``auto``: the bound is the learner's (``buffer.max_staleness: auto``): restore the one saved."""
     from asyncrl.rundir.ledger import GroupIdSet
 
     state = json.loads((ckpt / "dispatcher.json").read_text())
@@ -37,6 +43,8 @@ def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, o
     admission.dropped = int(state["dropped"])
     admission.version = int(state["version"])
     admission.short_before = int(state.get("short", 0))  # steps after the checkpoint are trained anew
+    if auto and state.get("max_staleness") is not None:
+        admission.set_bound(int(state["max_staleness"]))
     held = set(json.loads((ckpt / "buffer" / "buffer_ids.json").read_text()))
     trained = GroupIdSet.from_bytes((ckpt / "learner" / "trained_ids.bin").read_bytes())
     again = [r for r in state["rows"] if r["group_id"] not in held and r["group_id"] not in trained]
@@ -47,4 +55,9 @@ def restore_dispatcher(ckpt: Path, cursor: PromptCursor, admission: Admission, o
         outstanding.entries[row["group_id"]] = Entry(row, DISPATCHED, at=float("inf"))
         outstanding.again.append(row)
         outstanding.unsent.add(row["group_id"])  # sent again as the staleness budget allows
-    return {"version": admission.version, "dispatched": admission.dispatched, "again": len(again)}
+    return {
+        "version": admission.version,
+        "dispatched": admission.dispatched,
+        "again": len(again),
+        "max_staleness": admission.max_staleness,
+    }

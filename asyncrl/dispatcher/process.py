@@ -62,14 +62,14 @@ class Dispatcher:
 
         cfg = ctx.cfg
         cursor = PromptCursor(load_run_prompts(cfg, "train", model_dir), cfg.run.seed, cfg.dispatcher.epochs)
-        admission = Admission(cfg.learner.batch_groups, cfg.buffer.max_staleness, cfg.dispatcher.ahead_versions)
+        admission = Admission(cfg.learner.batch_groups, cfg.buffer.initial_staleness, cfg.dispatcher.ahead_versions)
         outstanding = Outstanding(
             lease_s=cfg.dispatcher.lease_s,
             grace_s=cfg.dispatcher.requeue_grace_s,
             keep_trained=cfg.checkpoint.every_steps > 0,
         )
         if ctx.resume_dir is not None:
-            restored = restore_dispatcher(ctx.resume_dir, cursor, admission, outstanding)
+            restored = restore_dispatcher(ctx.resume_dir, cursor, admission, outstanding, cfg.buffer.auto)
             log.info("dispatcher: resumed from %s: %s", ctx.resume_dir, restored)
         return cls(ctx, cursor, admission, outstanding)
 
@@ -112,6 +112,9 @@ class Dispatcher:
         """Slots are freed by the groups this dispatcher sees retired, by id: the buffer's own
         count restarts with it and counts every copy of a group dispatched again."""
         for status in self.status.latest():
+            if status.max_staleness is not None and status.max_staleness != self.admission.max_staleness:
+                log.info("dispatcher: staleness bound %s -> %d", self.admission.max_staleness, status.max_staleness)
+                self.admission.set_bound(status.max_staleness)
             self.admission.update(status.learner_version)
             self.admission.dropped += self.outstanding.settle(status.inserted, status.dropped, status.trained)
             for version, gids in status.trained:

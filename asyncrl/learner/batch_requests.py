@@ -1,7 +1,8 @@
 """The learner's side of its conversation with the buffer: ask for a batch, report what was trained.
 
 Each request (``want_batch``) asks for ``learner.batch_groups`` groups and states the learner's
-version (the buffer drops groups too stale for it). It carries back what the previous step did:
+version (the buffer drops groups too stale for it) and, under ``buffer.max_staleness: auto``, the
+staleness bound the learner set. It carries back what the previous step did:
 the groups just trained (``trained``, which the buffer passes on to the dispatcher) and, when
 the buffer samples by priority, their new priorities (``priority_updates``: each group's mean
 |advantage|); both are sent once, with the first request that gets a reply.
@@ -77,6 +78,8 @@ class BatchRequester:
         self._just_trained: TrainedGroups | None = (
             None  # the last step's groups, reported to the dispatcher via the buffer
         )
+        self.max_staleness: int | None = None
+        """The bound the learner set (``buffer.max_staleness: auto``), sent with every request."""
 
     def receive(self, version: int) -> Batch | None:
         """Ask once for a batch for policy ``version``: waits at most ``learner.batch_timeout_s``
@@ -90,6 +93,7 @@ class BatchRequester:
             timeout_s=learner.batch_timeout_s,
             priority_updates=self._priority_updates,
             trained=self._just_trained,
+            max_staleness=self.max_staleness,
         )
         reply = self.client.request(request, timeout=learner.batch_timeout_s)
         if reply is not None:
@@ -121,7 +125,7 @@ class BatchRequester:
         if repeat and (refused is None or group.group_id not in refused):
             return True
         self._refused.setdefault(group.policy_version, set()).add(group.group_id)
-        stale = self.cfg.buffer.max_staleness
+        stale = self.cfg.buffer.staleness_ceiling  # under auto, the highest the bound can be
         if stale is not None:  # past the staleness bound the buffer drops a copy: it cannot come back
             for v in [v for v in self._refused if version - v > stale + 1]:
                 del self._refused[v]

@@ -8,7 +8,8 @@ directory; the learner's part is ``learner/`` in it:
   optimizer updates taken, the KL coefficient, the RNG states);
 - ``trained_ids.bin``: every group trained in the run's history, so a group dispatched again
   after a failure is not trained twice across a resume;
-- ``learner_state.json``: the version and the ``Counters``, so a resumed run's totals continue.
+- ``learner_state.json``: the version and the ``Counters``, so a resumed run's totals continue,
+  and under ``buffer.max_staleness: auto`` the staleness controller's state (its bound).
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ from asyncrl.rundir.ledger import GroupIdSet
 
 if TYPE_CHECKING:
     from asyncrl.learner.context import LearnerContext
+    from asyncrl.learner.staleness_control import AutoStaleness
     from asyncrl.learner.trainer import PolicyTrainer
 
 
-def save_learner_part(trainer, counters: Counters, trained_ids: GroupIdSet, out: Path) -> None:
-    """Write the learner's part of a checkpoint into ``out`` (created if missing)."""
+def save_learner_part(
+    trainer, counters: Counters, trained_ids: GroupIdSet, out: Path, auto: AutoStaleness | None = None
+) -> None:
+    """Write the learner's part of a checkpoint into ``out`` (created if missing); ``auto``: the
+    staleness controller, under ``buffer.max_staleness: auto``."""
     out.mkdir(parents=True, exist_ok=True)
     trainer.save_state(out)
     (out / "trained_ids.bin").write_bytes(trained_ids.to_bytes())
@@ -44,11 +49,15 @@ def save_learner_part(trainer, counters: Counters, trained_ids: GroupIdSet, out:
         "staleness_hist": {str(k): v for k, v in counters.staleness_hist.items()},
         "dropped": dict(counters.dropped),
     }
-    (out / "learner_state.json").write_text(json.dumps({"version": trainer.version, "counters": state}))
+    saved = {"version": trainer.version, "counters": state}
+    if auto is not None:
+        saved["staleness_control"] = auto.controller.state()
+    (out / "learner_state.json").write_text(json.dumps(saved))
 
 
-def load_learner_part(trainer, counters: Counters, src: Path) -> GroupIdSet:
-    """Restore what ``save_learner_part`` wrote into ``trainer`` and ``counters``; return the
+def load_learner_part(trainer, counters: Counters, src: Path, auto: AutoStaleness | None = None) -> GroupIdSet:
+    """Restore what ``save_learner_part`` wrote into ``trainer``, ``counters`` and ``auto`` (when
+    the checkpoint has its state: one written without auto leaves it at its start); return the
     groups trained so far. The trainer's version and the saved one must agree."""
     trainer.load_state(src)
     state = json.loads((src / "learner_state.json").read_text())
@@ -61,6 +70,8 @@ def load_learner_part(trainer, counters: Counters, src: Path) -> GroupIdSet:
     counters.busy_s = saved["busy_s"]
     counters.staleness_hist = Counter({int(k): v for k, v in saved["staleness_hist"].items()})
     counters.dropped = Counter(saved["dropped"])
+    if auto is not None and "staleness_control" in state:
+        auto.controller.load_state(state["staleness_control"])
     return GroupIdSet.from_bytes((src / "trained_ids.bin").read_bytes())
 
 
@@ -71,14 +82,16 @@ def checkpoint_due(cfg, version: int) -> bool:
     return bool(every) and (version % every == 0 or version == cfg.learner.total_steps)
 
 
-def checkpoint_if_due(ctx: LearnerContext, trainer, counters: Counters, trained_ids: GroupIdSet) -> None:
+def checkpoint_if_due(
+    ctx: LearnerContext, trainer, counters: Counters, trained_ids: GroupIdSet, auto: AutoStaleness | None = None
+) -> None:
     """Save the learner's part into the staging directory of the trainer's version when
     ``checkpoint_due``; report it as a ``checkpoint_part`` event (rank 0, once every rank's
     DeepSpeed part is written: ``save_policy_state`` ends in a barrier)."""
     if not checkpoint_due(ctx.cfg, trainer.version):
         return
     start = time.monotonic()
-    save_learner_part(trainer, counters, trained_ids, staging_dir(ctx.run_dir, trainer.version) / "learner")
+    save_learner_part(trainer, counters, trained_ids, staging_dir(ctx.run_dir, trainer.version) / "learner", auto)
     ctx.emit("checkpoint_part", part="learner", version=trainer.version, seconds=time.monotonic() - start)
 
 

@@ -5,8 +5,11 @@
     t = step_overhead_s + s_per_token · tokens in the batch
 
 (tokens = prompt + response tokens of every sample), counts staleness exactly as the real
-trainer does, and advances ``version``; ``full_state_dict`` is a buffer of ``weight_bytes`` so
-the weight path carries real-sized payloads, or, with ``weights_from``, a real model's tensors,
+trainer does, and advances ``version``. Its off-policy signals (what ``buffer.max_staleness:
+auto`` steers by) follow a model: a sample d versions stale has behaviour KL d · κ per token
+(``behaviour_kl_per_version``), its log-weights are normal (then KL = σ²/2 and E[w²] = e^{2 KL}),
+so the batch's ESS is 1 / mean over tokens of e^{2 KL}. ``full_state_dict`` is a buffer of
+``weight_bytes`` so the weight path carries real-sized payloads, or, with ``weights_from``, a real model's tensors,
 so that real vLLM generators load every broadcast (``asyncrl bench pipeline --engine vllm``). With ``MockEngine`` it lets the whole control plane
 be benchmarked at any scale without a GPU.
 """
@@ -34,6 +37,8 @@ class MockTrainerConfig(Config):
     """Forward + backward cost per token of the batch."""
     weight_bytes: int = Field(1 << 20, ge=4)
     """Size of the weights published to the generators."""
+    behaviour_kl_per_version: float = Field(0.0, ge=0)
+    """Simulated off-policy signals: behaviour KL per token of a sample, per version of staleness (0: on-policy figures)."""
     weights_from: str | None = None
     """A Hugging Face model directory whose safetensors are published instead of a blank buffer
     (for real generator engines, which must be able to load what they receive)."""
@@ -59,6 +64,7 @@ class MockTrainer:
         self.version += 1
         rewards = [s.reward for g in groups for s in g.samples]
         return {
+            **self.signals(groups, staleness),
             "version": self.version,
             "loss": 0.0,
             "staleness": staleness,
@@ -67,6 +73,17 @@ class MockTrainer:
             "reward_mean": float(np.mean(rewards)),
             "tokens": tokens,
             "seconds": time.perf_counter() - start,
+        }
+
+    def signals(self, groups: list[Group], staleness: list[int]) -> dict:
+        """The modelled ``behaviour_kl_by_staleness`` and ``behaviour_ess`` of a batch (see the
+        module docstring), token-weighted by each sample's response length."""
+        tokens = np.array([len(s.response_ids) for g in groups for s in g.samples], dtype=np.float64)
+        kl = self.cfg.behaviour_kl_per_version * np.asarray(staleness, dtype=np.float64)
+        ess = float(tokens.sum() / max(float((tokens * np.exp(2 * kl)).sum()), 1e-12))
+        return {
+            "behaviour_ess": ess,
+            "behaviour_kl_by_staleness": {d: self.cfg.behaviour_kl_per_version * d for d in sorted(set(staleness))},
         }
 
     def full_state_dict(self) -> dict:

@@ -12,6 +12,10 @@ Each pass of the loop is five named steps:
 4. checkpoint the learner's part every ``checkpoint.every_steps`` (``asyncrl.learner.checkpoint_io``);
 5. report the step (``asyncrl.learner.step_report``).
 
+Under ``buffer.max_staleness: auto``, after step 2 the step's off-policy signals may move the
+staleness bound (``asyncrl.learner.staleness_control``): the new bound goes to the publication
+schedule at once, and to the buffer and the dispatcher with the next request.
+
 When the buffer may hand a group out more than once (``buffer.max_times_sampled != 1``),
 ``trained`` counts each sample once, by its group's id (``trained_ids``, kept in checkpoints),
 while ``trained_with_reuse`` counts every time it was trained, and under a prioritized sampler
@@ -38,6 +42,7 @@ from asyncrl.learner.build_trainer import build_trainer
 from asyncrl.learner.checkpoint_io import checkpoint_due, checkpoint_if_due, load_learner_part
 from asyncrl.learner.context import LearnerContext
 from asyncrl.learner.rank_orders import Order, OrderReceiver, OrderSender
+from asyncrl.learner.staleness_control import AutoStaleness
 from asyncrl.learner.step_report import record_step_metrics, report_step
 from asyncrl.learner.totals import Counters, Reservoir, latency_summary
 from asyncrl.learner.weights_out import WeightsOut, take_part_in_publication
@@ -59,10 +64,14 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
     weights = WeightsOut(ctx)
     counters = Counters()
     trained_ids = GroupIdSet()  # every group trained in this run's history: exactly-once across failures
+    auto = AutoStaleness(cfg.buffer.auto_staleness) if cfg.buffer.auto else None
     if ctx.resume_dir is not None:
-        trained_ids = load_learner_part(trainer, counters, ctx.resume_dir / "learner")
+        trained_ids = load_learner_part(trainer, counters, ctx.resume_dir / "learner", auto)
         log.info("learner: resumed at version %d from %s", trainer.version, ctx.resume_dir)
     batches = BatchRequester(client, cfg, ctx.ledger, counters, trained_ids)
+    if auto is not None:
+        batches.max_staleness = auto.bound
+        weights.schedule.set_max_staleness(auto.bound)
     latencies = Reservoir(10_000)  # seconds from the start of sampling to the end of training, per sample
     ctx.emit("ready", version=trainer.version)
     if trainer.version > 0:  # generators start from the initial weights: bring them to this version
@@ -80,12 +89,16 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         first_time = batches.trained(batch, trainer.version, _priorities(cfg, trainer, batch))
         record_step_metrics(trainer.version, batch, stats)
         _count_step(batch, stats, first_time, counters, latencies)
+        if auto is not None:  # before publishing: the schedule publishes by the new bound
+            stats.update(auto.after_step(stats))
+            batches.max_staleness = auto.bound
+            weights.schedule.set_max_staleness(auto.bound)
         if weights.due(trainer.version):
             orders.send(Order("publish", trainer.version))
             weights.publish(trainer)
         if checkpoint_due(cfg, trainer.version):
             orders.send(Order("checkpoint", trainer.version))
-            checkpoint_if_due(ctx, trainer, counters, trained_ids)
+            checkpoint_if_due(ctx, trainer, counters, trained_ids, auto)
         report_step(ctx, trainer.version, batch, stats)
     wall = time.monotonic() - loop_start
     orders.send(Order("finish", trainer.version))

@@ -53,6 +53,10 @@ STEP_EVENT_STATS = (
     "overlong_penalty",
     "padding_frac",
     "outside_truncation_frac",
+    "behaviour_ess",
+    "behaviour_kl_by_staleness",
+    "staleness_bound",
+    "staleness_bound_reason",
 )
 """Trainer stats that ride along in each "step" event (the controller prints some, keeps all)."""
 

@@ -56,14 +56,38 @@ def add_micro_figures(
     sums["w_sum"] += float((w * mask).sum())
     sums["w_sq_sum"] += float((w.square() * mask).sum())
     sums["raw_sum"] += float((raw * mask).sum())
+    sums["raw_sq_sum"] += float((raw.square() * mask).sum())
     k3 = (raw - 1) - raw.log()  # (b, l-1) per-token k3 of KL(mu || pi_prox)
     sums["behaviour_kl_sum"] += float((k3 * mask).sum())
+    add_kl_by_staleness(sums, k3, mask, version_before - micro.behaviour_version)  # per token
     fresh = mask * (micro.behaviour_version == version_before).to(mask.dtype)  # (b, l-1): sampled by pi_prox's version
     sums["fresh_tokens"] += float(fresh.sum())
     sums["mismatch_kl_sum"] += float((k3 * fresh).sum())
     if bool((mask > 0).any()):
         sums["is_weight_max"] = max(sums["is_weight_max"], float(raw[mask > 0].max()))
     return float(loss.detach())
+
+
+def add_kl_by_staleness(sums: Counter, k3: torch.Tensor, mask: torch.Tensor, staleness: torch.Tensor) -> None:
+    """Add the k3 KL sums and token counts of each staleness (rows (b,), or tokens (b, l-1)) to
+    ``sums`` as ``kl_sum@d`` and ``kl_tokens@d``: what ``buffer.max_staleness: auto`` reads."""
+    if staleness.dim() == 1:
+        staleness = staleness[:, None].expand_as(mask)
+    staleness = staleness[..., : mask.shape[-1]]
+    for d in torch.unique(staleness[mask > 0]).tolist():
+        at = mask * (staleness == d).to(mask.dtype)
+        sums[f"kl_sum@{d}"] += float((k3 * at).sum())
+        sums[f"kl_tokens@{d}"] += float(at.sum())
+
+
+def kl_by_staleness(sums: Counter) -> dict[int, float]:
+    """Staleness -> mean k3 KL(mu ‖ pi_prox) per token, from ``add_kl_by_staleness``'s sums."""
+    out = {}
+    for key in sums:
+        if key.startswith("kl_tokens@") and sums[key] > 0:
+            d = key.split("@", 1)[1]
+            out[int(d)] = sums[f"kl_sum@{d}"] / sums[key]
+    return dict(sorted(out.items()))
 
 
 def merge_rank_figures(ranks: list[list[Counter]]) -> list[Counter]:
@@ -137,6 +161,8 @@ def step_stats(
         "is_weight_ess": first["w_sum"] ** 2 / max(total_tokens * first["w_sq_sum"], 1e-12),
         "masked_frac": 1.0 - first["kept"] / total_tokens if batch.num_tokens else 0.0,
         "behaviour_kl": first["behaviour_kl_sum"] / total_tokens,
+        "behaviour_ess": first["raw_sum"] ** 2 / max(total_tokens * first["raw_sq_sum"], 1e-12),
+        "behaviour_kl_by_staleness": kl_by_staleness(first),
         "mismatch_kl": first["mismatch_kl_sum"] / first["fresh_tokens"] if first["fresh_tokens"] else float("nan"),
         "entropy": sum(e["entropy_sum"] for e in epochs) / max(tokens, 1.0),
         "outside_truncation_frac": sum(e["outside"] for e in epochs) / max(tokens, 1.0),

@@ -196,6 +196,9 @@ class PolicyTrainer:
         ``is_weight_ess`` (effective sample size of the applied weights over response tokens,
         (sum w)^2 / (N sum w^2), in (0, 1]), ``masked_frac`` (response tokens dropped by the
         correction), ``behaviour_kl`` (k3 estimate of KL(mu || pi_prox) over all tokens),
+        ``behaviour_kl_by_staleness`` (the same per staleness of the tokens, {d: kl}),
+        ``behaviour_ess`` (the effective sample size of the raw weights pi_prox / mu; both are what
+        ``buffer.max_staleness: auto`` steers by),
         ``mismatch_kl`` (the same over tokens sampled by the version before the step only:
         sampler/learner mismatch at one version; NaN when there are none), ``entropy`` (token-mean entropy of pi_theta),
         ``outside_truncation_frac`` (response tokens outside pi_theta's top-k/top-p set, scored as

@@ -35,7 +35,7 @@ class WeightsOut:
             num_subscribers=cfg.run.num_generators,
         )
         self.schedule = BroadcastSchedule(
-            self.wcfg, cfg.learner.broadcast_every, cfg.buffer.max_staleness, cfg.learner.total_steps
+            self.wcfg, cfg.learner.broadcast_every, cfg.buffer.initial_staleness, cfg.learner.total_steps
         )
 
     def announce(self) -> None:

@@ -145,6 +145,24 @@ PPO_KL = Gauge(
     registry=REGISTRY,
 )
 
+BEHAVIOUR_ESS = Gauge(
+    "asyncrl_behaviour_ess",
+    "Effective sample size (Σw)² / (N·Σw²) of the last step's raw importance weights pi_prox / mu, in (0, 1].",
+    registry=REGISTRY,
+)
+STALENESS_BOUND = Gauge(
+    "asyncrl_staleness_bound",
+    "The staleness bound under buffer.max_staleness auto: set by the learner, applied by the buffer's gate.",
+    ["component"],
+    registry=REGISTRY,
+)
+STALENESS_BOUND_CHANGES = Counter(
+    "asyncrl_staleness_bound_changes",
+    "Changes of the staleness bound under buffer.max_staleness auto, by direction (raise, lower).",
+    ["direction"],
+    registry=REGISTRY,
+)
+
 
 def record_learner_step(stats: dict) -> None:
     """The per-step gauges: when the step ended, the sampler-vs-learner mismatch KL when the

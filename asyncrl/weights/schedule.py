@@ -10,6 +10,7 @@ version p, so a sample they start now is stamped ≤ p and will be trained at a 
 i.e. just before the oldest sample that could still be in flight would exceed the bound;
 ``margin`` (``weights.staleness_margin``) leaves room for samples already sampled but not yet
 trained. With no bound (S None) it falls back to every K steps. The final step is always published.
+Under ``buffer.max_staleness: auto`` the learner moves S after each step (``set_max_staleness``).
 """
 
 from __future__ import annotations
@@ -32,17 +33,26 @@ class BroadcastSchedule:
     ):
         if every_k < 1:
             raise ValueError(f"every_k ({every_k}) must be >= 1")
-        if max_staleness is not None and cfg.schedule == "staleness" and max_staleness - cfg.staleness_margin < 1:
-            raise ValueError(
-                f"buffer.max_staleness ({max_staleness}) minus weights.staleness_margin ({cfg.staleness_margin}) must be >= 1"
-            )
         self.cfg = cfg
         self.every_k = every_k
-        self.max_staleness = max_staleness
+        self.set_max_staleness(max_staleness)
         self.total_steps = total_steps
         self.clock = clock
         self.last_version = 0  # generators start from the learner's initial weights
         self.last_time = clock()
+
+    def set_max_staleness(self, max_staleness: int | None) -> None:
+        """The bound S to publish by (moved by the learner under ``buffer.max_staleness: auto``)."""
+        if (
+            max_staleness is not None
+            and self.cfg.schedule == "staleness"
+            and max_staleness - self.cfg.staleness_margin < 1
+        ):
+            raise ValueError(
+                f"buffer.max_staleness ({max_staleness}) minus weights.staleness_margin "
+                f"({self.cfg.staleness_margin}) must be >= 1"
+            )
+        self.max_staleness = max_staleness
 
     def due(self, version: int) -> bool:
         if version <= self.last_version:

@@ -187,6 +187,9 @@ class WantBatch(Exchange, tag="want_batch"):
     timeout_s: PositiveSeconds = 5.0
     priority_updates: PriorityUpdates | None = None
     trained: TrainedGroups | None = None
+    max_staleness: NonNegative | None = None
+    """The staleness bound the learner set (``buffer.max_staleness: auto``), for the buffer's gate
+    and, through ``buffer_status``, the dispatcher's admission; None: the configured one."""
 
 
 class Batch(Exchange, tag="batch"):
@@ -218,6 +221,8 @@ class BufferStatus(Message, tag="buffer_status"):
     dropped: list[str] = []
     trained: list[tuple[int, list[str]]] = []
     """[learner version, group ids] per step reported trained."""
+    max_staleness: NonNegative | None = None
+    """The staleness bound the learner last set (its gate applies it); None: none set, the configured one."""
 
 
 # -- reward workers -------------------------------------------------------------------------------
@@ -476,6 +481,14 @@ class StepEvent(Event, kw_only=True, tag="step"):
     overlong_penalty: float | None = None
     padding_frac: float | None = None
     outside_truncation_frac: float | None = None
+    behaviour_ess: float | None = None
+    """ESS of the raw importance weights pi_prox / mu over the batch's tokens, (Σw)² / (N·Σw²)."""
+    behaviour_kl_by_staleness: dict[int, float] | None = None
+    """Staleness -> mean k3 KL(mu ‖ pi_prox) per token of the samples that stale."""
+    staleness_bound: int | None = None
+    """Under ``buffer.max_staleness: auto``: the bound set after this step (for the batches to come)."""
+    staleness_bound_reason: str | None = None
+    """Under auto, on the steps that changed the bound: why (the signal and its limit)."""
 
 
 class DoneEvent(Event, kw_only=True, tag="done"):

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from asyncrl.buffer.removers import FIFOEviction, MaxTimesSampled, StalenessGate
 from asyncrl.buffer.storage import SlotStorage
@@ -37,3 +38,16 @@ def test_staleness_gate_drops_by_version_and_its_buckets_stay_bounded():
         gate.on_insert(s, slots, versions + 5)
     assert gate._entries <= 2 * s.max_items
     assert StalenessGate(None).select(s, 10**6).size == 0
+
+
+def test_a_gate_bound_set_while_running_applies_from_the_next_select():
+    s = SlotStorage(max_items=4, capacity_samples=4, capacity_bytes=100)
+    gate = StalenessGate(max_staleness=4)
+    versions = np.array([0, 1, 2])
+    slots = s.allocate(np.ones(3, dtype=np.int64), np.ones(3), versions, now=0.0)
+    gate.on_insert(s, slots, versions)
+    assert gate.select(s, learner_version=3).size == 0
+    gate.set_bound(1)  # lowered: versions 0 and 1 are now more than 1 behind 3
+    assert gate.select(s, learner_version=3).tolist() == slots[:2].tolist()
+    with pytest.raises(ValueError, match="set on a gate built with a bound"):
+        StalenessGate(None).set_bound(2)

@@ -122,3 +122,19 @@ def test_priority_updates_ride_on_the_next_request_and_bad_requests_are_counted(
     reply = running.learner.request(WantBatch(num_groups=1, timeout_s=math.nan), timeout=0.5)
     assert reply is None  # a request that could wait forever is refused
     assert running.service.bad_requests == 3
+
+
+def test_the_bound_a_request_carries_drops_at_its_version_and_goes_on_in_the_status():
+    buf = ReplayBuffer.from_config(BufferConfig(capacity_samples=256, max_staleness="auto"))
+    assert buf.staleness.max_staleness == 4  # auto_staleness.start until the learner says
+    service = BufferService(buf, *(None,) * 3)
+    published = []
+    service.news.publish = published.append
+    for gid, version in (("a", 0), ("b", 2)):
+        buf.insert(make_group(gid, version=version, rewards=[1.0, 0.0, 1.0, 0.0]))
+    service._apply(WantBatch(num_groups=1, policy_version=3, max_staleness=1))  # lowered at version 3
+    assert buf.staleness.max_staleness == 1 and len(buf) == 1 and buf.dropped["stale"] == 4  # "a" is 3 behind
+    service.publish(True)
+    assert (published[-1].learner_version, published[-1].max_staleness) == (3, 1)
+    service._apply(WantBatch(num_groups=1, policy_version=4))  # no bound: the last one holds
+    assert buf.staleness.max_staleness == 1

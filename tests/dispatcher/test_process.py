@@ -105,3 +105,18 @@ def test_a_step_that_trains_fewer_than_b_groups_is_charged_the_groups_it_lacks()
     assert a.short() == 1
     a.fold(1)  # a checkpoint at version 1 is committed
     assert (a.short_before, a.trained_by_version, a.short(upto=1)) == (1, {2: 4}, 1)
+
+
+def test_a_bound_set_while_running_moves_the_budget_and_keeps_the_lead():
+    a = Admission(batch_groups=4, max_staleness=1)
+    a.dispatched = 8
+    a.set_bound(3)  # raised: two more versions' groups may go out at once
+    assert a.capacity() == 8 and a.may_sample(0)
+    a.update(version=4, dropped_groups=0)
+    a.set_bound(1)  # lowered: nothing more until the versions catch up; version 2 is too old now
+    assert a.capacity() == (1 + 4 + 1) * 4 - 8 and not a.may_sample(2)
+    led = Admission(batch_groups=4, max_staleness=4, ahead=1)
+    led.set_bound(2)
+    assert (led.ahead, led.max_staleness) == (1, 2)  # the lead stays: it is the smaller
+    with pytest.raises(ValueError, match=r"max_staleness \(0\) must be >= 0 and >= ahead \(1\)"):
+        led.set_bound(0)

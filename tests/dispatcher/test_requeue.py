@@ -216,3 +216,20 @@ def test_after_a_restore_what_goes_out_again_is_sent_as_the_budget_allows(tmp_pa
     # to (1 + 1 + 1) * 2 = 6 slots less 2 trained and 1 in the buffer: 3 at once.
     assert len(o2.again) == 7 and len(o2.unsent) == 7
     assert len(dispatcher_of(a2, o2).rows_for(16, version=1)) == 3
+
+
+def test_the_bound_set_under_auto_is_restored_with_the_dispatcher(tmp_path):
+    prompts = [Prompt(prompt_uid=f"p{i}", text=f"{i}+1=", answer=str(i + 1), task="t") for i in range(4)]
+    admission = Admission(batch_groups=2, max_staleness=4)
+    admission.set_bound(7)
+    ckpt = tmp_path / "v0"
+    (ckpt / "buffer").mkdir(parents=True)
+    (ckpt / "learner").mkdir()
+    save_dispatcher(ckpt / "dispatcher.json", PromptCursor(prompts, seed=0, epochs=None), admission, Outstanding(), 0)
+    (ckpt / "buffer" / "buffer_ids.json").write_text("[]")
+    (ckpt / "learner" / "trained_ids.bin").write_bytes(GroupIdSet().to_bytes())
+    cursor = PromptCursor(prompts, seed=0, epochs=None)
+    auto, fixed = Admission(2, 4), Admission(2, 4)
+    assert restore_dispatcher(ckpt, cursor, auto, Outstanding(), auto=True)["max_staleness"] == 7
+    restore_dispatcher(ckpt, cursor, fixed, Outstanding())  # a fixed bound is the config's, not the checkpoint's
+    assert (auto.max_staleness, auto.capacity(), fixed.max_staleness) == (7, 16, 4)

@@ -172,3 +172,40 @@ def test_several_simulated_engines_share_a_process_and_the_steady_state_is_measu
     assert m["cpu_us_per_sample"]["reward"] > 0 and m["messages_per_s"] > 0
     logs = sorted(p.name for p in (tmp_path / "scale" / "logs").iterdir())
     assert [n for n in logs if n.startswith("generator")] == ["generators-0.log", "generators-1.log"]
+
+
+@pytest.mark.slow  # real processes
+def test_auto_staleness_moves_the_bound_by_the_signals_and_the_run_reconciles(tmp_path):
+    """``buffer.max_staleness: auto`` through the real processes. The simulated learner's signals
+    make a sample d versions stale cost KL 0.02·d: healthy up to d = 2 (margin 0.9 of kl_max 0.05),
+    a breach at 3. A slow learner keeps the generators ahead, so samples reach the bound. The
+    bound climbs 1 → 2 → 3, is cut back at 3, and climbs again; each batch is within the bound
+    its request carried (the one set after the step before), and everything reconciles."""
+    cfg = load_config(
+        "configs/bench_pipeline.yaml",
+        [
+            f"run.root={tmp_path}",
+            "learner.total_steps=16",
+            "sampling.max_tokens=128",
+            "simulation.learner.s_per_token=1.0e-4",
+            "simulation.learner.behaviour_kl_per_version=0.02",
+            "buffer.max_staleness=auto",
+            "buffer.auto_staleness={min: 1, max: 4, start: 1, raise_after: 1, margin: 0.9, kl_max: 0.05}",
+        ],
+    )
+    summary = Controller(cfg).run()
+    assert summary["learner_steps"] == 16 and summary["reconciles"], summary
+    assert all(v == 0 for v in summary["unaccounted_by_link"].values())
+    assert summary["ledger"]["lost"] == 0
+    steps = [json.loads(line) for line in (tmp_path / "bench" / "steps.jsonl").read_text().splitlines()]
+    bounds = [s["staleness_bound"] for s in steps]
+    reasons = [s.get("staleness_bound_reason", "") for s in steps]
+    assert all(1 <= b <= 3 for b in bounds), bounds  # 4 is never reached: 3 breaches
+    assert any(r.startswith("raise 2 -> 3") for r in reasons), reasons
+    assert any(r.startswith("lower 3 -> 1: kl 0.06 > 0.05") for r in reasons), reasons
+    in_force = [1] + bounds[:-1]  # a batch is gated by the bound its request carried
+    assert all(s["staleness_max"] <= b for s, b in zip(steps, in_force)), list(zip(steps, in_force))
+    assert max(int(k) for k in summary["staleness_hist"]) <= 3
+    prom = (tmp_path / "bench" / "metrics" / "learner.prom").read_text()
+    assert 'asyncrl_staleness_bound{component="learner"}' in prom
+    assert 'asyncrl_staleness_bound_changes_total{direction="lower"}' in prom

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from asyncrl.learner.mock_trainer import MockTrainer, MockTrainerConfig
@@ -24,3 +26,16 @@ def test_mock_trainer_publishes_a_real_models_tensors_when_asked(tmp_path):
     assert list(t.full_state_dict()) == ["model.embed_tokens.weight"]
     with pytest.raises(ValueError, match="holds no"):
         MockTrainer(MockTrainerConfig(weights_from=str(tmp_path / "none"))).full_state_dict()
+
+
+def test_mock_trainer_models_off_policy_signals_growing_with_staleness():
+    t = MockTrainer(MockTrainerConfig(step_overhead_s=0, s_per_token=0, behaviour_kl_per_version=0.01))
+    t.version = 3
+    stats = t.train_step([make_group("a", version=3, rewards=[1.0] * 4), make_group("b", version=1, rewards=[0.0] * 4)])
+    assert stats["behaviour_kl_by_staleness"] == {0: 0.0, 2: pytest.approx(0.02)}
+    # log-normal weights: E[w^2] = e^{2 KL}; half the tokens at KL 0, half at 0.02
+    assert stats["behaviour_ess"] == pytest.approx(1 / ((1 + math.exp(0.04)) / 2))
+    on_policy = MockTrainer(MockTrainerConfig(step_overhead_s=0, s_per_token=0)).train_step(
+        [make_group("c", rewards=[0.0] * 4)]
+    )
+    assert on_policy["behaviour_ess"] == 1.0 and on_policy["behaviour_kl_by_staleness"] == {0: 0.0}

@@ -126,6 +126,10 @@ def test_two_steps_at_each_zero_stage(stage, model_dir, hf_state, groups, refere
         assert 0.5 < stats["is_weight_mean"] < 2.0 and stats["is_weight_max"] >= stats["is_weight_mean"]
         assert 0 < stats["is_weight_ess"] <= 1.0 and stats["masked_frac"] == 0.0
         assert stats["entropy"] > 0 and stats["behaviour_kl"] >= 0
+        assert 0 < stats["behaviour_ess"] <= 1.0
+    # one staleness per step here: its KL is the step's
+    assert list(first["behaviour_kl_by_staleness"]) == [0] and list(second["behaviour_kl_by_staleness"]) == [1]
+    assert second["behaviour_kl_by_staleness"][1] == pytest.approx(second["behaviour_kl"], rel=1e-5)
 
     # 4 micro batches per call, accumulated into ONE optimizer step per call: the gradient is the
     # full batch's token-mean gradient (same norm) and the weights equal two full-batch steps of
@@ -245,6 +249,8 @@ def test_behaviour_weights_are_one_when_behaviour_is_the_model(model_dir, hf_sta
     assert stats["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
     assert stats["is_weight_max"] == pytest.approx(1.0, abs=1e-5)
     assert stats["is_weight_ess"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["behaviour_ess"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["behaviour_kl_by_staleness"] == {0: pytest.approx(0.0, abs=1e-6)}
     assert stats["masked_frac"] == 0.0
     assert stats["behaviour_kl"] == pytest.approx(0.0, abs=1e-6)
     assert stats["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)  # staleness 0: all tokens count

@@ -43,3 +43,14 @@ def test_staleness_bound_must_leave_room():
         BroadcastSchedule(
             WeightSyncConfig(schedule="staleness", staleness_margin=2), 1, max_staleness=2, total_steps=10
         )
+
+
+def test_a_bound_moved_while_running_moves_the_staleness_schedule():
+    s = BroadcastSchedule(
+        WeightSyncConfig(schedule="staleness", staleness_margin=1), 1, max_staleness=4, total_steps=100
+    )
+    assert _published(s, 6) == [3, 6]
+    s.set_max_staleness(2)  # lowered under auto: publish every step (2 - 1)
+    assert _published(s, 9)[-3:] == [7, 8, 9]
+    with pytest.raises(ValueError, match=r"max_staleness \(1\) minus weights.staleness_margin \(1\)"):
+        s.set_max_staleness(1)
