@@ -68,8 +68,27 @@ def name_of(p: psutil.Process, controller: int, baseline: int) -> str:
     return f"{Path(cmd[0]).name if cmd else 'proc'}-{p.pid}"
 
 
-def sample(controller: psutil.Process, baseline: psutil.Process) -> dict[str, float]:
-    """name -> RSS in MiB of the controller, its descendants and the baseline."""
+ROLLUP = ("Rss", "Pss", "Anonymous", "Pss_Anon", "Pss_File", "Pss_Shmem")
+"""Fields of ``/proc/PID/smaps_rollup`` kept per sample: what grows, anonymous or file-backed
+memory, and a process's own share of pages it shares (PSS) beside what it maps (RSS)."""
+
+
+def rollup(pid: int) -> dict[str, float]:
+    """``ROLLUP`` fields of a process in MiB (empty where the kernel has no smaps_rollup)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ROLLUP:
+                    out[key] = int(rest.split()[0]) / 1024
+    except OSError:
+        pass
+    return out
+
+
+def sample(controller: psutil.Process, baseline: psutil.Process) -> dict[str, dict[str, float]]:
+    """name -> {Rss, Pss, Anonymous, ...} in MiB of the controller, its descendants and the baseline."""
     out = {}
     try:
         procs = [controller, *controller.children(recursive=True), baseline]
@@ -77,9 +96,10 @@ def sample(controller: psutil.Process, baseline: psutil.Process) -> dict[str, fl
         procs = [baseline]
     for p in procs:
         try:
-            out[name_of(p, controller.pid, baseline.pid)] = p.memory_info().rss / MiB
+            rss = p.memory_info().rss / MiB
         except psutil.Error:
-            pass  # exited between listing and reading
+            continue  # exited between listing and reading
+        out[name_of(p, controller.pid, baseline.pid)] = {**rollup(p.pid), "Rss": rss}
     return out
 
 
@@ -104,6 +124,31 @@ def fit(ts: list[float], ys: list[float]) -> dict:
         "samples": n,
         "flat": upper_30min <= max(2 * noise, 1.0),
     }
+
+
+def describe(points: list[tuple[float, dict[str, float]]], warmup: float) -> dict | None:
+    """The flatness test on RSS after ``warmup`` (``fit``), the shape behind it (mean RSS per
+    quarter of the window, slopes of its first and second half) and what moves: slopes of each
+    ``ROLLUP`` field (anonymous or file-backed, RSS or PSS). None with fewer than 3 samples."""
+    kept = [(t, m) for t, m in points if t >= warmup]
+    if len(kept) < 3:
+        return None
+    ts = [t for t, _ in kept]
+    out = fit(ts, [m["Rss"] for _, m in kept])
+    # The shape behind the slope: a line that keeps rising, or steps that level off.
+    quarters = [kept[i * len(kept) // 4 : (i + 1) * len(kept) // 4] for i in range(4)]
+    out["rss_quarter_means_mib"] = [round(sum(m["Rss"] for _, m in q) / len(q), 2) for q in quarters if q]
+    half = len(kept) // 2
+    if half >= 3:
+        out["rss_slope_halves_mib_per_h"] = [
+            fit([t for t, _ in part], [m["Rss"] for _, m in part])["slope_mib_per_h"]
+            for part in (kept[:half], kept[half:])
+        ]
+    out["slopes_mib_per_h"] = {
+        key: fit(ts, [m[key] for _, m in kept])["slope_mib_per_h"] for key in ROLLUP if all(key in m for _, m in kept)
+    }
+    out["last_mib"] = {key: round(v, 1) for key, v in kept[-1][1].items()}
+    return out
 
 
 def stop(proc: subprocess.Popen, known: set[int], timeout: float = 60) -> None:
@@ -151,6 +196,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--recipe", default=str(ROOT / "configs" / "bench_pipeline.yaml"))
     ap.add_argument("--full", action="store_true", help="the recipe as is, without the lighter fleet")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak.json"))
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of the run (its components inherit it), e.g. MALLOC_ARENA_MAX=4; repeatable",
+    )
+    ap.add_argument(
+        "--note",
+        default="machine shared with other jobs",
+        help="written into the JSON as is: what else ran on the machine",
+    )
     ap.add_argument("overrides", nargs="*", help="dotted overrides of the recipe")
     args = ap.parse_args(argv)
     if args.minutes * 60 <= args.warmup + 3 * args.interval:
@@ -159,13 +216,15 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(tempfile.mkdtemp(prefix="asyncrl-soak-"))
     overrides = [*([] if args.full else LIGHT), *args.overrides]
     overrides += ["learner.total_steps=1000000000", "run.name=soak", f"run.root={root}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    extra_env = dict(kv.split("=", 1) for kv in args.env)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra_env}
+    load_at_start = os.getloadavg()
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", args.recipe, *overrides]
     log = open(root / "controller.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     idle = subprocess.Popen([sys.executable, "-c", BASELINE], env=env, cwd=ROOT)
     controller, baseline = psutil.Process(proc.pid), psutil.Process(idle.pid)
-    series: dict[str, list[tuple[float, float]]] = {}
+    series: dict[str, list[tuple[float, dict[str, float]]]] = {}
     ledger: list[tuple[float, int]] = []  # (seconds, bytes of RUN_DIR/ledger)
     known: set[int] = set()
     start = time.monotonic()
@@ -177,8 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
                 known.update(c.pid for c in controller.children(recursive=True))
             except psutil.Error:
                 pass
-            for name, rss in sample(controller, baseline).items():
-                series.setdefault(name, []).append((t, rss))
+            for name, mem in sample(controller, baseline).items():
+                series.setdefault(name, []).append((t, mem))
             ledger.append((t, ledger_bytes(root / "soak")))
             time.sleep(max(0.0, args.interval - (time.monotonic() - start - t)))
     finally:
@@ -186,28 +245,14 @@ def main(argv: list[str] | None = None) -> dict:
         idle.terminate()
         idle.wait()
     steps = sum(1 for _ in open(root / "soak" / "steps.jsonl")) if (root / "soak" / "steps.jsonl").exists() else None
-    per_process = {}
-    for name, points in sorted(series.items()):
-        kept = [(t, y) for t, y in points if t >= args.warmup]
-        if len(kept) >= 3:
-            per_process[name] = fit([t for t, _ in kept], [y for _, y in kept])
-            # The shape behind the slope: a line that keeps rising, or steps that level off.
-            quarters = [kept[i * len(kept) // 4 : (i + 1) * len(kept) // 4] for i in range(4)]
-            per_process[name]["rss_quarter_means_mib"] = [
-                round(sum(y for _, y in q) / len(q), 2) for q in quarters if q
-            ]
+    per_process = {name: describe(points, args.warmup) for name, points in sorted(series.items())}
+    per_process = {name: d for name, d in per_process.items() if d is not None}
     with open(root / "rss.jsonl", "w") as f:  # every sample, for plots
         for name, points in sorted(series.items()):
-            f.write(
-                json.dumps(
-                    {
-                        "process": name,
-                        "t_s": [round(t, 1) for t, _ in points],
-                        "rss_mib": [round(y, 2) for _, y in points],
-                    }
-                )
-                + "\n"
-            )
+            row = {"process": name, "t_s": [round(t, 1) for t, _ in points]}
+            for key in ("Rss", *ROLLUP[1:]):
+                row[f"{key.lower()}_mib"] = [round(m.get(key, math.nan), 2) for _, m in points]
+            f.write(json.dumps(row) + "\n")
     base = per_process.get("baseline-idle", {})
     kept = [(t, b) for t, b in ledger if t >= args.warmup]
     replay = replayed_ledger(root / "soak")
@@ -218,6 +263,10 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup_s": args.warmup,
         "recipe": os.path.relpath(args.recipe, ROOT),
         "overrides": overrides[:-2],
+        "env": extra_env,
+        "note": args.note,
+        "load_average_at_start": [round(x, 2) for x in load_at_start],
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "learner_steps": steps,
         "baseline_slope_mib_per_h": base.get("slope_mib_per_h"),
         "all_flat": all(v["flat"] for v in per_process.values()),

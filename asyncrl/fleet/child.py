@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from asyncrl.fleet import malloc_trim
 from asyncrl.fleet.context import ProcessContext, configure_process
 from asyncrl.observability import heapwatch
 from asyncrl.roles import ROLE_NAMES, Role, role
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_process()
     heapwatch.start_from_env(args.name)  # off unless ASYNCRL_HEAPWATCH is set
     ctx = ProcessContext(args.role, args.name, args.run_dir)
+    malloc_trim.start(args.name, ctx.cfg.run.malloc_trim_s)  # a daemon thread; ends with the process
     try:
         r = role(args.role)
         run = entry_function(r)

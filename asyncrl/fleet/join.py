@@ -28,6 +28,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig, load_run_config
 from asyncrl.configbase import apply_overrides
+from asyncrl.fleet import malloc_trim
 from asyncrl.fleet.context import ProcessContext, configure_process
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
@@ -156,6 +157,7 @@ def run_joined_generator(connect: str, name: str, model: str | None, overrides: 
     run_dir = None if "://" in connect else Path(connect)
     ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
     model_dir = model or starting_model(run_dir, ctx.cfg)
+    malloc_trim.start(name, ctx.cfg.run.malloc_trim_s)  # as in every process the controller starts
 
     def leave(signum, _frame):
         log.info("%s: signal %d: finishing its batch, then leaving", name, signum)
@@ -186,6 +188,7 @@ def run_joined_reward_worker(connect: str, name: str, overrides: list[str]) -> i
     configure_process()
     ctx = join_context("reward", name, connect, own_security)
     ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
+    malloc_trim.start(name, ctx.cfg.run.malloc_trim_s)
     try:
         run_reward_worker(ctx, owner=False)
     finally:

@@ -4,14 +4,19 @@ Off by default. ``ASYNCRL_HEAPWATCH=SECONDS`` in a component's environment (comp
 the controller's) makes ``asyncrl.fleet.child`` start ``tracemalloc`` and, every SECONDS, log to
 the process's log its RSS, the Python heap ``tracemalloc`` traces, and the 20 source lines whose
 traced bytes grew most since the first report (which comes one interval in, past most of
-start-up). RSS that climbs while the traced heap stays level is native memory (the C allocator,
-a library's own buffers), not Python objects; a traced heap that climbs too names its lines.
+start-up), beside the C allocator's own count (``mallinfo2``: live blocks, free blocks its arenas
+keep, blocks mapped apart). RSS that climbs while the traced heap stays level is native memory,
+not Python objects: live blocks that climb are native allocations kept (torch's CPU tensors are
+such blocks), free blocks that climb are the allocator's fragmentation; a traced heap that
+climbs names its lines.
 ``tracemalloc`` slows allocation-heavy code by tens of percent and its own bookkeeping is
 resident too: a diagnostic for soaks, not for runs whose speed is measured.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import threading
@@ -30,6 +35,54 @@ def rss_mib() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MiB
     except OSError:
         return float("nan")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _load_mallinfo2():
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _load_mallinfo2()
+
+
+def malloc_mib() -> dict[str, float]:
+    """The C allocator's view (glibc ``mallinfo2``) in MiB: ``in_use`` (live ``malloc`` blocks,
+    torch's CPU tensors among them, which ``tracemalloc`` does not see), ``free`` (freed blocks
+    the arenas keep: fragmentation, what ``malloc_trim`` may give back) and ``mmapped`` (large
+    blocks mapped apart). Empty where the C library has no ``mallinfo2``."""
+    if _MALLINFO2 is None:
+        return {}
+    info = _MALLINFO2()
+    return {"in_use": info.uordblks / MiB, "free": info.fordblks / MiB, "mmapped": info.hblkhd / MiB}
+
+
+def describe_malloc() -> str:
+    m = malloc_mib()
+    if not m:
+        return "malloc: no mallinfo2"
+    return f"malloc in use {m['in_use']:.1f} MiB, free in arenas {m['free']:.1f} MiB, mmapped {m['mmapped']:.1f} MiB"
 
 
 class HeapWatch:
@@ -60,19 +113,22 @@ class HeapWatch:
         rss = rss_mib()
         if self._first is None:
             self._first, self._first_rss, self._first_traced = snap, rss, traced
-            log.info("%s heapwatch: rss %.1f MiB, traced %.1f MiB (reference)", self.name, rss, traced)
+            log.info(
+                "%s heapwatch: rss %.1f MiB, traced %.1f MiB, %s (reference)", self.name, rss, traced, describe_malloc()
+            )
             return
         growth = [
             f"  {d.size_diff / 1024:+.1f} KiB {d.count_diff:+d} blocks  {d.traceback[0].filename}:{d.traceback[0].lineno}"
             for d in snap.compare_to(self._first, "lineno")[:TOP]
         ]
         log.info(
-            "%s heapwatch: rss %.1f MiB (%+.1f), traced %.1f MiB (%+.1f) since the reference; grew most:\n%s",
+            "%s heapwatch: rss %.1f MiB (%+.1f), traced %.1f MiB (%+.1f) since the reference, %s; grew most:\n%s",
             self.name,
             rss,
             rss - self._first_rss,
             traced,
             traced - self._first_traced,
+            describe_malloc(),
             "\n".join(growth),
         )
         self.reports += 1
