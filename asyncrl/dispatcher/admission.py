@@ -24,8 +24,9 @@ which the ones it passes over turn stale. A smaller lead leaves it less choice a
 
 Filtered groups (``buffer.zero_variance``: every answer scored alike, DAPO's dynamic sampling)
 follow the rule of every drop: a group holds its slot from its dispatch until the buffer reports
-it dropped, then frees it once (by id, ``Outstanding.settle``: a copy's drop frees nothing more),
-and the dispatcher refills the slot with a new prompt charged like any other, at the version of
+it dropped, then frees it once (by id, ``Outstanding.settle``: a copy's drop frees nothing more,
+and a copy sent again after a failure that is stored after the drop takes the slot back), and
+the dispatcher refills the slot with a new prompt charged like any other, at the version of
 the generator that asks. That is the one choice that neither over-admits nor starves:
 
 - Never over-admits: ``dispatched - dropped`` counts the groups that may still be trained, and a

@@ -16,11 +16,17 @@ are not queued at once but given a short lease (``grace_s``): one that turns up 
 meanwhile is not sampled a second time, and one that does not goes out again when that lease
 runs out. A copy sent at once ran beside its original outside the staleness budget, and
 whichever of the two came second was dropped (as a duplicate, or as stale in the buffer).
+
+A copy can also outlive its group's drop: the first copy to reach the buffer is dropped (stale,
+or filtered because its answers all scored alike: ``buffer.zero_variance``) and frees its slot,
+then the other, sampled anew, is stored and will be trained. The dropped rows are remembered for
+a while (``RECENTLY_DROPPED``) so that such a copy takes its slot back when the buffer reports it
+stored; without that, each such copy let one more group run than the staleness budget allows.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,6 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 DISPATCHED, BUFFERED, TRAINED = "dispatched", "buffered", "trained"
+RECENTLY_DROPPED = 4096
+"""Dropped groups whose rows are remembered, newest kept, in case a copy of one is stored later."""
 
 
 @dataclass
@@ -71,6 +79,8 @@ class Outstanding:
     unsent: set[str] = field(default_factory=set)
     """Groups queued again and neither sent since nor seen downstream: they hold no slot of the
     staleness budget (the admission counts dispatched - dropped - len(unsent))."""
+    recently_dropped: OrderedDict = field(default_factory=OrderedDict)
+    """Group id -> row of the last ``RECENTLY_DROPPED`` groups dropped, oldest first."""
 
     def dispatched(self, row: dict, generator: str, now: float) -> None:
         e = self.entries.get(row["group_id"])
@@ -84,12 +94,16 @@ class Outstanding:
     ) -> int:
         """Apply what became of groups (a buffer status report's, or a generator's drops): ``inserted``
         and ``dropped`` ids, ``trained`` [version, ids] pairs.
-        Returns how many outstanding groups it retires untrained: each frees its admission slot
-        once, however many copies of it are dropped (a copy of a trained group frees nothing)."""
+        Returns how many outstanding groups it retires untrained, net: each frees its admission
+        slot once, however many copies of it are dropped (a copy of a trained group frees
+        nothing), and a group dropped before and now stored (a copy) takes its slot back (-1)."""
         retired = 0
         for gid in inserted:
             e = self.entries.get(gid)
-            if e is not None and e.state == DISPATCHED:
+            if e is None and gid in self.recently_dropped:  # a copy outlived the drop: it may be trained
+                self.entries[gid] = Entry(self.recently_dropped.pop(gid), BUFFERED)
+                retired -= 1
+            elif e is not None and e.state == DISPATCHED:
                 e.state = BUFFERED
                 self.unsent.discard(gid)  # its original turned up: it holds its slot again
         for gid in dropped:
@@ -97,10 +111,15 @@ class Outstanding:
             if e is not None and e.state != TRAINED:
                 del self.entries[gid]
                 self.unsent.discard(gid)
+                self.recently_dropped[gid] = e.row
+                if len(self.recently_dropped) > RECENTLY_DROPPED:
+                    self.recently_dropped.popitem(last=False)
                 retired += 1
         for version, gids in trained:
             for gid in gids:
                 self.unsent.discard(gid)
+                if gid not in self.entries and self.recently_dropped.pop(gid, None) is not None:
+                    retired -= 1  # a copy trained whose storing went unheard: it took a slot after all
                 e = self.entries.get(gid)
                 if e is not None and not self.keep_trained:
                     del self.entries[gid]

@@ -106,3 +106,68 @@ def test_refills_keep_the_staleness_bound_at_every_filter_share():
     for share in (0.0, 0.2, 0.7):
         steps, staleness, _dropped, _dispatched = simulate(lambda rng, p=share: rng.random() < p, steps=15, seed=3)
         assert steps == 15 and max(staleness) <= 1, share
+
+
+def test_a_resume_keeps_filtered_groups_settled_and_their_slots_free(tmp_path):
+    import json
+
+    from asyncrl.dispatcher.checkpoint import restore_dispatcher, save_dispatcher
+    from asyncrl.rundir.ledger import GroupIdSet
+
+    a, o = Admission(batch_groups=4, max_staleness=1), Outstanding()
+    d = dispatcher_of(a, o)
+    for row in d.rows_for(100, version=0):
+        o.dispatched(row, "generator-0", 0.0)
+    a.dropped += o.settle(dropped=["g00000002", "g00000005"], inserted=["g00000000", "g00000001"])
+    for row in d.rows_for(100, version=0):  # the refills, g8 and g9
+        o.dispatched(row, "generator-0", 0.0)
+    ckpt = tmp_path / "v0"
+    (ckpt / "buffer").mkdir(parents=True)
+    (ckpt / "learner").mkdir()
+    save_dispatcher(ckpt / "dispatcher.json", d.cursor, a, o, version=0)
+    (ckpt / "buffer" / "buffer_ids.json").write_text(json.dumps(["g00000000", "g00000001"]))
+    (ckpt / "learner" / "trained_ids.bin").write_bytes(GroupIdSet().to_bytes())
+
+    a2, o2 = Admission(4, 1), Outstanding()
+    restored = restore_dispatcher(ckpt, dispatcher_of(a2, o2).cursor, a2, o2)
+    assert (a2.dispatched, a2.dropped) == (10, 2)
+    # In flight at the checkpoint: g3 g4 g6 g7 g8 g9 go out again; the filtered g2 and g5 never do.
+    again = sorted(r["group_id"] for r in o2.again)
+    assert restored["again"] == 6 and again == [f"g{s:08d}" for s in (3, 4, 6, 7, 8, 9)]
+    # They wait unsent, holding no slot, and go out again within the same budget: 8 - (10 - 2 - 6) = 6.
+    assert a2.capacity(0, len(o2.unsent)) == 6
+    sent = dispatcher_of(a2, o2).rows_for(100, version=0)
+    assert [r["group_id"] for r in sent] == again and a2.capacity(0, len(o2.unsent)) == 0
+
+
+def test_a_copy_stored_after_its_group_was_dropped_takes_its_slot_back():
+    """A group sent again (its reward worker died) reaches the buffer twice: the first copy is
+    filtered and frees the slot, the second, sampled anew, is stored and will be trained."""
+    a, o = Admission(batch_groups=4, max_staleness=1), Outstanding()
+    d = dispatcher_of(a, o)
+    for row in d.rows_for(100, version=0):
+        o.dispatched(row, "generator-0", 0.0)
+    assert a.capacity(0) == 0
+    a.dropped += o.settle(dropped=["g00000003"])
+    assert a.capacity(0) == 1
+    a.dropped += o.settle(inserted=["g00000003"])  # the copy, stored
+    assert a.capacity(0) == 0 and o.entries["g00000003"].state == "buffered"
+    a.dropped += o.settle(dropped=["g00000003"])  # and then stale in the buffer after all: freed again
+    assert a.capacity(0) == 1
+    # A third copy trained, whose storing the dispatcher did not hear of (a status lost), is charged too.
+    a.dropped += o.settle(trained=[(1, ["g00000003"])])
+    assert a.capacity(0) == 0
+    a.dropped += o.settle(trained=[(1, ["g00000003"])])  # a repeated report charges nothing more
+    assert a.capacity(0) == 0
+
+
+def test_the_memory_of_dropped_groups_is_bounded(monkeypatch):
+    from asyncrl.dispatcher import outstanding
+
+    monkeypatch.setattr(outstanding, "RECENTLY_DROPPED", 3)
+    o = Outstanding()
+    for s in range(5):
+        o.dispatched({"group_id": f"g{s:08d}"}, "generator-0", 0.0)
+    assert o.settle(dropped=[f"g{s:08d}" for s in range(5)]) == 5
+    assert list(o.recently_dropped) == ["g00000002", "g00000003", "g00000004"]
+    assert o.settle(inserted=["g00000000"]) == 0  # forgotten: a copy that late is not charged
