@@ -82,7 +82,7 @@ def test_a_filtered_group_that_kept_its_slot_would_starve_the_learner():
     assert dropped <= (1 + 1 + steps) * 4  # everything ever admitted was scored
 
 
-def test_with_everything_filtered_nothing_is_trained_and_nothing_runs_past_the_budget():
+def test_the_docstring_example_frees_each_filtered_slot_once_and_refills_it():
     a, o = Admission(batch_groups=4, max_staleness=1), Outstanding()
     d = dispatcher_of(a, o)
     sent = d.rows_for(100, version=0)
