@@ -143,6 +143,21 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _resolve_apply_mode(self) -> RunConfig:
+        """``weights.apply_mode: null`` -> ``in_flight`` with continuous generation, else
+        ``between_requests``, written into the resolved config; continuous generation never stops
+        between requests, so it cannot wait for that moment to swap weights."""
+        continuous = self.generator.mode == "continuous"
+        if self.weights.apply_mode is None:
+            self.weights.apply_mode = "in_flight" if continuous else "between_requests"
+        elif continuous and self.weights.apply_mode != "in_flight":
+            raise ValueError(
+                f"weights.apply_mode ({self.weights.apply_mode}) must be in_flight with generator.mode continuous: "
+                "requests run without a pause between them (use generator.mode batch for between_requests)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_admission_lead(self) -> RunConfig:
         # Under auto the bound moves within [min, max]: the lead must fit the lowest.
         auto = self.buffer.auto

@@ -120,7 +120,9 @@ class AsyncVLLMEngine:
     maps_shm = True
     """``load_weights`` takes a shared-memory version's bucket paths and maps them in the engine process."""
 
-    def __init__(self, model_dir: str, cfg: EngineConfig, version: int = 0, timeout_s: float = 600.0):
+    def __init__(
+        self, model_dir: str, cfg: EngineConfig, version: int = 0, timeout_s: float = 600.0, stat_loggers=None
+    ):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -137,8 +139,8 @@ class AsyncVLLMEngine:
         self._running: dict[str, int] = {}  # request id -> oldest version it may hold (engine loop only)
         args = AsyncEngineArgs(**engine_args(model_dir, cfg), worker_extension_cls=EXTENSION)
 
-        async def build():
-            return AsyncLLM.from_engine_args(args)
+        async def build():  # stat_loggers: vLLM stat logger factories (asyncrl.generators.vllm_stream)
+            return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
 
         self._llm = self._call(build(), "the engine to start")
         self._call(self._llm.update_weight_version(str(version)), "the engine to take its weight version")
@@ -285,6 +287,19 @@ class AsyncVLLMEngine:
         so far, finish reason ``abort``. Ids of requests already finished are ignored."""
         if request_ids:
             self._call(self._llm.abort(list(request_ids)), f"{len(request_ids)} requests to be aborted")
+
+    # -----------------------------------------------------------------------------------------
+    # streaming (continuous generation: asyncrl.generators.vllm_stream submits with ``submit``)
+
+    @property
+    def llm(self):
+        """The ``AsyncLLM`` (its ``vllm_config`` says how many KV blocks it has)."""
+        return self._llm
+
+    async def request(self, prompt, params):
+        """The final ``RequestOutput`` of one request, n answers in it (a coroutine for ``submit``;
+        cancelling its future aborts the request in the engine)."""
+        return await self._one(prompt, params)
 
     # -----------------------------------------------------------------------------------------
     # weights

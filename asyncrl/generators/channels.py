@@ -24,20 +24,38 @@ class PromptSource:
         self.client = RequestClient(address, name=name)
         self.generator, self.max_prompts, self.timeout_s = generator, max_prompts, timeout_s
 
-    def ask(self, version: int, dropped: list[str]) -> list[PromptRow]:
+    def ask(self, version: int, dropped: list[str], max_prompts: int | None = None) -> list[PromptRow]:
         """Rows to sample (none when the dispatcher had none, or said to load newer weights first).
-        ``dropped``: ids of groups dropped here since the last ask, for the dispatcher to settle."""
-        request = WantPrompts(
+        ``dropped``: ids of groups dropped here since the last ask, for the dispatcher to settle;
+        ``max_prompts``: at most this many (None: the ``max_prompts`` this source was built with)."""
+        reply = self.client.request(self._request(version, dropped, max_prompts), timeout=self.timeout_s)
+        return self._rows(reply) or []
+
+    def send_ask(self, version: int, dropped: list[str], max_prompts: int) -> list[PromptRow] | None:
+        """Ask without waiting (continuous generation): the reply is read by ``take_reply``. Returns
+        the rows of a reply to an earlier ask that was already here, else None. The dispatcher holds
+        the ask for ``timeout_s`` at most; ask again after that, with the version then served."""
+        return self._rows(self.client.request(self._request(version, dropped, max_prompts), timeout=0))
+
+    def take_reply(self, timeout: float) -> list[PromptRow] | None:
+        """The rows of a reply that arrives within ``timeout`` s (an empty list: the dispatcher
+        answered without prompts), or None when none came."""
+        return self._rows(self.client.receive(timeout=timeout))
+
+    def _request(self, version: int, dropped: list[str], max_prompts: int | None) -> WantPrompts:
+        return WantPrompts(
             generator=self.generator,
-            max_prompts=self.max_prompts,
+            max_prompts=self.max_prompts if max_prompts is None else max_prompts,
             policy_version=version,
             timeout_s=self.timeout_s,
             dropped=dropped,
         )
-        reply = self.client.request(request, timeout=self.timeout_s)
-        if reply is None or not isinstance(reply[1], Prompts) or not reply[1].prompts:
-            return []
-        rows = list(reply[1].prompts)
+
+    def _rows(self, reply) -> list[PromptRow] | None:
+        """A reply's rows, with those of any replies queued behind it (None: no reply)."""
+        if reply is None:
+            return None
+        rows = list(reply[1].prompts) if isinstance(reply[1], Prompts) else []
         while (more := self.client.receive(timeout=0)) is not None:
             rows.extend(more[1].prompts if isinstance(more[1], Prompts) else [])
         return rows

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from asyncrl.configbase import Config
 
 
 class GeneratorConfig(Config):
+    mode: Literal["continuous", "batch"] = "continuous"
+    """``continuous``: keep up to ``max_inflight_sequences`` sequences in the engine, ask for more
+    prompts as soon as room frees and send each group the moment its n answers are done
+    (``asyncrl.generators.continuous``); weights are then swapped in flight. ``batch``: ask for
+    ``prompts_per_batch`` prompts, sample them in one engine call and send them when the slowest
+    answer is done (the batch barrier, kept for comparison)."""
     prompts_per_batch: int = Field(16, ge=1)
-    """Prompts a generator asks for and samples in one engine call (each gives a group of n)."""
+    """batch: prompts a generator asks for and samples in one engine call (each gives a group of
+    n). continuous: the simulated engine's default bound is this many groups of n."""
+    max_inflight_sequences: int | None = Field(None, ge=1)
+    """continuous: most sequences (n per group, ReMax's greedy answer included) a generator keeps in
+    its engine. None: what the engine's KV cache holds at ``max_model_len`` each (vLLM reports its
+    blocks once started; capped at ``engine.max_num_seqs``), ``prompts_per_batch`` groups for the
+    simulated engine. Shrunk while running when the engine preempts sequences for want of KV cache."""
+    group_timeout_s: float = Field(600.0, gt=0)
+    """continuous: seconds a group may stay in the engine; past it its requests are aborted and the
+    group is dropped, reason ``generation_timeout`` (an engine never holds sequences forever)."""
+    dispatcher_silence_s: float = Field(30.0, gt=0)
+    """continuous: seconds without an answer from the dispatcher after which the silence is logged
+    by name (the sequences in flight go on and are sent; nothing waits on the dispatcher)."""
     request_timeout_s: float = Field(0.25, gt=0)
     """Seconds a request for prompts waits before it is asked again, with the version then served
     (short, because the dispatcher's admission is computed from the version in the request)."""

@@ -96,30 +96,32 @@ class MockEngine:
         n = sampling.n
         lengths = self.draw_lengths(len(prompts) * n, sampling.max_tokens)
         prompt_tokens = sum(len(p) for p in prompts) * n
-        out = []
-        for i, prompt in enumerate(prompts):
-            prompt_ids = np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int32)
-            group = []
-            for j in range(n):
-                length = int(lengths[i * n + j])
-                group.append(
-                    Completion(
-                        prompt_ids=prompt_ids,
-                        response_ids=self.rng.integers(3, self.cfg.vocab_size, length, dtype=np.int32),
-                        logprobs=-self.rng.exponential(1.0, length).astype(np.float32),
-                        text=simulated_answer(prompt, self.rng.random() < self.cfg.accuracy),
-                        finish_reason="length" if length == sampling.max_tokens else "stop",
-                    )
-                )
-            out.append(group)
+        out = [
+            [self.completion(prompt, int(lengths[i * n + j]), sampling.max_tokens) for j in range(n)]
+            for i, prompt in enumerate(prompts)
+        ]
         time.sleep(max(0.0, self.batch_seconds(prompt_tokens, lengths) - (time.perf_counter() - start)))
         return out
+
+    def completion(self, prompt: str, length: int, max_tokens: int) -> Completion:
+        """One simulated answer of ``length`` tokens to ``prompt`` (right with chance ``accuracy``)."""
+        return Completion(
+            prompt_ids=np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int32),
+            response_ids=self.rng.integers(3, self.cfg.vocab_size, length, dtype=np.int32),
+            logprobs=-self.rng.exponential(1.0, length).astype(np.float32),
+            text=simulated_answer(prompt, self.rng.random() < self.cfg.accuracy),
+            finish_reason="length" if length == max_tokens else "stop",
+        )
+
+    def greedy_length(self, max_tokens: int) -> int:
+        """Tokens of a simulated greedy answer: the median length, within ``max_tokens``."""
+        return min(max_tokens, max(1, round(self.cfg.length_median)))
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
         """Argmax answers: right when the simulated accuracy is at least one half; one decode step
         per token of the median length."""
         check_prompts(prompts)
-        length = min(max_tokens, max(1, round(self.cfg.length_median)))
+        length = self.greedy_length(max_tokens)
         time.sleep(self.cfg.overhead_s + length * (self.cfg.decode_step_s + self.cfg.decode_s_per_seq * len(prompts)))
         return [simulated_answer(p, self.cfg.accuracy >= 0.5) for p in prompts]
 

@@ -1,8 +1,10 @@
 """The generator process: prompts in from the dispatcher, sampled groups out to the reward workers.
 
-One loop, one vLLM engine. Each turn it (1) applies the newest announced weights, if any, (2) asks
-the dispatcher for up to ``generator.prompts_per_batch`` prompts, (3) samples n answers for each
-in one engine call and (4) pushes one group per prompt. With ``weights.apply_mode:
+One loop, one vLLM engine. With ``generator.mode: continuous`` (the default) the engine is kept
+full and each group leaves the moment its answers are done (``asyncrl.generators.continuous``);
+weights are then swapped in flight. With ``batch`` each turn it (1) applies the newest announced
+weights, if any, (2) asks the dispatcher for up to ``generator.prompts_per_batch`` prompts, (3)
+samples n answers for each in one engine call and (4) pushes one group per prompt. With ``weights.apply_mode:
 between_requests`` weights change only between engine calls, so every token of a group was
 sampled by the version stamped on it (a weight update is atomic per request); with
 ``in_flight`` a background thread swaps them while requests run (``asyncrl.generators.inflight``)
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(cfg, model_dir: str, gen_index: int):
-    """The simulated engine, or vLLM (the async engine when weights are swapped in flight)."""
+    """Batch mode's engine: the simulated one, or vLLM (the async engine when weights are swapped in flight)."""
     if cfg.simulation.generator is not None:
         from asyncrl.generators.mock_engine import MockEngine
 
@@ -73,8 +75,15 @@ class Generator:
         cfg = self.cfg = ctx.cfg
         self.ctx = ctx
         self.gen_index = int(ctx.name.rsplit("-", 1)[-1]) if ctx.name[-1].isdigit() else 0
-        self.engine = build_engine(cfg, model_dir, self.gen_index)
         gcfg = cfg.generator
+        stream = None  # generator.mode continuous: the engine behind a stream, kept full
+        if gcfg.mode == "continuous":
+            from asyncrl.generators.continuous import build_stream
+
+            stream = build_stream(cfg, model_dir, self.gen_index)
+            self.engine = stream.engine
+        else:
+            self.engine = build_engine(cfg, model_dir, self.gen_index)
         self.prompts = PromptSource(
             ctx.endpoints.dispatcher, f"{ctx.name}.dispatcher", ctx.name, gcfg.prompts_per_batch, gcfg.request_timeout_s
         )
@@ -99,8 +108,16 @@ class Generator:
             self.evals = EvalRequestReceiver(ctx.endpoints.evals, name=f"{ctx.name}.evals")
         self.eval_counters = EvalCounters()
         self.counts = GeneratorCounters()
+        self.continuous = None  # generator.mode continuous: the engine kept full, groups sent when done
+        if stream is not None:
+            from asyncrl.generators.continuous import ContinuousLoop
+
+            self.continuous = ContinuousLoop(self, stream)
 
     def step(self) -> None:
+        if self.continuous is not None:
+            self.continuous.step()
+            return
         self.apply_weights()
         if self.evals is not None:  # at most one evaluation request between two training batches
             answer_eval_request(self.engine, self.evals, self.ctx, self.eval_counters)
@@ -181,6 +198,8 @@ class Generator:
             SAMPLES.labels("generated").inc(len(group.samples))
 
     def finish(self, wall_s: float) -> None:
+        if self.continuous is not None:  # what is still sampling is aborted and returned
+            self.continuous.finish()
         # A reply that came after its request timed out holds prompts the dispatcher counts as
         # handed out; the ledger says they were returned unsampled, so they are not mistaken for lost.
         for rows in self.prompts.late_replies(wait=0.3):

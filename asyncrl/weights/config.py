@@ -17,11 +17,13 @@ class WeightSyncConfig(Config):
     ``zmq``: streamed in ~1 MiB frames to subscribers on any host; ``nccl``: broadcast from GPU
     to GPU in an NCCL group of learner rank 0 and every generator (needs CUDA); ``file``: one
     safetensors file per version in RUN_DIR/weights (the original path, a whole-model copy in the learner)."""
-    apply_mode: Literal["between_requests", "in_flight"] = "between_requests"
+    apply_mode: Literal["between_requests", "in_flight"] | None = None
     """``between_requests``: a generator swaps weights between engine calls, so one version samples
     every token of a request; ``in_flight``: it samples through vLLM's AsyncLLM and swaps while
     requests run (pause keeping them, reload, reset the prefix cache, resume), each sample then
-    recording which versions sampled which tokens (``version_segments``)."""
+    recording which versions sampled which tokens (``version_segments``). None: ``in_flight``
+    with ``generator.mode: continuous`` (the only mode it allows: requests never stop running),
+    ``between_requests`` with ``batch``."""
     bucket_mb: float = Field(64.0, gt=0)
     """Size cap of one bucket in MiB: under ZeRO-3 the learner gathers, sends and frees one
     bucket at a time, so its extra memory is about two buckets, not the model."""

@@ -11,14 +11,14 @@ pytestmark = pytest.mark.slow  # whole runs of real processes, one per transport
 
 
 @pytest.mark.parametrize(
-    "transport, schedule, apply_mode",
+    "transport, schedule, mode, apply_mode",
     [
-        ("zmq", "staleness", "between_requests"),
-        ("shm", "every_k", "in_flight"),  # a background thread swaps while the engine samples
-        ("file", "every_s", "between_requests"),
+        ("zmq", "staleness", "batch", "between_requests"),
+        ("shm", "every_k", "continuous", "in_flight"),  # a background thread swaps while the engine samples
+        ("file", "every_s", "batch", "between_requests"),
     ],
 )
-def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule, apply_mode):
+def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule, mode, apply_mode):
     cfg = load_config(
         "configs/bench_pipeline.yaml",
         [
@@ -29,6 +29,7 @@ def test_every_generator_ends_on_the_final_version(tmp_path, transport, schedule
             "buffer.max_staleness=3",
             f"weights.transport={transport}",
             f"weights.schedule={schedule}",
+            f"generator.mode={mode}",
             f"weights.apply_mode={apply_mode}",
             "weights.every_s=0.2",
             "weights.bucket_mb=0.25",

@@ -1,0 +1,257 @@
+"""Continuous generation (``generator.mode: continuous``): the engine is kept full, groups leave when done.
+
+The batch loop asks for ``prompts_per_batch`` prompts, samples them in one engine call and waits
+for the slowest answer: on long-tailed answer lengths the engine runs nearly empty while the last
+few finish. Here each generator keeps up to ``bound`` sequences in its engine instead:
+
+- **Room is asked for at once.** While the engine holds fewer than ``bound`` sequences, one ask
+  for ``room // sequences_per_group`` prompts is outstanding at the dispatcher (whose admission
+  still decides how many it gets); its rows are submitted the moment they arrive.
+- **A group leaves when its n answers are done** (and its greedy answer, with ReMax's baseline):
+  no barrier, so a short group overtakes a long one that came in the same reply.
+- **Nothing waits on the dispatcher.** The ask is sent without waiting (``PromptSource.send_ask``)
+  and its reply is polled between looks at the engine, so a dispatcher that stops answering only
+  stops new prompts: the sequences in flight run on and are sent, and the silence is logged by name
+  after ``dispatcher_silence_s``. A group still in the engine after ``group_timeout_s`` (a stalled
+  engine) is aborted and dropped, reason ``generation_timeout``: the engine never holds it forever.
+- **Weights change in flight** (``weights.apply_mode: in_flight``, the only mode continuous
+  generation allows): each sample's ``version_segments`` say which version sampled which tokens,
+  and its group is stamped with the oldest.
+- **The bound** (``InflightBound``) is ``generator.max_inflight_sequences``, by default what the
+  engine's KV cache holds at ``max_model_len`` each; it shrinks when the engine preempts sequences
+  for want of KV cache, since a preempted sequence recomputes its KV and so wastes the work.
+
+At the end (``finish``) what is still in the engine is aborted and its prompts are written to the
+ledger as ``returned`` (dispatched, never sampled), like prompts that arrive after the last turn.
+
+An engine is driven through a *stream* (``asyncrl.generators.mock_stream.MockStream`` for the
+simulated engine, ``asyncrl.generators.vllm_stream.VLLMStream`` for vLLM's ``AsyncLLM``):
+``submit(key, prompt, sampling, seed, greedy_tokens)``, ``finished(timeout)`` -> ``[(key,
+completions, greedy_text)]``, ``abort(keys)``, ``running`` (sequences held), ``capacity()``,
+``preemptions()``, ``until_next(limit)`` (seconds worth waiting elsewhere before a group may be done).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from asyncrl.generators.groups import build_groups
+from asyncrl.observability.metrics import BUSY_SECONDS, ROLLOUT_SECONDS
+from asyncrl.wire.messages import PromptRow
+
+if TYPE_CHECKING:
+    from asyncrl.generators.process import Generator
+
+log = logging.getLogger(__name__)
+
+ENGINE_POLL_S = 0.05
+"""Longest wait on the engine for a finished group when no ask is outstanding."""
+REPLY_POLL_S = 0.01
+"""Longest wait on the dispatcher's reply between two looks at the engine."""
+PRESSURE_COOLDOWN_S = 1.0
+"""After the bound shrinks, preemptions within this many seconds are the same episode."""
+
+
+def build_stream(cfg, model_dir: str, gen_index: int):
+    """The engine a generator drives continuously, behind its stream (see the module docstring):
+    the simulated engine, or vLLM's ``AsyncLLM`` reporting its load. ``stream.engine`` is the engine."""
+    if cfg.simulation.generator is not None:
+        from asyncrl.generators.mock_engine import MockEngine
+        from asyncrl.generators.mock_stream import MockStream
+
+        return MockStream(MockEngine(cfg.simulation.generator, seed=cfg.run.seed + gen_index))
+    from asyncrl.generators.vllm_stream import build_stream as build_vllm_stream
+
+    return build_vllm_stream(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+
+
+class InflightBound:
+    """The most sequences a generator keeps in its engine.
+
+    Starts at ``configured``, else the engine's ``capacity`` (KV cache tokens / max_model_len), else
+    ``fallback``; never below one group (``per_group`` sequences). Each episode of preemptions
+    (the engine ran out of KV cache and recomputes what it evicted) shrinks it by a quarter.
+
+    >>> bound = InflightBound(None, 64, 32, per_group=8)
+    >>> bound.value, bound.update(3, now=0.0), bound.value
+    (64, True, 48)
+    """
+
+    def __init__(self, configured: int | None, capacity: int | None, fallback: int, per_group: int, name: str = ""):
+        if per_group < 1:
+            raise ValueError(f"per_group ({per_group}) must be >= 1")
+        start = configured or capacity or fallback
+        self.value = max(per_group, start)
+        self.per_group = per_group
+        self.name = name
+        self.seen = 0
+        self.shrunk_at = float("-inf")
+        if configured is None:
+            log.info("%s: up to %d sequences in flight (%s)", name, self.value, "KV cache" if capacity else "default")
+
+    def update(self, preemptions: int, now: float) -> bool:
+        """Note the engine's running count of preemptions; True if the bound shrank."""
+        new, self.seen = preemptions - self.seen, preemptions
+        if new <= 0 or now - self.shrunk_at < PRESSURE_COOLDOWN_S or self.value <= self.per_group:
+            return False
+        old, self.value = self.value, max(self.per_group, (self.value * 3) // 4)
+        self.shrunk_at = now
+        log.warning(
+            "%s: the engine preempted %d sequences (KV cache full): in flight %d -> %d", self.name, new, old, self.value
+        )
+        return True
+
+    def room(self, running: int) -> int:
+        """Groups that fit beside ``running`` sequences."""
+        return max(0, self.value - running) // self.per_group
+
+
+@dataclass
+class _InFlight:
+    row: PromptRow
+    submitted: float
+    """time.monotonic() when it went into the engine."""
+    sampled_at: float
+    """Wall clock then (end-to-end latency)."""
+
+
+class ContinuousLoop:
+    """One generator's continuous turns (``step``) and end (``finish``); see the module docstring."""
+
+    def __init__(self, gen: Generator, stream):
+        self.gen, self.stream = gen, stream
+        self.cfg = gen.cfg
+        gcfg = self.cfg.generator
+        self.per_group = self.cfg.sampling.n + (1 if gcfg.greedy_baseline else 0)
+        self.bound = InflightBound(
+            gcfg.max_inflight_sequences,
+            stream.capacity(),
+            gcfg.prompts_per_batch * self.per_group,
+            self.per_group,
+            gen.ctx.name,
+        )
+        self.inflight: dict[str, _InFlight] = {}
+        self.asked_at: float | None = None
+        """time.monotonic() of the outstanding ask (None: none outstanding)."""
+        self.answered_at = time.monotonic()
+        self.silence_logged = False
+        self.submitted = 0
+        self.busy_since: float | None = None
+
+    def step(self) -> None:
+        """Apply weights, answer an evaluation, send what is done, ask for room, take what came."""
+        gen = self.gen
+        gen.apply_weights()  # in flight: report what the applier swapped, raise what failed
+        if gen.evals is not None:
+            from asyncrl.generators.evaluation import answer_eval_request
+
+            answer_eval_request(gen.engine, gen.evals, gen.ctx, gen.eval_counters)
+        self.send_finished(0.0)
+        now = time.monotonic()
+        self.expire(now)
+        self.bound.update(self.stream.preemptions(), now)
+        if self.asked_at is not None and now - self.asked_at > self.cfg.generator.request_timeout_s:
+            self.asked_at = None  # held past its deadline: ask again, with the version now served
+        room = self.bound.room(self.stream.running)
+        if self.asked_at is None and room > 0:
+            self.asked_at = now
+            self.take(gen.prompts.send_ask(gen.engine.version, gen.counts.dropped_ids, room))
+            gen.counts.dropped_ids = []
+        if self.asked_at is not None:
+            # Wait for the reply until the engine may have a group done (a simulated engine knows when).
+            self.take(
+                gen.prompts.take_reply(self.stream.until_next(REPLY_POLL_S if self.stream.running else ENGINE_POLL_S))
+            )
+            self.send_finished(0.0)
+        else:
+            self.send_finished(ENGINE_POLL_S)
+        self.note_silence(time.monotonic())
+
+    def take(self, rows: list[PromptRow] | None) -> None:
+        """Submit a reply's rows (None: no reply yet)."""
+        if rows is None:
+            return
+        self.asked_at = None
+        self.answered_at = time.monotonic()
+        self.silence_logged = False
+        gen, cfg = self.gen, self.cfg
+        greedy_tokens = cfg.sampling.max_tokens if cfg.generator.greedy_baseline else None
+        for row in gen.refuse_too_long(rows):
+            seed = hash((cfg.run.seed, gen.gen_index, self.submitted)) & 0x7FFFFFFF
+            self.stream.submit(row["group_id"], row["text"], cfg.sampling, seed, greedy_tokens)
+            self.submitted += 1
+            self.inflight[row["group_id"]] = _InFlight(row, time.monotonic(), time.time())
+        self.note_busy()
+
+    def send_finished(self, wait: float) -> None:
+        """Send every group the engine has done (waiting up to ``wait`` s for the first)."""
+        finished = self.stream.finished(wait)
+        now = time.monotonic()
+        for key, completions, greedy in finished:
+            flight = self.inflight.pop(key)
+            rollout_s = now - flight.submitted
+            (group,) = build_groups(
+                [flight.row], [completions], self.gen.engine.version, self.gen.ctx.name, rollout_s, flight.sampled_at
+            )
+            if greedy is not None:
+                group.meta["greedy_text"] = greedy
+            ROLLOUT_SECONDS.observe(rollout_s)
+            self.gen.ctx.ledger.write("generated", [key], version=group.policy_version)
+            self.gen.send([group])
+        if finished:
+            self.gen.counts.batches += 1
+        self.note_busy()
+
+    def note_busy(self) -> None:
+        """Busy time: while the engine holds any sequence of this generator's."""
+        now, counts = time.monotonic(), self.gen.counts
+        if self.busy_since is not None:
+            counts.busy_s += now - self.busy_since
+            BUSY_SECONDS.inc(now - self.busy_since)
+        self.busy_since = now if self.inflight else None
+
+    def expire(self, now: float) -> None:
+        """Abort and drop the groups in the engine past ``group_timeout_s``."""
+        limit = self.cfg.generator.group_timeout_s
+        late = [key for key, f in self.inflight.items() if now - f.submitted > limit]
+        if not late:
+            return
+        log.warning(
+            "%s: groups %s were still in the engine after group_timeout_s (%g s): aborted and dropped",
+            self.gen.ctx.name,
+            late[:5],
+            limit,
+        )
+        self.stream.abort(late)
+        counts, n = self.gen.counts, self.cfg.sampling.n
+        for key in late:
+            del self.inflight[key]
+        counts.dropped["generation_timeout"] += len(late) * n
+        counts.generated += len(late) * n  # as the ledger counts them: n samples a group
+        counts.dropped_ids.extend(late)
+        self.gen.ctx.ledger.write("dropped", late, reason="generation_timeout")
+
+    def note_silence(self, now: float) -> None:
+        silent_s = now - self.answered_at
+        if silent_s > self.cfg.generator.dispatcher_silence_s and not self.silence_logged:
+            self.silence_logged = True
+            log.warning(
+                "%s: the dispatcher has not answered for %.0f s; the %d sequences in flight go on and are sent",
+                self.gen.ctx.name,
+                silent_s,
+                self.stream.running,
+            )
+
+    def finish(self) -> None:
+        """Abort what is still in the engine; its prompts go to the ledger as ``returned``."""
+        self.send_finished(0.0)
+        if self.inflight:
+            keys = list(self.inflight)
+            self.stream.abort(keys)
+            self.gen.ctx.ledger.write("returned", keys)
+            log.info("%s: %d groups still sampling at the end were returned unsampled", self.gen.ctx.name, len(keys))
+            self.inflight.clear()
+        self.note_busy()

@@ -1,0 +1,212 @@
+"""Continuous batching on vLLM's ``AsyncLLM``: groups submitted one by one, each handed back when done.
+
+``VLLMStream`` is the stream ``asyncrl.generators.continuous`` drives (``submit``, ``finished``,
+``abort``, ``running``, ``capacity``, ``preemptions``, ``until_next``) over an ``AsyncVLLMEngine``:
+
+- **Each group is its own request** (n samples, ``FINAL_ONLY``: one message when all n are done),
+  a coroutine on the engine's event loop; when it ends it lands in a queue the generator's thread
+  reads. vLLM's scheduler admits new requests between decode steps, so a group submitted while
+  others run joins the running batch at once, and a short one leaves before a long one.
+- **Abort** cancels the request's coroutine; vLLM's ``generate`` aborts the request in the engine
+  when cancelled, freeing its KV blocks.
+- **What the engine reports** (``EngineLoad``, a vLLM stat logger): the running sequences after
+  every step (integrated over time, for occupancy = mean running / bound), the KV cache's use, and
+  preemptions while the cache is nearly full (``KV_FULL``): the KV pressure that shrinks the
+  generator's bound. Preemptions with the cache far from full are those of an in-flight weight
+  swap (its prefix-cache reset makes running requests recompute), not pressure.
+- **Capacity**: vLLM reports its KV blocks once started; ``blocks × block_size // max_model_len``
+  sequences fit even if every one reaches ``max_model_len``, capped at ``max_num_seqs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+from asyncrl.generators.async_engine import AsyncVLLMEngine
+from asyncrl.generators.engine import (
+    Completion,
+    EngineConfig,
+    SamplingConfig,
+    greedy_params,
+    sampling_params,
+    to_completions,
+)
+
+KV_FULL = 0.9
+"""KV cache use at or above which a preemption is counted as KV pressure."""
+
+
+class EngineLoad:
+    """What the engine reports after each step, kept for the generator (thread-safe reads).
+
+    ``factory`` is handed to ``AsyncLLM`` as a stat logger factory; vLLM calls ``record`` from its
+    output handler, on the engine's event loop."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.running = 0
+        """Sequences the scheduler ran at the last step."""
+        self.kv_usage = 0.0
+        """Fraction of the KV cache in use at the last step."""
+        self.preempted = 0
+        """Preemptions counted as KV pressure (see ``KV_FULL``), since the start."""
+        self.preempted_all = 0
+        """Every preemption the engine reported, weight swaps' included."""
+        self.generated_tokens = 0
+        """Tokens the engine generated since the start."""
+        self._at = time.monotonic()
+        self._area = 0.0
+
+    def factory(self, vllm_config, engine_index: int = 0):
+        """vLLM's ``StatLoggerFactory``: a logger that records into this object."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        load = self
+
+        class _Recorder(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+                load.record(scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self):
+                pass
+
+        return _Recorder(vllm_config, engine_index)
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._area += self.running * (now - self._at)
+            self._at = now
+            if scheduler_stats is not None:
+                self.running = scheduler_stats.num_running_reqs
+                self.kv_usage = scheduler_stats.kv_cache_usage
+            if iteration_stats is not None:
+                self.generated_tokens += iteration_stats.num_generation_tokens
+                preempted = iteration_stats.num_preempted_reqs
+                self.preempted_all += preempted
+                if preempted and self.kv_usage >= KV_FULL:
+                    self.preempted += preempted
+
+    def sequence_seconds(self) -> float:
+        """∫ running sequences dt since the start (mean running over a window = its growth / the window)."""
+        with self._lock:
+            return self._area + self.running * (time.monotonic() - self._at)
+
+
+def build_stream(model_dir: str, cfg: EngineConfig, timeout_s: float = 600.0) -> VLLMStream:
+    """An ``AsyncVLLMEngine`` that reports its load, and the stream over it."""
+    load = EngineLoad()
+    engine = AsyncVLLMEngine(model_dir, cfg, timeout_s=timeout_s, stat_loggers=[load.factory])
+    return VLLMStream(engine, load)
+
+
+class VLLMStream:
+    """Groups in and out of an ``AsyncVLLMEngine`` one at a time (see the module docstring).
+
+    >>> stream = build_stream(model_dir, EngineConfig(max_model_len=640))  # doctest: +SKIP
+    >>> stream.submit("g0", "12+34=", SamplingConfig(n=8, max_tokens=32))  # doctest: +SKIP
+    >>> stream.finished(timeout=60)  # doctest: +SKIP
+    [('g0', [Completion(...), ...], None)]
+    """
+
+    def __init__(self, engine: AsyncVLLMEngine, load: EngineLoad | None = None):
+        self.engine = engine
+        self.load = load or EngineLoad()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests: dict[str, Future] = {}
+        self._sequences: dict[str, int] = {}
+
+    @property
+    def running(self) -> int:
+        """Sequences submitted and not yet handed back (n per group, its greedy answer included)."""
+        return sum(self._sequences.values())
+
+    def capacity(self) -> int | None:
+        """Sequences the KV cache holds at ``max_model_len`` each, at most ``max_num_seqs``."""
+        cache = self.engine.llm.vllm_config.cache_config
+        if not cache.num_gpu_blocks or not cache.block_size:
+            return None
+        cfg = self.engine.cfg
+        return max(1, min(cfg.max_num_seqs, cache.num_gpu_blocks * cache.block_size // cfg.max_model_len))
+
+    def preemptions(self) -> int:
+        return self.load.preempted
+
+    def submit(
+        self,
+        key: str,
+        prompt: str,
+        sampling: SamplingConfig,
+        seed: int | None = None,
+        greedy_tokens: int | None = None,
+        **extra,
+    ) -> None:
+        """Start ``sampling.n`` samples of ``prompt`` under ``key`` (and its greedy answer of up to
+        ``greedy_tokens``); ``extra`` goes to vLLM's ``SamplingParams`` (e.g. ``min_tokens``,
+        ``ignore_eos``). A prompt that leaves no room to sample is a ValueError naming it."""
+        from vllm.sampling_params import RequestOutputKind
+
+        if key in self._requests:
+            raise ValueError(f"request {key!r} is already running: keys must be unique")
+        (tokens,) = self.engine.tokenize_prompts([prompt])
+        (params,) = sampling_params(sampling, 1, seed, output_kind=RequestOutputKind.FINAL_ONLY, **extra)
+        greedy = None
+        if greedy_tokens is not None:
+            greedy = greedy_params(greedy_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+        self._requests[key] = self.engine.submit(self._run(key, tokens, params, greedy))
+        self._sequences[key] = sampling.n + (greedy is not None)
+
+    async def _run(self, key: str, tokens, params, greedy) -> None:
+        try:
+            requests = [self.engine.request(tokens, params)]
+            if greedy is not None:
+                requests.append(self.engine.request(tokens, greedy))
+            outputs = await asyncio.gather(*requests)
+            text = outputs[1].outputs[0].text if greedy is not None else None
+            self._done.put((key, to_completions(outputs[0]), text, None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # handed to the generator's thread by finished(): never swallowed
+            self._done.put((key, None, None, e))
+
+    def finished(self, timeout: float) -> list[tuple[str, list[Completion], str | None]]:
+        """``(key, n completions, greedy text or None)`` of each group done, waiting up to
+        ``timeout`` s for the first; a request that failed raises here, naming its key."""
+        out = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                wait = max(0.0, deadline - time.monotonic()) if not out else 0.0
+                item = self._done.get(timeout=wait) if wait > 0 else self._done.get_nowait()
+            except queue.Empty:
+                return out
+            key, completions, greedy, error = item
+            if self._requests.pop(key, None) is None:
+                continue  # aborted meanwhile
+            self._sequences.pop(key, None)
+            if error is not None:
+                raise RuntimeError(f"vLLM engine: request {key!r} failed: {type(error).__name__}: {error}") from error
+            out.append((key, completions, greedy))
+
+    def until_next(self, limit: float) -> float:
+        """0 when a group is done and waiting, else ``limit`` (vLLM does not say when one will be)."""
+        return 0.0 if not self._done.empty() else limit
+
+    def abort(self, keys) -> None:
+        """Stop the requests of ``keys`` (unknown or finished ones are ignored); vLLM frees their KV."""
+        for key in keys:
+            future = self._requests.pop(key, None)
+            self._sequences.pop(key, None)
+            if future is not None:
+                future.cancel()
+
+    def close(self) -> None:
+        self.abort(list(self._requests))
+        self.engine.close()
