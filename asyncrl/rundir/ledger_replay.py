@@ -60,7 +60,7 @@ class LedgerReplay:
         self.trained: dict[str, list[int]] = {}
         self.retrained: dict[str, list[int]] = {}
         self.dropped: dict[str, str] = {}
-        self.held: dict[str, set[str]] = {}  # source -> what it held at its end (its last report)
+        self.held: dict[str, set[str]] = {}  # source -> what it held at its end (each late batch, for a learner)
         self.returned: set[str] = set()
         self.restores = 0
         self.trained_settled = GroupIdSet()
@@ -92,8 +92,8 @@ class LedgerReplay:
             for g in groups:  # a copy dropped as a duplicate does not hide the fate of the original
                 if self.dropped.get(g, "duplicate") == "duplicate" and not self._dropped_settled(g):
                     self.dropped[g] = line["reason"]
-        elif event == "held":
-            self.held[line["source"]] = set(groups)
+        elif event == "held":  # a learner may hold several late batches, one line each
+            self.held.setdefault(line["source"], set()).update(groups)
         elif event == "returned":
             self.returned.update(groups)
         elif event == "restore":

@@ -34,6 +34,19 @@ def test_every_dispatched_group_has_one_outcome(tmp_path):
     assert out["lost"] == 2 and out["lost_groups"] == ["g00000003"] and out["trained_twice"] == 0
 
 
+def test_every_late_batch_the_learner_holds_is_an_outcome(tmp_path):
+    write(tmp_path, "dispatcher", ("dispatched", ["g00000000", "g00000001", "g00000002"], {}))
+    write(
+        tmp_path,
+        "learner",
+        ("trained", ["g00000000"], {"version": 1}),
+        ("held", ["g00000001"], {}),
+        ("held", ["g00000002"], {}),
+    )
+    out = reconcile_ledger(tmp_path, samples_per_group=1)
+    assert out["held"] == 2 and out["lost"] == 0
+
+
 def test_a_duplicate_drop_is_no_outcome_and_twice_trained_is_caught(tmp_path):
     write(tmp_path, "dispatcher", ("dispatched", ["g00000000", "g00000001"], {}))
     write(
