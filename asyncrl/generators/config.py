@@ -21,12 +21,22 @@ class GeneratorConfig(Config):
     n). continuous: the simulated engine's default bound is this many groups of n."""
     max_inflight_sequences: int | None = Field(None, ge=1)
     """continuous: most sequences (n per group, ReMax's greedy answer included) a generator keeps in
-    its engine. None: what the engine's KV cache holds at ``max_model_len`` each (vLLM reports its
-    blocks once started; capped at ``engine.max_num_seqs``), ``prompts_per_batch`` groups for the
-    simulated engine. Shrunk while running when the engine preempts sequences for want of KV cache."""
-    group_timeout_s: float = Field(600.0, gt=0)
+    its engine. None: what the engine's KV cache holds, KV blocks // ceil(expected_sequence_tokens /
+    block size) (vLLM reports its blocks once started), at most ``engine.max_num_seqs``;
+    ``prompts_per_batch`` groups for the simulated engine. Either way it is a ceiling: the bound
+    shrinks by a quarter when the engine preempts sequences for want of KV cache and grows back one
+    group at a time once preemptions stop."""
+    expected_sequence_tokens: int | None = Field(None, ge=1)
+    """continuous: tokens (prompt + answer) one sequence is expected to hold, for the default
+    ``max_inflight_sequences``. None: ``engine.max_model_len``, the most any can reach, so no
+    sequence is preempted; a smaller figure (e.g. the usual prompt + the median answer) keeps more
+    sequences in flight and leaves the tail to the preemption back-off."""
+    group_timeout_s: float | None = Field(None, gt=0)
     """continuous: seconds a group may stay in the engine; past it its requests are aborted and the
-    group is dropped, reason ``generation_timeout`` (an engine never holds sequences forever)."""
+    group is dropped, reason ``generation_timeout``, named in the log (an engine never holds
+    sequences forever). None: scaled to the model, 8 x ``sampling.max_tokens`` x the seconds per
+    token the engine has taken (averaged over finished groups), at least 30 s, and 600 s until a
+    group has finished (``asyncrl.generators.continuous.GroupTimeout``)."""
     dispatcher_silence_s: float = Field(30.0, gt=0)
     """continuous: seconds without an answer from the dispatcher after which the silence is logged
     by name (the sequences in flight go on and are sent; nothing waits on the dispatcher)."""

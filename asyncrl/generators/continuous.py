@@ -12,14 +12,19 @@ few finish. Here each generator keeps up to ``bound`` sequences in its engine in
 - **Nothing waits on the dispatcher.** The ask is sent without waiting (``PromptSource.send_ask``)
   and its reply is polled between looks at the engine, so a dispatcher that stops answering only
   stops new prompts: the sequences in flight run on and are sent, and the silence is logged by name
-  after ``dispatcher_silence_s``. A group still in the engine after ``group_timeout_s`` (a stalled
-  engine) is aborted and dropped, reason ``generation_timeout``: the engine never holds it forever.
+  after ``dispatcher_silence_s``. A group still in the engine past its timeout (a stalled
+  engine; ``generator.group_timeout_s``, by default scaled to the seconds per token the engine has
+  shown, ``GroupTimeout``) is aborted and dropped, reason ``generation_timeout``, and named in the
+  log: the engine never holds it forever.
 - **Weights change in flight** (``weights.apply_mode: in_flight``, the only mode continuous
   generation allows): each sample's ``version_segments`` say which version sampled which tokens,
   and its group is stamped with the oldest.
 - **The bound** (``InflightBound``) is ``generator.max_inflight_sequences``, by default what the
-  engine's KV cache holds at ``max_model_len`` each; it shrinks when the engine preempts sequences
-  for want of KV cache, since a preempted sequence recomputes its KV and so wastes the work.
+  engine's KV cache holds: vLLM's KV blocks // the blocks one sequence of
+  ``generator.expected_sequence_tokens`` takes (by default ``engine.max_model_len``: then no
+  sequence is ever preempted), at most ``engine.max_num_seqs``. It shrinks by a quarter when the
+  engine preempts sequences for want of KV cache (a preempted sequence recomputes its KV, wasted
+  work) and grows back one group at a time once the preemptions stop.
 
 At the end (``finish``) what is still in the engine is aborted and its prompts are written to the
 ledger as ``returned`` (dispatched, never sampled), like prompts that arrive after the last turn.
@@ -27,7 +32,7 @@ ledger as ``returned`` (dispatched, never sampled), like prompts that arrive aft
 An engine is driven through a *stream* (``asyncrl.generators.mock_stream.MockStream`` for the
 simulated engine, ``asyncrl.generators.vllm_stream.VLLMStream`` for vLLM's ``AsyncLLM``):
 ``submit(key, prompt, sampling, seed, greedy_tokens)``, ``finished(timeout)`` -> ``[(key,
-completions, greedy_text)]``, ``abort(keys)``, ``running`` (sequences held), ``capacity()``,
+completions, greedy_text)]``, ``abort(keys)``, ``running`` (sequences held), ``capacity(expected_tokens)``,
 ``preemptions()``, ``until_next(limit)`` (seconds worth waiting elsewhere before a group may be done).
 """
 
@@ -53,6 +58,16 @@ REPLY_POLL_S = 0.01
 """Longest wait on the dispatcher's reply between two looks at the engine."""
 PRESSURE_COOLDOWN_S = 1.0
 """After the bound shrinks, preemptions within this many seconds are the same episode."""
+GROW_QUIET_S = 5.0
+"""Seconds without a preemption before the bound grows back."""
+GROW_EVERY_S = 2.0
+"""The bound grows back by one group at most this often."""
+GROUP_TIMEOUT_SLACK = 8
+"""A group may take this many times the tokens/s the engine has shown before it is given up."""
+GROUP_TIMEOUT_MIN_S = 30.0
+"""The scaled group timeout is never shorter (a weight swap or a slow step is not a stall)."""
+GROUP_TIMEOUT_UNMEASURED_S = 600.0
+"""The group timeout until a group has finished and the engine's speed is known."""
 
 
 def build_stream(cfg, model_dir: str, gen_index: int):
@@ -69,44 +84,106 @@ def build_stream(cfg, model_dir: str, gen_index: int):
 
 
 class InflightBound:
-    """The most sequences a generator keeps in its engine.
+    """The most sequences a generator keeps in its engine: additive increase, multiplicative
+    decrease (AIMD, as TCP's congestion window, Jacobson 1988) on the engine's KV pressure.
 
-    Starts at ``configured``, else the engine's ``capacity`` (KV cache tokens / max_model_len), else
-    ``fallback``; never below one group (``per_group`` sequences). Each episode of preemptions
-    (the engine ran out of KV cache and recomputes what it evicted) shrinks it by a quarter.
+    The ceiling is ``configured``, else the engine's ``capacity`` (what its KV cache holds at the
+    expected sequence length), else ``fallback``; never below one group (``per_group``
+    sequences). Each episode of preemptions (the engine ran out of KV cache and recomputes what
+    it evicted, wasted work) shrinks the bound by a quarter; after ``GROW_QUIET_S`` without one it
+    grows back by one group every ``GROW_EVERY_S``, up to the ceiling.
 
     >>> bound = InflightBound(None, 64, 32, per_group=8)
     >>> bound.value, bound.update(3, now=0.0), bound.value
     (64, True, 48)
+    >>> bound.update(3, now=GROW_QUIET_S), bound.value
+    (True, 56)
     """
 
     def __init__(self, configured: int | None, capacity: int | None, fallback: int, per_group: int, name: str = ""):
         if per_group < 1:
             raise ValueError(f"per_group ({per_group}) must be >= 1")
         start = configured or capacity or fallback
-        self.value = max(per_group, start)
+        self.ceiling = self.value = max(per_group, start)
         self.per_group = per_group
         self.name = name
         self.seen = 0
         self.shrunk_at = float("-inf")
+        """When the last episode of preemptions began shrinking the bound."""
+        self.pressure_at = float("-inf")
+        """When the engine last reported a preemption."""
+        self.grown_at = float("-inf")
         if configured is None:
             log.info("%s: up to %d sequences in flight (%s)", name, self.value, "KV cache" if capacity else "default")
 
     def update(self, preemptions: int, now: float) -> bool:
-        """Note the engine's running count of preemptions; True if the bound shrank."""
+        """Note the engine's running count of preemptions at ``now`` (time.monotonic()); True if
+        the bound moved."""
         new, self.seen = preemptions - self.seen, preemptions
-        if new <= 0 or now - self.shrunk_at < PRESSURE_COOLDOWN_S or self.value <= self.per_group:
+        if new > 0:
+            self.pressure_at = now
+            if now - self.shrunk_at < PRESSURE_COOLDOWN_S or self.value <= self.per_group:
+                return False
+            old, self.value = self.value, max(self.per_group, (self.value * 3) // 4)
+            self.shrunk_at = now
+            log.warning(
+                "%s: the engine preempted %d sequences (KV cache full): in flight %d -> %d",
+                self.name,
+                new,
+                old,
+                self.value,
+            )
+            return True
+        if self.value >= self.ceiling or now - self.pressure_at < GROW_QUIET_S or now - self.grown_at < GROW_EVERY_S:
             return False
-        old, self.value = self.value, max(self.per_group, (self.value * 3) // 4)
-        self.shrunk_at = now
-        log.warning(
-            "%s: the engine preempted %d sequences (KV cache full): in flight %d -> %d", self.name, new, old, self.value
-        )
+        self.value = min(self.ceiling, self.value + self.per_group)
+        self.grown_at = now
+        if self.value == self.ceiling:
+            log.info("%s: no preemption for %g s: back to %d sequences in flight", self.name, GROW_QUIET_S, self.value)
         return True
 
     def room(self, running: int) -> int:
         """Groups that fit beside ``running`` sequences."""
         return max(0, self.value - running) // self.per_group
+
+
+class GroupTimeout:
+    """How long a group may stay in the engine before it is aborted (``generator.group_timeout_s``,
+    or scaled to the model and engine at hand).
+
+    Scaled: ``GROUP_TIMEOUT_SLACK`` x ``max_tokens`` x the seconds per token the engine has taken
+    (a moving average over finished groups, rollout time / their longest answer), at least
+    ``GROUP_TIMEOUT_MIN_S``; ``GROUP_TIMEOUT_UNMEASURED_S`` until a group has finished. A larger
+    model or a busier engine decodes more slowly, and is given longer.
+
+    >>> limit = GroupTimeout(None, max_tokens=512)
+    >>> limit.seconds(), limit.note(10.0, 100), limit.seconds()
+    (600.0, None, 409.6)
+    """
+
+    def __init__(self, configured: float | None, max_tokens: int):
+        self.configured, self.max_tokens = configured, max_tokens
+        self.s_per_token: float | None = None
+
+    def note(self, rollout_s: float, longest: int) -> None:
+        """A group finished: ``rollout_s`` in the engine, its longest answer ``longest`` tokens."""
+        rate = rollout_s / max(1, longest)
+        self.s_per_token = rate if self.s_per_token is None else 0.8 * self.s_per_token + 0.2 * rate
+
+    def seconds(self) -> float:
+        if self.configured is not None:
+            return self.configured
+        if self.s_per_token is None:
+            return GROUP_TIMEOUT_UNMEASURED_S
+        return max(GROUP_TIMEOUT_MIN_S, GROUP_TIMEOUT_SLACK * self.max_tokens * self.s_per_token)
+
+    def rule(self) -> str:
+        """Where ``seconds()`` comes from, for the log."""
+        if self.configured is not None:
+            return "generator.group_timeout_s"
+        if self.s_per_token is None:
+            return "no group finished yet"
+        return f"{GROUP_TIMEOUT_SLACK} x {self.max_tokens} tokens x {self.s_per_token:.3g} s a token"
 
 
 @dataclass
@@ -128,11 +205,12 @@ class ContinuousLoop:
         self.per_group = self.cfg.sampling.n + (1 if gcfg.greedy_baseline else 0)
         self.bound = InflightBound(
             gcfg.max_inflight_sequences,
-            stream.capacity(),
+            stream.capacity(gcfg.expected_sequence_tokens or self.cfg.engine.max_model_len),
             gcfg.prompts_per_batch * self.per_group,
             self.per_group,
             gen.ctx.name,
         )
+        self.timeout = GroupTimeout(gcfg.group_timeout_s, self.cfg.sampling.max_tokens)
         self.inflight: dict[str, _InFlight] = {}
         self.asked_at: float | None = None
         """time.monotonic() of the outstanding ask (None: none outstanding)."""
@@ -193,6 +271,7 @@ class ContinuousLoop:
         for key, completions, greedy in finished:
             flight = self.inflight.pop(key)
             rollout_s = now - flight.submitted
+            self.timeout.note(rollout_s, max((len(c.response_ids) for c in completions), default=0))
             (group,) = build_groups(
                 [flight.row], [completions], self.gen.engine.version, self.gen.ctx.name, rollout_s, flight.sampled_at
             )
@@ -214,16 +293,17 @@ class ContinuousLoop:
         self.busy_since = now if self.inflight else None
 
     def expire(self, now: float) -> None:
-        """Abort and drop the groups in the engine past ``group_timeout_s``."""
-        limit = self.cfg.generator.group_timeout_s
+        """Abort and drop the groups in the engine past the group timeout (``GroupTimeout``)."""
+        limit = self.timeout.seconds()
         late = [key for key, f in self.inflight.items() if now - f.submitted > limit]
         if not late:
             return
         log.warning(
-            "%s: groups %s were still in the engine after group_timeout_s (%g s): aborted and dropped",
+            "%s: groups %s were still in the engine after the group timeout (%.3g s: %s): aborted and dropped",
             self.gen.ctx.name,
             late[:5],
             limit,
+            self.timeout.rule(),
         )
         self.stream.abort(late)
         counts, n = self.gen.counts, self.cfg.sampling.n

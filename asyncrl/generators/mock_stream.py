@@ -72,7 +72,7 @@ class MockStream:
         """Sequences submitted and not yet handed back (running, or done in a group still running)."""
         return sum(len(r.sequences) + (r.greedy is not None) for r in self.requests.values())
 
-    def capacity(self) -> int | None:
+    def capacity(self, expected_tokens: int) -> int | None:
         """The engine's own bound on sequences: None, the simulated engine has no KV cache."""
         return None
 

@@ -14,8 +14,9 @@
   preemptions while the cache is nearly full (``KV_FULL``): the KV pressure that shrinks the
   generator's bound. Preemptions with the cache far from full are those of an in-flight weight
   swap (its prefix-cache reset makes running requests recompute), not pressure.
-- **Capacity**: vLLM reports its KV blocks once started; ``blocks × block_size // max_model_len``
-  sequences fit even if every one reaches ``max_model_len``, capped at ``max_num_seqs``.
+- **Capacity**: vLLM reports its KV blocks once started; a sequence of T tokens takes
+  ceil(T / block_size) of them, so ``blocks // ceil(T / block_size)`` sequences of the expected
+  length T fit (T = ``max_model_len``: every one may reach it), at most ``max_num_seqs``.
 """
 
 from __future__ import annotations
@@ -128,13 +129,16 @@ class VLLMStream:
         """Sequences submitted and not yet handed back (n per group, its greedy answer included)."""
         return sum(self._sequences.values())
 
-    def capacity(self) -> int | None:
-        """Sequences the KV cache holds at ``max_model_len`` each, at most ``max_num_seqs``."""
+    def capacity(self, expected_tokens: int | None = None) -> int | None:
+        """Sequences of ``expected_tokens`` (None: ``max_model_len``) the KV cache holds, at most
+        ``max_num_seqs``; None when the engine reports no blocks."""
         cache = self.engine.llm.vllm_config.cache_config
         if not cache.num_gpu_blocks or not cache.block_size:
             return None
         cfg = self.engine.cfg
-        return max(1, min(cfg.max_num_seqs, cache.num_gpu_blocks * cache.block_size // cfg.max_model_len))
+        tokens = min(expected_tokens or cfg.max_model_len, cfg.max_model_len)
+        blocks_each = -(-tokens // cache.block_size)
+        return max(1, min(cfg.max_num_seqs, cache.num_gpu_blocks // blocks_each))
 
     def preemptions(self) -> int:
         return self.load.preempted

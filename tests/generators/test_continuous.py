@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from asyncrl.config import load_config
+from asyncrl.generators import continuous
 from asyncrl.generators.channels import PromptSource
-from asyncrl.generators.continuous import ContinuousLoop, InflightBound
+from asyncrl.generators.continuous import ContinuousLoop, GroupTimeout, InflightBound
 from asyncrl.generators.engine import SamplingConfig
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
 from asyncrl.generators.mock_stream import MockStream
@@ -162,6 +163,37 @@ def test_a_group_stuck_in_the_engine_is_aborted_and_dropped_by_name(dispatcher, 
     assert told == ["g0"]
 
 
+def test_a_silent_dispatcher_and_a_stalled_group_end_within_a_bound_scaled_to_the_model(
+    dispatcher, caplog, monkeypatch
+):
+    monkeypatch.setattr(continuous, "GROUP_TIMEOUT_MIN_S", 0.0)  # the floor (30 s) is for real models
+    h = Harness(dispatcher, ["sampling.max_tokens=16", "generator.dispatcher_silence_s=0.3"])
+    assert h.loop.timeout.seconds() == continuous.GROUP_TIMEOUT_UNMEASURED_S  # nothing measured yet
+    lengths_in_turn(h.engine, [8, 10**6])  # g1 would take 1000 s: the engine stalls on it
+    answer(h, dispatcher, [row("g0"), row("g1")])
+    with caplog.at_level(logging.WARNING, logger="asyncrl.generators.continuous"):
+        h.run_until(lambda: h.outbox.groups, 10, "the short group")
+        # g0 measured the engine: g1 may take 8 x max_tokens at that pace, then it is given up
+        limit = h.loop.timeout.seconds()
+        assert limit == pytest.approx(continuous.GROUP_TIMEOUT_SLACK * 16 * h.loop.timeout.s_per_token)
+        assert limit < 5, limit
+        h.run_until(lambda: h.ctx.ledger.ids("dropped"), 5 + 2 * limit, "the stalled group to be given up")
+        h.run_until(lambda: "dispatcher has not answered" in caplog.text, 5, "the silence to be named")
+    assert h.loop.stream.running == 0 and not h.loop.inflight
+    assert "g1" in caplog.text and "16 tokens x" in caplog.text  # the group and the rule, by name
+    assert h.ctx.ledger.ids("generated") == ["g0"] and h.ctx.ledger.ids("dropped") == ["g1"]
+
+
+def test_the_group_timeout_follows_the_engine_speed():
+    limit = GroupTimeout(None, max_tokens=100)
+    limit.note(rollout_s=2.0, longest=100)  # 0.02 s a token
+    assert limit.seconds() == max(continuous.GROUP_TIMEOUT_MIN_S, 8 * 100 * 0.02)
+    for _ in range(40):
+        limit.note(rollout_s=20.0, longest=100)  # a 10x slower model (or a busier engine)
+    assert limit.seconds() == pytest.approx(8 * 100 * 0.2, rel=1e-3)
+    assert GroupTimeout(5.0, max_tokens=100).seconds() == 5.0  # configured wins
+
+
 def test_the_end_returns_what_was_still_sampling(dispatcher):
     h = Harness(dispatcher)
     lengths_in_turn(h.engine, [2, 5000])
@@ -181,18 +213,18 @@ def test_greedy_baseline_rides_with_its_group(dispatcher):
 
 
 def test_a_version_loaded_while_sequences_run_starts_a_segment():
-    engine = MockEngine(MockEngineConfig(length_sigma=0, length_median=40, decode_step_s=0.005, overhead_s=0))
+    engine = MockEngine(MockEngineConfig(length_sigma=0, length_median=200, decode_step_s=0.005, overhead_s=0))
     stream = MockStream(engine)
-    stream.submit("g0", "1+2=", SamplingConfig(n=2, max_tokens=64))
+    stream.submit("g0", "1+2=", SamplingConfig(n=2, max_tokens=256))
     time.sleep(0.1)
     engine.load_weights(None, 1)  # as the in-flight applier does, from its thread
     ((key, completions, _),) = stream.finished(timeout=5)
     for c in completions:
         (_, v0), (first, v1) = c.version_segments
-        assert (v0, v1) == (0, 1) and 0 < first < len(c.response_ids) == 40
+        assert (v0, v1) == (0, 1) and 0 < first < len(c.response_ids) == 200
 
 
-def test_the_bound_shrinks_under_kv_pressure_never_below_a_group():
+def test_the_bound_shrinks_under_kv_pressure_never_below_a_group_and_grows_back_when_it_ends():
     bound = InflightBound(None, capacity=40, fallback=16, per_group=8)
     assert bound.value == 40 and bound.room(running=17) == 2
     assert not bound.update(0, now=0.0)
@@ -202,6 +234,16 @@ def test_the_bound_shrinks_under_kv_pressure_never_below_a_group():
     for t in range(3, 10):
         bound.update(10 + t, now=2.0 * t)
     assert bound.value == 8
+    # the pressure ends: one group back at a time, once quiet, never past the ceiling
+    quiet = 18.0 + continuous.GROW_QUIET_S
+    assert not bound.update(19, now=quiet - 0.1) and bound.value == 8
+    assert bound.update(19, now=quiet) and bound.value == 16
+    assert not bound.update(19, now=quiet + 0.1) and bound.value == 16  # gradually
+    for k in range(1, 10):
+        bound.update(19, now=quiet + k * continuous.GROW_EVERY_S)
+    assert bound.value == bound.ceiling == 40
+    assert bound.update(20, now=100.0) and bound.value == 30  # pressure again: the quiet clock restarts
+    assert not bound.update(20, now=100.0 + continuous.GROW_QUIET_S - 0.1)
     assert InflightBound(12, capacity=400, fallback=16, per_group=8).value == 12  # configured wins
     assert InflightBound(None, capacity=None, fallback=16, per_group=8).value == 16
     assert InflightBound(4, capacity=None, fallback=16, per_group=8).value == 8  # room for one group at least

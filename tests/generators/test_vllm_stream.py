@@ -42,7 +42,8 @@ def exactly(tokens: int, n: int = 2) -> dict:
 def test_a_short_group_submitted_later_leaves_before_a_long_one(stream):
     capacity = stream.capacity()
     cache = stream.engine.llm.vllm_config.cache_config
-    assert capacity == min(256, cache.num_gpu_blocks * cache.block_size // 256) > 4
+    assert capacity == min(256, cache.num_gpu_blocks // (256 // 32)) > 4  # blocks of 32, 8 a sequence
+    assert stream.capacity(40) == min(256, cache.num_gpu_blocks // 2)  # 40 tokens take two blocks
     stream.submit("long", PROMPT, seed=1, **exactly(200))
     wait_until(lambda: stream.load.running == 2, "the long group to run", timeout=60, interval=0.01)
     stream.submit("short", PROMPT, seed=2, greedy_tokens=4, **exactly(3))
@@ -68,3 +69,43 @@ def test_an_aborted_group_leaves_the_engine(stream):
     stream.submit("after", PROMPT, seed=4, **exactly(2))
     ((key, completions, _),) = stream.finished(timeout=60)
     assert key == "after" and [len(c.response_ids) for c in completions] == [2, 2]
+
+
+def test_weights_swapped_while_a_group_runs_pass_the_probe_and_split_its_segments(stream, tmp_path):
+    """Continuous generation's in-flight swap: the applier verifies and probes the new weights while
+    the stream's group runs on; the group records both versions. (Last: it changes the weights.)"""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncrl.generators.inflight import InFlightApplier
+    from asyncrl.weights.buckets import iter_buckets
+    from asyncrl.weights.probe import learner_probe
+    from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
+    from tests.factories import RecordingContext
+
+    path = build_tiny_model(TinyModelConfig(seed=2, max_position_embeddings=256), tmp_path / "b")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    probe = learner_probe(model, AutoTokenizer.from_pretrained(path))
+    pub = ShmWeightPublisher("tcp://127.0.0.1:0")
+    sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
+    engine, version = stream.engine, stream.engine.version + 1
+    applier = InFlightApplier(engine, sub, probe_atol=1e-3, poll_s=0.01, name="gen-0")
+    ctx = RecordingContext()
+    try:
+        before = stream.load.generated_tokens
+        stream.submit("spanning", PROMPT, seed=5, **exactly(240))
+        wait_until(lambda: stream.load.generated_tokens >= before + 8, "the group's first tokens", timeout=60)
+        pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
+        wait_until(lambda: engine.version == version, f"the applier to swap in version {version}", tick=pub.announce)
+        ((key, completions, _),) = stream.finished(timeout=120)
+        applier.drain(ctx)
+    finally:
+        applier.close()
+        pub.close()
+        sub.close()
+    ((kind, event),) = ctx.events
+    assert kind == "version" and event["version"] == version and event["probe_diff"] <= 1e-3
+    assert key == "spanning" and [len(c.response_ids) for c in completions] == [240, 240]
+    for c in completions:
+        (start, v0), (swap_at, v1) = c.version_segments
+        assert (start, v0, v1) == (0, version - 1, version) and 0 < swap_at < 240
