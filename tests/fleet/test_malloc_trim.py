@@ -78,5 +78,7 @@ def test_the_child_entry_point_starts_the_trimmer_with_the_runs_interval(monkeyp
     monkeypatch.setattr(child, "ProcessContext", Context)
     monkeypatch.setattr(child.malloc_trim, "start", lambda name, interval: started.append((name, interval)))
     monkeypatch.setattr(child, "entry_function", lambda r: lambda ctx, *model: ran.append(ctx))
+    # A child ends by terminating ZeroMQ's context: here that is the test process's, which later tests use.
+    monkeypatch.setattr(child, "flush_on_exit", lambda: None)
     assert child.main(["reward", "reward-0", "/nonexistent", "/nonexistent"]) == 0
     assert started == [("reward-0", 7.5)] and len(ran) == 1
