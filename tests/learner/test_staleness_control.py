@@ -137,14 +137,19 @@ def test_the_bound_survives_the_learners_checkpoint(tmp_path):
     from asyncrl.learner.totals import Counters
     from asyncrl.rundir.ledger import GroupIdSet
 
-    cfg = AutoStalenessConfig(**{**CFG, "raise_after": 1})
+    cfg = AutoStalenessConfig(**{**CFG, "raise_after": 2})
+    healthy_at = {"behaviour_ess": 0.99, "behaviour_kl_by_staleness": {3: 0.0}}
     auto, trainer = AutoStaleness(cfg), MockTrainer(MockTrainerConfig())
-    auto.after_step({"behaviour_ess": 0.99, "behaviour_kl_by_staleness": {3: 0.0}})
+    auto.after_step(healthy_at)
+    auto.after_step(healthy_at)  # raise 3 -> 4
+    auto.after_step({**healthy_at, "behaviour_kl_by_staleness": {4: 0.0}})  # one of two towards 5
     save_learner_part(trainer, Counters(), GroupIdSet(), tmp_path / "with", auto)
     save_learner_part(trainer, Counters(), GroupIdSet(), tmp_path / "without")  # a run under a fixed bound
     resumed = AutoStaleness(cfg)
     load_learner_part(MockTrainer(MockTrainerConfig()), Counters(), tmp_path / "with", resumed)
-    assert resumed.bound == 4
+    assert resumed.controller.state() == {"bound": 4, "healthy": 1, "breached": 0}
+    # the resumed run goes on where the saved one stood: one more healthy step raises
+    assert resumed.after_step({**healthy_at, "behaviour_kl_by_staleness": {4: 0.0}})["staleness_bound"] == 5
     started = AutoStaleness(cfg)
     load_learner_part(MockTrainer(MockTrainerConfig()), Counters(), tmp_path / "without", started)
     assert started.bound == cfg.start
