@@ -41,7 +41,9 @@ curves under ``"curves"`` (steps in ``"eval_steps"``), each run's mean signals (
 and KL), auto's delay per step (``"auto_delays"``), the settings and timings; and a PNG of the
 curves (mean ± std over the seeds).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/staleness_ablation.py --jobs 2      # ~25 min on 2 cores
+    OMP_NUM_THREADS=1 .venv/bin/python bench/staleness_ablation.py --jobs 2 --ks 0 16   # ~8 min on 2 cores, then
+    OMP_NUM_THREADS=1 .venv/bin/python bench/staleness_ablation.py --jobs 2 --ks 0 4    # then the summary of all:
+    OMP_NUM_THREADS=1 .venv/bin/python bench/staleness_ablation.py --jobs 2
     OMP_NUM_THREADS=1 .venv/bin/python bench/staleness_ablation.py --steps 20 --ks 0 16 --methods decoupled auto
 """
 
@@ -337,7 +339,7 @@ def main() -> None:
         "--learns", type=float, default=0.10, help="a seed learns when its k = 0 run gains this much exact match"
     )
     parser.add_argument("--warm-seed", type=int, default=0, help="seed of the tiny model and its SFT warm start")
-    parser.add_argument("--steps", type=int, default=100, help="optimizer steps per run (the fixed budget)")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run (the fixed budget)")
     parser.add_argument("--groups", type=int, default=16, help="prompts per step")
     parser.add_argument("--n", type=int, default=8, help="answers per prompt")
     parser.add_argument("--lr", type=float, default=1e-4)
