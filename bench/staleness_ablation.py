@@ -454,7 +454,10 @@ def plot(result: dict, path: Path) -> None:
 
     ks = list(result["curves"])
     fig, axes = plt.subplots(1, len(ks), figsize=(4.5 * len(ks), 3.6), sharey=True, squeeze=False)
+    on_policy = result["curves"].get("0", {}).get("on_policy")
     for ax, k in zip(axes[0], ks):
+        if on_policy and k != "0":  # the on-policy run of the same seeds, for reference
+            ax.plot(result["eval_steps"], np.mean(on_policy, axis=0), "k--", lw=1, label="on-policy (k = 0)")
         for method, runs in result["curves"][k].items():
             mean, std = np.mean(runs, axis=0), np.std(runs, axis=0)
             (line,) = ax.plot(result["eval_steps"], mean, label=method, marker="o", ms=3)
