@@ -3,8 +3,11 @@
 
 Each fleet runs the pipeline bench's ``async-4`` and ``auto`` modes, alternated over
 ``--repeats`` (the order flips each repeat, so drift of a shared machine's load falls on both),
-and reports the samples/s of each, their ratio (auto / η = 4, the median over repeats), the mean
-staleness and, for auto, the bounds it set. The fleets:
+and reports the samples/s of each, their ratio (auto / η = 4, the median over repeats), the same
+in trained tokens/s (prompt + response, from each run's ``steps.jsonl`` over the same steady
+window), the mean staleness and, for auto, the bounds it set. Tokens matter where the learner is
+the bottleneck: there samples/s moves with the mean length trained, and a lower bound drops more
+stale samples, which are the long ones (they took longest to generate). The fleets:
 
 - ``balanced``: ``configs/bench_pipeline.yaml`` as it is (generation ~ training capacity), the
   simulated learner's behaviour KL 0: nothing holds the bound down;
@@ -32,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncrl.benchmarks.measured_run import warmup_steps  # noqa: E402
 from asyncrl.benchmarks.pipeline import capacities, run_mode  # noqa: E402
 from asyncrl.config import load_config  # noqa: E402
 
@@ -46,10 +50,20 @@ FLEETS: dict[str, list[str]] = {
 MODES = ("async-4", "auto")
 
 
-def figures(run: dict) -> dict:
+def trained_tokens(run_dir: Path, warm: int) -> dict:
+    """Trained tokens/s and tokens per sample (prompt + response: what the learner's step costs)
+    from a run's ``steps.jsonl``, over the steady window ``run_measured`` uses (after ``warm`` steps)."""
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    wall = steps[-1]["t"] - steps[warm - 1]["t"]
+    tokens, samples = sum(s["tokens"] for s in steps[warm:]), sum(s["samples"] for s in steps[warm:])
+    return {"trained_tokens_per_s": tokens / wall, "trained_tokens_per_sample": tokens / samples}
+
+
+def figures(run: dict, tokens: dict) -> dict:
     """What the comparison keeps of one ``run_mode`` result."""
     out = {
         "samples_per_s": run["samples_per_s"],
+        **tokens,
         "staleness_mean": run["staleness_mean"],
         "staleness_hist": run["staleness_hist"],
         "generator_busy_fraction": run["generator_busy_fraction"],
@@ -91,14 +105,17 @@ def main() -> None:
         for r in range(args.repeats):
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 run = run_mode(RECIPE, overrides, mode, out / fleet / f"r{r}")
-                runs[mode].append(figures(run))
+                runs[mode].append(figures(run, trained_tokens(out / fleet / f"r{r}" / mode, warmup_steps(cfg))))
                 print(f"{fleet} r{r} {mode:8s} {run['samples_per_s']:.1f} samples/s", file=sys.stderr, flush=True)
         rate = {m: statistics.median(x["samples_per_s"] for x in runs[m]) for m in MODES}
+        tokens = {m: statistics.median(x["trained_tokens_per_s"] for x in runs[m]) for m in MODES}
         result["fleets"][fleet] = {
             "overrides": overrides,
             "ideal_samples_per_s": capacities(cfg)["ideal_samples_per_s"],
             "samples_per_s": rate,
             "auto_over_eta4": rate["auto"] / rate["async-4"],
+            "trained_tokens_per_s": tokens,
+            "auto_over_eta4_tokens": tokens["auto"] / tokens["async-4"],
             "ratio_by_repeat": [a["samples_per_s"] / f["samples_per_s"] for a, f in zip(runs["auto"], runs["async-4"])],
             "runs": runs,
         }

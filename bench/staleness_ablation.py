@@ -420,7 +420,7 @@ def main() -> None:
         "auto_delays": delays,
         "settings": {**vars(args), "auto": auto_config(max(args.ks), args).model_dump()},
         "seconds": time.perf_counter() - started,
-        "run_seconds": sum(done[j[:3]]["seconds"] for j in jobs) + sum(r["seconds"] for r in tried.values()),
+        "run_seconds": sum(r["seconds"] for r in {**tried, **done}.values()),  # each run once
         "note": "one warm start (SFT seed warm_seed); the seeds are RL seeds. k = 0: every method is the same "
         "objective (mu = pi_theta), run once per seed as on_policy. auto: delay chosen per step within "
         "[auto_min, k]. Machine shared with other jobs; runs may come from earlier chunks (runs/ cache).",
