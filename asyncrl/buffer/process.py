@@ -27,6 +27,7 @@ def build_service(ctx: BufferContext) -> BufferService:
         ctx.cfg.buffer,
         observer=BufferMetrics(ctx.ledger),
         drop_truncated=ctx.cfg.algorithm.truncation.mode == "drop",
+        partial_rollouts=ctx.cfg.generator.partial_rollouts,
     )
     if ctx.resume_dir is not None:
         buf.restore(ctx.resume_dir / "buffer")

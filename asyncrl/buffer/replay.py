@@ -39,6 +39,7 @@ from asyncrl.buffer.ratelimiter import RateLimiter
 from asyncrl.buffer.removers import FIFOEviction, MaxTimesSampled, StalenessGate
 from asyncrl.buffer.samplers import Sampler, make_sampler
 from asyncrl.buffer.snapshot import restore_buffer, save_buffer
+from asyncrl.buffer.stale_segments import gate_version
 from asyncrl.buffer.storage import GroupStorage, SlotStorage, group_nbytes
 from asyncrl.buffer.zero_variance import ZeroVarianceFilter
 from asyncrl.wire.schema import Group
@@ -95,6 +96,7 @@ class ReplayBuffer:
         clock=time.time,
         drop_truncated: bool = False,
         zero_variance: ZeroVarianceFilter | None = None,
+        partial_rollouts: str = "off",
     ):
         self.storage = storage
         self.sampler = sampler
@@ -110,6 +112,9 @@ class ReplayBuffer:
         """Drop on arrival a group with a sample whose finish_reason is ``length`` (``algorithm.truncation.mode: drop``)."""
         self.zero_variance = zero_variance
         """Drop on arrival, last of all checks, a group whose answers all score alike (``buffer.zero_variance``)."""
+        self.partial_rollouts = partial_rollouts
+        """``generator.partial_rollouts``: unless ``off``, the staleness gate measures a group from
+        its newest segment and its stale segments are masked instead (``asyncrl.buffer.stale_segments``)."""
         self.learner_version = 0
         self.inserted = Counter()  # "groups", "samples": every arrival, stored or not
         self.sampled = Counter()  # first hand-outs
@@ -121,7 +126,12 @@ class ReplayBuffer:
 
     @classmethod
     def from_config(
-        cls, cfg: BufferConfig, storage: SlotStorage | None = None, observer=None, drop_truncated: bool = False
+        cls,
+        cfg: BufferConfig,
+        storage: SlotStorage | None = None,
+        observer=None,
+        drop_truncated: bool = False,
+        partial_rollouts: str = "off",
     ) -> ReplayBuffer:
         if storage is None:
             storage = GroupStorage(cfg.capacity_samples, cfg.capacity_bytes)
@@ -151,6 +161,7 @@ class ReplayBuffer:
             observer,
             drop_truncated=drop_truncated,
             zero_variance=ZeroVarianceFilter.from_config(cfg.zero_variance),
+            partial_rollouts=partial_rollouts,
         )
 
     def __len__(self) -> int:
@@ -164,6 +175,7 @@ class ReplayBuffer:
         self.inserted["groups"] += 1
         self.inserted["samples"] += n
         nbytes = group_nbytes(group)
+        version = gate_version(group, self.partial_rollouts)  # what its staleness is measured from
         if not group.scored:
             reason = group.meta.get("unscored_reason", "reward_failed")
         elif group.group_id in self.storage:
@@ -172,7 +184,7 @@ class ReplayBuffer:
             reason = "too_large"
         elif self.drop_truncated and any(s.finish_reason == "length" for s in group.samples):
             reason = "truncated"
-        elif self.staleness.is_stale(group.policy_version, self.learner_version):
+        elif self.staleness.is_stale(version, self.learner_version):
             reason = "stale"
         elif self.zero_variance is not None and self.zero_variance.filters(group):
             reason = ZeroVarianceFilter.reason
@@ -182,10 +194,10 @@ class ReplayBuffer:
             self._drop_unstored(n, reason, group.group_id)
             return None
         rewards = [[s.reward for s in group.samples]]
-        priorities = check_priorities(self.priority(rewards, [group.policy_version], self.learner_version), 1)
+        priorities = check_priorities(self.priority(rewards, [version], self.learner_version), 1)
         evicted = self._make_room(1, n, nbytes)
-        slots = np.array([self.storage.add(group, self.clock())], dtype=np.int64)
-        self._stored(slots, np.array([group.policy_version]), priorities, evicted)
+        slots = np.array([self.storage.add(group, self.clock(), version)], dtype=np.int64)
+        self._stored(slots, np.array([version]), priorities, evicted)
         return int(self.storage.keys(slots)[0])
 
     def insert_batch(

@@ -5,7 +5,8 @@ has work or a held request's deadline comes; never a busy loop.
   ``GroupIntake``). Past capacity the oldest groups are evicted (FIFO), never the newcomer.
 - Batches. A learner's ``want_batch`` feeds the learner version to the staleness gate, applies its
   priority updates (for the groups of its previous batch), and is held until ``num_groups``
-  groups may be sampled, then answered with the groups, their buffer keys, P(i) and importance
+  groups may be sampled, then answered with the groups (their stale segments masked, under
+  ``generator.partial_rollouts``: ``asyncrl.buffer.stale_segments``), their buffer keys, P(i) and importance
   weights; or answered empty just before its deadline, so the learner logs what it waits for and
   asks again. Several learners may hold requests at once; they are served in arrival order.
 - Status. After every change, and every second for late subscribers, ``buffer_status`` carries
@@ -25,6 +26,7 @@ import zmq
 
 from asyncrl.buffer.channels import BatchRequests, GroupIntake, StatusPublisher
 from asyncrl.buffer.replay import ReplayBuffer
+from asyncrl.buffer.stale_segments import mark_trained_from
 from asyncrl.observability import metrics as m
 from asyncrl.wire.messages import Batch, BufferStatus, WantBatch
 from asyncrl.wire.sockets import Publisher, ReplyServer, StreamReceiver
@@ -153,6 +155,8 @@ class BufferService:
         for h in self.batches.held:
             if self.buf.can_sample(h.num_groups):
                 batch = self.buf.sample(h.num_groups)
+                if self.buf.partial_rollouts != "off":  # the version the learner trains this batch at
+                    mark_trained_from(list(batch.items), self.buf.learner_version, self.buf.staleness.max_staleness)
                 first = int(batch.first_time.sum())
                 m.BUFFER_SAMPLED.labels("first").inc(first)
                 m.BUFFER_SAMPLED.labels("repeat").inc(len(batch) - first)

@@ -206,11 +206,13 @@ class GroupStorage(SlotStorage):
     def __contains__(self, group_id: str) -> bool:
         return group_id in self._slot_of
 
-    def add(self, group: Group, now: float) -> int:
-        """Store one group (the caller made room); returns its slot."""
+    def add(self, group: Group, now: float, policy_version: int | None = None) -> int:
+        """Store one group (the caller made room); returns its slot. ``policy_version``: the
+        version its staleness is measured from (None: the group's own)."""
         if group.group_id in self._slot_of:
             raise KeyError(f"group {group.group_id!r} is already stored")
-        slot = int(self.allocate([len(group.samples)], [group_nbytes(group)], [group.policy_version], now)[0])
+        version = group.policy_version if policy_version is None else policy_version
+        slot = int(self.allocate([len(group.samples)], [group_nbytes(group)], [version], now)[0])
         self._groups[slot] = group
         self._slot_of[group.group_id] = slot
         return slot

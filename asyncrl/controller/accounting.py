@@ -16,6 +16,13 @@ uid), matched by the buffer's first hand-outs (``sampled``); repeats are reporte
 With ``buffer.zero_variance.drop`` the groups whose answers all scored alike are one of the drop
 reasons (``zero_variance``); ``zero_variance`` beside them gives the filter's counts in groups, by
 the reward they shared, and the share of the samples reaching the buffer that it dropped.
+
+Under partial rollouts (``generator.partial_rollouts``) a sample whose every token was past the
+staleness bound when its group was trained is counted by the learner as dropped, ``stale``;
+``partial_rollouts`` reports those, the tokens kept as context only, and the answers resumed under
+a newer version. ``staleness_hist`` (samples by the staleness of their oldest trained token),
+``token_staleness_hist`` (tokens by the staleness of the version that sampled each) and
+``versions_per_sample`` (samples spanning 1, 2, 3+ versions) describe what was trained.
 """
 
 from __future__ import annotations
@@ -63,6 +70,13 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None,
         "buffered_at_end": buffer["held"],
         "in_flight_at_end": in_flight,
         "staleness_hist": learner["staleness_hist"],
+        "token_staleness_hist": learner.get("token_staleness_hist") or {},
+        "versions_per_sample": versions_per_sample(learner.get("segments_hist") or {}),
+        "partial_rollouts": {
+            "resumed": sum(g.get("resumed") or 0 for g in gens),
+            "stale_tokens_masked": learner.get("stale_tokens_masked") or 0,
+            "stale_samples_dropped": (learner.get("dropped") or {}).get("stale", 0),
+        },
         "latency_s": learner.get("latency_s", {}),
         "trained_tokens": learner.get("trained_tokens", 0),
         "generator_busy_fraction": sum(g["busy_s"] for g in gens) / max(sum(g["wall_s"] for g in gens), 1e-9),
@@ -82,3 +96,12 @@ def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None,
 
 def dropped_by(final: dict) -> int:
     return sum(final.get("dropped", {}).values())
+
+
+def versions_per_sample(segments_hist: dict) -> dict[str, int]:
+    """Samples trained by how many policy versions sampled them: ``{"1": ..., "2": ..., "3+": ...}``
+    (more than 1: a weight update came while the answer was being sampled)."""
+    out = {"1": 0, "2": 0, "3+": 0}
+    for k, n in segments_hist.items():
+        out["3+" if int(k) >= 3 else str(int(k))] += n
+    return out

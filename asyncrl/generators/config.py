@@ -48,3 +48,10 @@ class GeneratorConfig(Config):
     for ReMax's baseline; the reward worker scores it into ``meta['greedy_reward']``."""
     send_timeout_s: float = Field(30.0, gt=0)
     """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
+    partial_rollouts: Literal["off", "mask", "resume"] = "off"
+    """What becomes of an answer whose oldest tokens are past ``buffer.max_staleness`` when it is
+    trained: ``off``, its whole group is dropped (reason ``stale``); ``mask``, the stale tokens
+    stay as context but leave the loss (``Sample.trained_from``), the group being dropped only when
+    none of its tokens is within the bound; ``resume``, as ``mask``, and a request still running
+    at a weight update is also aborted and resumed under the new version from its tokens so far
+    (AReaL's interruptible generation, ``asyncrl.generators.resume``)."""

@@ -26,7 +26,8 @@ class TrainBatch:
     attention_mask: torch.Tensor
     """(B, L) int64, 1 on prompt and response tokens, 0 on padding."""
     response_mask: torch.Tensor
-    """(B, L-1) float32, 1 at position t when ``input_ids[:, t+1]`` is a response token."""
+    """(B, L-1) float32, 1 at position t when ``input_ids[:, t+1]`` is a response token that is
+    trained on (from the sample's ``trained_from`` on: earlier ones were too stale)."""
     behaviour_logprobs: torch.Tensor
     """(B, L-1) float32 generator log-probabilities of ``input_ids[:, t+1]``; 0 off the response."""
     advantages: torch.Tensor
@@ -36,8 +37,9 @@ class TrainBatch:
     ``version_segments``: a weight update swapped in while it was sampled); off the response,
     the row's ``policy_version``."""
     policy_version: torch.Tensor
-    """(B,) int64 version of each sequence's oldest response token: its staleness is measured
-    from it (the group's ``policy_version`` unless the sample's segments start later)."""
+    """(B,) int64 version of each sequence's oldest trained response token: its staleness is
+    measured from it (the group's ``policy_version`` unless the sample's segments start later or
+    its oldest ones are masked; a row with none trained: its oldest token's)."""
     group_index: torch.Tensor
     """(B,) int64 index of each sequence's group in the list given to ``collate``."""
 
@@ -81,7 +83,7 @@ def collate(
         raise ValueError("groups is empty: a batch needs at least one group")
     if len(advantages) != len(groups):
         raise ValueError(f"advantages has {len(advantages)} rows, must have one per group ({len(groups)})")
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, int]] = []
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, int, int]] = []
     for g_index, group in enumerate(groups):
         if len(group.prompt_ids) == 0:
             raise ValueError(f"group {group.group_id}: prompt_ids is empty, must hold at least one token")
@@ -93,7 +95,9 @@ def collate(
         for i, sample in enumerate(group.samples):
             adv = float(advantages[g_index][i])
             versions = token_versions(sample, group.policy_version)  # (T,)
-            rows.append((group.prompt_ids, sample.response_ids, sample.logprobs, adv, versions, g_index))
+            rows.append(
+                (group.prompt_ids, sample.response_ids, sample.logprobs, adv, versions, sample.trained_from, g_index)
+            )
 
     B = len(rows)
     L = max(max(len(p) + len(r) for p, r, *_ in rows), 2)  # >= 2 so that L - 1 >= 1
@@ -105,16 +109,18 @@ def collate(
     behaviour_version = torch.zeros((B, L - 1), dtype=torch.int64)
     policy_version = torch.zeros(B, dtype=torch.int64)
     group_index = torch.zeros(B, dtype=torch.int64)
-    for b, (prompt, response, logprobs, adv, versions, g_index) in enumerate(rows):
+    for b, (prompt, response, logprobs, adv, versions, trained_from, g_index) in enumerate(rows):
         P, T = len(prompt), len(response)
         input_ids[b, :P] = torch.from_numpy(np.asarray(prompt, dtype=np.int64))
         input_ids[b, P : P + T] = torch.from_numpy(np.asarray(response, dtype=np.int64))
         attention_mask[b, : P + T] = 1
-        # Response token j sits at position P + j and is predicted from position P + j - 1.
-        response_mask[b, P - 1 : P - 1 + T] = 1.0
+        # Response token j sits at position P + j and is predicted from position P + j - 1;
+        # tokens before trained_from stay as context, out of the loss.
+        response_mask[b, P - 1 + trained_from : P - 1 + T] = 1.0
         behaviour_logprobs[b, P - 1 : P - 1 + T] = torch.from_numpy(np.asarray(logprobs, dtype=np.float32))
         advantage_rows[b, :] = adv
-        oldest = int(versions.min()) if T else groups[g_index].policy_version
+        trained = versions[trained_from:] if trained_from < T else versions
+        oldest = int(trained.min()) if T else groups[g_index].policy_version
         behaviour_version[b, :] = oldest
         behaviour_version[b, P - 1 : P - 1 + T] = torch.from_numpy(versions)
         policy_version[b] = oldest
@@ -129,6 +135,17 @@ def collate(
         policy_version=policy_version,
         group_index=group_index,
     )
+
+
+def stale_samples(group: Group) -> list[str]:
+    """Uids of ``group``'s samples with no token trained: every one was past the staleness bound
+    (``Sample.trained_from`` at the end of a non-empty answer). They count as dropped, ``stale``."""
+    return [s.uid for s in group.samples if 0 < len(s.response_ids) <= s.trained_from]
+
+
+def fully_masked(groups: list[Group]) -> torch.Tensor:
+    """(B,) bool in ``collate``'s order: the rows of ``stale_samples``."""
+    return torch.tensor([0 < len(s.response_ids) <= s.trained_from for g in groups for s in g.samples])
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

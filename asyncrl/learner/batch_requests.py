@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from asyncrl.learner.batch import stale_samples
 from asyncrl.learner.totals import Counters
 from asyncrl.rundir.ledger import GroupIdSet, GroupLedger
 from asyncrl.wire.messages import Batch as BatchReply
@@ -131,24 +132,35 @@ class BatchRequester:
                 del self._refused[v]
         return False
 
-    def trained(self, batch: Batch, version: int, priorities: list[float] | None = None) -> int:
+    def trained(self, batch: Batch, version: int, priorities: list[float] | None = None) -> tuple[int, int]:
         """Record that ``batch`` was trained, giving policy ``version``: in ``trained_ids`` and the
         ledger (``trained`` the first time, ``retrained`` for the buffer's repeats), and for the
-        next request (with the groups' new ``priorities``, if any). Returns the samples trained
-        for the first time."""
-        first, again, first_samples = [], [], 0
+        next request (with the groups' new ``priorities``, if any).
+
+        Stale segments masked out of the loss (``Sample.trained_from``) go to the ledger as
+        ``masked`` (the groups, their masked tokens, the samples left with none trained); those
+        samples count as dropped, ``stale``, at their group's first training. Returns (samples
+        trained for the first time, samples dropped so)."""
+        first, again, first_samples, dropped = [], [], 0, []
         for g in batch.groups:
             if self.trained_ids.add(g.group_id):
                 first.append(g.group_id)
-                first_samples += len(g.samples)
+                stale = stale_samples(g)
+                first_samples += len(g.samples) - len(stale)
+                dropped.extend(stale)
             else:
                 again.append(g.group_id)
         self._just_trained = TrainedGroups(version=version, group_ids=[g.group_id for g in batch.groups])
         self.ledger.write("trained", first, version=version)
         self.ledger.write("retrained", again, version=version)
+        masked = [g for g in batch.groups if any(s.trained_from for s in g.samples)]
+        if masked:
+            tokens = sum(s.trained_from for g in masked for s in g.samples)
+            self.ledger.write("masked", [g.group_id for g in masked], version=version, tokens=tokens, dropped=dropped)
+        self.counters.dropped["stale"] += len(dropped)
         if priorities is not None and batch.group_keys is not None:
             self._priority_updates = PriorityUpdates(group_keys=batch.group_keys, priorities=priorities)
-        return first_samples
+        return first_samples, len(dropped)
 
     def take_late(self) -> int:
         """After the last step: take a batch that still arrives (a reply to a request that timed

@@ -47,6 +47,9 @@ def save_learner_part(
         "trained_tokens": counters.trained_tokens,
         "busy_s": counters.busy_s,
         "staleness_hist": {str(k): v for k, v in counters.staleness_hist.items()},
+        "token_staleness_hist": {str(k): v for k, v in counters.token_staleness_hist.items()},
+        "segments_hist": {str(k): v for k, v in counters.segments_hist.items()},
+        "stale_tokens_masked": counters.stale_tokens_masked,
         "dropped": dict(counters.dropped),
     }
     saved = {"version": trainer.version, "counters": state}
@@ -70,6 +73,10 @@ def load_learner_part(trainer, counters: Counters, src: Path, auto: AutoStalenes
     counters.busy_s = saved["busy_s"]
     counters.staleness_hist = Counter({int(k): v for k, v in saved["staleness_hist"].items()})
     counters.dropped = Counter(saved["dropped"])
+    # checkpoints written before these counts existed have none
+    counters.token_staleness_hist = Counter({int(k): v for k, v in saved.get("token_staleness_hist", {}).items()})
+    counters.segments_hist = Counter({int(k): v for k, v in saved.get("segments_hist", {}).items()})
+    counters.stale_tokens_masked = saved.get("stale_tokens_masked", 0)
     if auto is not None and "staleness_control" in state:
         auto.controller.load_state(state["staleness_control"])
     return GroupIdSet.from_bytes((src / "trained_ids.bin").read_bytes())

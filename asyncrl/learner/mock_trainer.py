@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from pydantic import Field
 
 from asyncrl.configbase import Config
 from asyncrl.learner.data_parallel import DataParallel
-from asyncrl.wire.schema import Group
+from asyncrl.wire.schema import Group, token_versions
 
 
 class MockTrainerConfig(Config):
@@ -59,26 +60,38 @@ class MockTrainer:
     def train_step(self, groups: list[Group], weights=None) -> dict:
         start = time.perf_counter()
         tokens = sum(len(g.prompt_ids) * len(g.samples) + g.num_tokens for g in groups)
-        staleness = [self.version - g.policy_version for g in groups for _ in g.samples]
+        staleness, lengths, token_lags = [], [], Counter()
+        for g in groups:
+            for s in g.samples:  # from the oldest trained token, as the real trainer counts
+                versions = token_versions(s, g.policy_version)[s.trained_from :]
+                if len(s.response_ids) and not len(versions):
+                    continue  # no token within the staleness bound: dropped, not trained
+                staleness.append(self.version - (int(versions.min()) if len(versions) else g.policy_version))
+                lengths.append(len(versions))
+                token_lags.update((self.version - versions).tolist())
         time.sleep(self.step_seconds(tokens))
         self.version += 1
         rewards = [s.reward for g in groups for s in g.samples]
         return {
-            **self.signals(groups, staleness),
+            **self.signals(lengths, staleness),
             "version": self.version,
             "loss": 0.0,
             "staleness": staleness,
-            "staleness_mean": float(np.mean(staleness)),
-            "staleness_max": int(max(staleness)),
+            "token_staleness": dict(token_lags),
+            "stale_tokens_masked": sum(s.trained_from for g in groups for s in g.samples),
+            "stale_samples_masked": sum(0 < len(s.response_ids) <= s.trained_from for g in groups for s in g.samples),
+            "staleness_mean": float(np.mean(staleness)) if staleness else float("nan"),
+            "staleness_max": int(max(staleness, default=0)),
             "reward_mean": float(np.mean(rewards)),
             "tokens": tokens,
             "seconds": time.perf_counter() - start,
         }
 
-    def signals(self, groups: list[Group], staleness: list[int]) -> dict:
+    def signals(self, lengths: list[int], staleness: list[int]) -> dict:
         """The modelled ``behaviour_kl_by_staleness`` and ``behaviour_ess`` of a batch (see the
-        module docstring), token-weighted by each sample's response length."""
-        tokens = np.array([len(s.response_ids) for g in groups for s in g.samples], dtype=np.float64)
+        module docstring) from each trained sample's tokens in the loss and staleness,
+        token-weighted."""
+        tokens = np.array(lengths, dtype=np.float64)
         kl = self.cfg.behaviour_kl_per_version * np.asarray(staleness, dtype=np.float64)
         ess = float(tokens.sum() / max(float((tokens * np.exp(2 * kl)).sum()), 1e-12))
         return {

@@ -86,9 +86,9 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
             continue
         orders.send(Order("train", trainer.version, batch.groups, batch.is_weights))
         stats = trainer.train_step(batch.groups, weights=batch.is_weights)
-        first_time = batches.trained(batch, trainer.version, _priorities(cfg, trainer, batch))
+        first_time, dropped_stale = batches.trained(batch, trainer.version, _priorities(cfg, trainer, batch))
         record_step_metrics(trainer.version, batch, stats)
-        _count_step(batch, stats, first_time, counters, latencies)
+        _count_step(batch, stats, first_time, dropped_stale, counters, latencies)
         if auto is not None:  # before publishing: the schedule publishes by the new bound
             stats.update(auto.after_step(stats))
             batches.max_staleness = auto.bound
@@ -119,6 +119,9 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         dropped=dict(counters.dropped),
         version=trainer.version,
         staleness_hist={str(k): v for k, v in sorted(counters.staleness_hist.items())},
+        token_staleness_hist={str(k): v for k, v in sorted(counters.token_staleness_hist.items())},
+        segments_hist={str(k): v for k, v in sorted(counters.segments_hist.items())},
+        stale_tokens_masked=counters.stale_tokens_masked,
         latency_s=latency_summary(latencies.values),
         trained_tokens=counters.trained_tokens,
         busy_s=counters.busy_s,
@@ -162,10 +165,13 @@ def _priorities(cfg, trainer, batch: Batch) -> list[float] | None:
     return [float(np.abs(a).mean()) for a in trainer.advantages(batch.groups)]
 
 
-def _count_step(batch: Batch, stats: dict, first_time: int, counters: Counters, latencies: Reservoir) -> None:
+def _count_step(
+    batch: Batch, stats: dict, first_time: int, dropped_stale: int, counters: Counters, latencies: Reservoir
+) -> None:
     """Add the step to the running totals: samples trained (``first_time`` of them for the first
-    time: the buffer may hand a group out again), tokens, staleness, and each sample's latency."""
+    time: the buffer may hand a group out again; ``dropped_stale`` handed out with no token left
+    to train), tokens, staleness, and each sample's latency."""
     groups = batch.groups
-    counters.add_step(groups, stats, first_time)
+    counters.add_step(groups, stats, first_time, dropped_stale)
     now = time.time()
     latencies.extend(now - g.meta.get("sampled_at", now) for g in groups for _ in g.samples)

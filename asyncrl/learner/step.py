@@ -1,7 +1,8 @@
 """One learner step as a short sequence of named stages (``train_step``).
 
 1. ``collate_step``: the groups' shaped rewards and the padded batch; under truncation mode
-   ``mask`` the truncated rows' tokens are out of the loss.
+   ``mask`` the truncated rows' tokens are out of the loss, and so are the tokens the buffer
+   found too stale (``Sample.trained_from``; a row with none left is not a sequence of the loss).
 2. ``reference_logprobs``: log pi_ref of every response token, when there is a KL reference.
 3. ``write_advantages``: the advantages into the batch (per sequence from the groups; per
    token from the critic for ``gae``), less the KL penalty when it is in the reward.
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from asyncrl.learner.batch import TrainBatch, collate
+from asyncrl.learner.batch import TrainBatch, collate, fully_masked
 from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.critic import critic_advantages
 from asyncrl.learner.group_advantages import shaped_rewards, weighted_advantages
@@ -96,6 +97,7 @@ def train_step(trainer: PolicyTrainer, groups: list[Group], weights=None) -> dic
         weights = [weights[i] for i in shards.order]
     batch, shaped, truncated = collate_step(algo, groups, trainer.pad_id)
     in_loss = ~truncated if algo.truncation.mode == "mask" else torch.ones_like(truncated)  # (B,)
+    in_loss &= ~fully_masked(groups)  # no token within the staleness bound: dropped, not a sequence of loss 0
     ref = reference_logprobs(trainer, batch, shards)  # (B, L-1) or None
     critic_stats = write_advantages(trainer, batch, groups, shaped, ref, weights, beta, shards)
     several_updates = len(shards.minis) * trainer.ppo_epochs > 1

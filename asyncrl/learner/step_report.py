@@ -86,7 +86,7 @@ def report_step(ctx: LearnerContext, version: int, batch: Batch, stats: dict) ->
         samples=sum(len(g.samples) for g in groups),
         wait_s=batch.wait_s,
         step_s=stats["seconds"],
-        staleness_mean=sum(stats["staleness"]) / len(stats["staleness"]),
-        staleness_max=max(stats["staleness"]),
+        staleness_mean=stats["staleness_mean"],
+        staleness_max=stats["staleness_max"],
         **{k: v for k, v in stats.items() if k in STEP_EVENT_STATS},
     )

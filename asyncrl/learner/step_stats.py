@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from asyncrl.learner.batch import TrainBatch
+from asyncrl.learner.batch import TrainBatch, fully_masked
 from asyncrl.learner.logprobs import TokenScores
 from asyncrl.learner.packing import MicroBatchPlan
 from asyncrl.wire.schema import Group
@@ -142,7 +142,8 @@ def step_stats(
     total_tokens = max(batch.num_tokens, 1)
     losses = [loss for e in epochs for loss in e["update_losses"]]
     policy_losses = sum(e["policy_loss"] for e in epochs)
-    staleness = (version_before - batch.policy_version).tolist()
+    trained_rows = ~fully_masked(groups)  # (B,) rows with a token in the loss
+    staleness = (version_before - batch.policy_version)[trained_rows].tolist()
     stats = {
         "version": version,
         "updates": updates,
@@ -169,8 +170,10 @@ def step_stats(
         "padding_frac": 1.0 - sum(e["slots_used"] for e in epochs) / max(sum(e["slots"] for e in epochs), 1.0),
         "staleness": staleness,
         "token_staleness": token_staleness(batch, version_before),
-        "staleness_mean": float(np.mean(staleness)),
-        "staleness_max": int(max(staleness)),
+        "stale_tokens_masked": sum(s.trained_from for g in groups for s in g.samples),
+        "stale_samples_masked": int((~trained_rows).sum()),
+        "staleness_mean": float(np.mean(staleness)) if staleness else float("nan"),
+        "staleness_max": int(max(staleness, default=0)),
         "reward_mean": float(np.mean([s.reward for g in groups for s in g.samples])),
         "truncated_frac": float(truncated.float().mean()),
         "sequences": int(in_loss.sum()),

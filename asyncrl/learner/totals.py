@@ -23,25 +23,41 @@ class Counters:
     trained: int = 0
     """Samples trained at least once."""
     trained_with_reuse: int = 0
-    """Every time a sample was trained."""
+    """Every time a sample was trained (a repeated hand-out counts, even once its every token is
+    too stale: the sample was counted as dropped, ``stale``, at its first)."""
     trained_tokens: int = 0
     """Response tokens of every batch trained."""
     busy_s: float = 0.0
     """Seconds spent in ``train_step``."""
     staleness_hist: Counter = field(default_factory=Counter)
-    """Samples trained, by staleness (learner version at the update - the sample's policy_version)."""
+    """Samples trained, by staleness (learner version at the update - the version of the
+    sample's oldest trained token)."""
+    token_staleness_hist: Counter = field(default_factory=Counter)
+    """Response tokens trained, by staleness of the version that sampled each."""
+    segments_hist: Counter = field(default_factory=Counter)
+    """Samples trained, by how many versions sampled them (1 unless an update came mid-answer)."""
+    stale_tokens_masked: int = 0
+    """Tokens kept as context only, their version past the staleness bound (``Sample.trained_from``)."""
     dropped: Counter = field(default_factory=Counter)
-    """Samples not trained here, by reason (``duplicate``: a copy of a group already trained)."""
+    """Samples not trained here, by reason (``duplicate``: a copy of a group already trained;
+    ``stale``: every token past the staleness bound, the rest of its group trained)."""
 
-    def add_step(self, groups: list[Group], stats: dict, first_time: int) -> None:
+    def add_step(self, groups: list[Group], stats: dict, first_time: int, dropped_stale: int = 0) -> None:
         """Count one learner step on ``groups``: ``stats`` is its ``train_step`` result,
-        ``first_time`` how many of its samples were trained for the first time."""
+        ``first_time`` how many of its samples were trained for the first time, ``dropped_stale``
+        how many were handed out for the first time with no token left to train (dropped)."""
         self.busy_s += stats["seconds"]
         self.trained += first_time
-        self.trained_with_reuse += sum(len(g.samples) for g in groups)
+        self.trained_with_reuse += sum(len(g.samples) for g in groups) - dropped_stale
         self.trained_tokens += sum(g.num_tokens for g in groups)
+        self.stale_tokens_masked += stats.get("stale_tokens_masked", 0)
         for s in stats["staleness"]:
             self.staleness_hist[int(s)] += 1
+        self.token_staleness_hist.update(stats.get("token_staleness", {}))
+        for g in groups:
+            for s in g.samples:
+                if not 0 < len(s.response_ids) <= s.trained_from:  # trained (some token in the loss)
+                    self.segments_hist[len(s.version_segments or [None])] += 1
 
 
 class Reservoir:

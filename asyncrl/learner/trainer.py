@@ -204,10 +204,11 @@ class PolicyTrainer:
         ``outside_truncation_frac`` (response tokens outside pi_theta's top-k/top-p set, scored as
         ``asyncrl.learner.logprobs`` says; 0 without top-k/top-p), ``padding_frac`` (padding /
         token slots of the micro batches' forward passes, packed or not; ``asyncrl.learner.packing``),
-        ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence:
-        ``version before the step -`` the version of its oldest response token),
+        ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence trained:
+        ``version before the step -`` the version of its oldest trained token),
         ``token_staleness`` (response tokens in the loss by the staleness of the version that
-        sampled each), ``staleness_mean``/``staleness_max``,
+        sampled each), ``stale_tokens_masked``/``stale_samples_masked`` (tokens kept as context
+        only, samples with none trained: ``Sample.trained_from``), ``staleness_mean``/``staleness_max``,
         ``reward_mean`` (the task's reward, before any shaping), ``truncated_frac`` (samples
         cut off at the length limit), ``overlong_penalty`` (its mean, under truncation mode
         penalise), ``sequences`` (in the loss), ``tokens`` (response tokens trained on), ``seconds``.

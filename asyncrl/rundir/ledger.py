@@ -9,6 +9,11 @@ was writing), naming the groups concerned:
 - the learner: ``trained`` (group ids and the version their step produced), and ``retrained``
   for the buffer's repeated hand-outs of a group trained before (``buffer.max_times_sampled != 1``);
 - the buffer, generators and learner: ``dropped`` (group ids and the named reason);
+- the learner: ``masked`` (groups trained with tokens past the staleness bound kept as context
+  only: the step's ``version``, those ``tokens``, and the uids ``dropped`` of samples left with
+  none trained, which count as dropped, ``stale``; ``generator.partial_rollouts``);
+- a generator: ``resumed`` (one group id per answer aborted at a weight update and resumed
+  under the new version; ``generator.partial_rollouts: resume``);
 - the buffer at its end: ``held`` (group ids never handed out); the learner: ``held`` for a batch
   that came after its last step;
 - a generator at its end: ``returned`` (prompts that reached it after it stopped sampling);

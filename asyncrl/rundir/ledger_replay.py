@@ -6,7 +6,9 @@ group dispatched in the surviving history then has exactly one outcome — train
 reason, or held at the end — or it is ``lost``; a group trained twice in the surviving history is
 ``trained_twice``. Both must be 0. Reuse (``buffer.max_times_sampled != 1``) is reported beside
 them: ``retrained`` counts every repeat, ``retrained_untrained`` a repeat of a group never
-trained, which must be 0 too.
+trained, which must be 0 too. Partial rollouts are reported in samples too: the samples of trained
+groups left with no token trained (``masked`` lines) move from ``trained`` to ``dropped['stale']``,
+beside ``stale_tokens_masked`` and ``resumed`` (answers resumed under a newer version).
 
 Compaction keeps a month-long run's ledger to bits per group. At each committed checkpoint the
 controller calls ``compact_ledger``: every line written before a cut time is replayed into
@@ -69,6 +71,13 @@ class LedgerReplay:
         """Trained more than once, all at or before ``folded_at``."""
         self.dropped_settled: dict[str, GroupIdSet] = {}
         self.retrained_settled = 0
+        self.masked: dict[int, list[int]] = {}
+        """Step version -> [tokens masked as too stale, samples left with none trained] (``masked`` lines)."""
+        self.masked_settled = [0, 0]
+        """The same, summed over the steps at or before ``folded_at``."""
+        self.resumed: dict[str, int] = {}
+        """Group -> its answers aborted and resumed under a newer version (``resumed`` lines)."""
+        self.resumed_settled = 0
         self.folded_at: int | None = None
 
     # -- replay -----------------------------------------------------------------------------------
@@ -92,6 +101,13 @@ class LedgerReplay:
             for g in groups:  # a copy dropped as a duplicate does not hide the fate of the original
                 if self.dropped.get(g, "duplicate") == "duplicate" and not self._dropped_settled(g):
                     self.dropped[g] = line["reason"]
+        elif event == "masked":
+            counts = self.masked.setdefault(int(line["version"]), [0, 0])
+            counts[0] += int(line.get("tokens", 0))
+            counts[1] += len(line.get("dropped", ()))
+        elif event == "resumed":  # one id per answer resumed
+            for g in groups:
+                self.resumed[g] = self.resumed.get(g, 0) + 1
         elif event == "held":  # a learner may hold several late batches, one line each
             self.held.setdefault(line["source"], set()).update(groups)
         elif event == "returned":
@@ -111,6 +127,8 @@ class LedgerReplay:
         self.restores += 1
         self.trained = {g: kept for g, vs in self.trained.items() if (kept := [v for v in vs if v <= version])}
         self.retrained = {g: kept for g, vs in self.retrained.items() if (kept := [v for v in vs if v <= version])}
+        self.masked = {v: counts for v, counts in self.masked.items() if v <= version}
+        self.resumed = {g: k for g, k in self.resumed.items() if (group_seq(g) or 0) < horizon}
         self.dispatched.discard_from(horizon)
         self.dropped = {g: r for g, r in self.dropped.items() if (group_seq(g) or 0) < horizon}
         for ids in self.dropped_settled.values():
@@ -139,6 +157,13 @@ class LedgerReplay:
                 if reason != "duplicate":  # a duplicate is no outcome: nothing to keep
                     self.dropped_settled.setdefault(reason, GroupIdSet()).add(g)
                 del self.dropped[g]
+        for v in [v for v in self.masked if v <= version]:
+            tokens, dropped = self.masked.pop(v)
+            self.masked_settled = [self.masked_settled[0] + tokens, self.masked_settled[1] + dropped]
+        # resumed answers of groups settled as trained (a restore keeps those); a drop carries no
+        # version, so a later restore may still undo one: those groups' counts stay open
+        for g in [g for g in self.resumed if g in self.trained_settled or g in self.twice_settled]:
+            self.resumed_settled += self.resumed.pop(g)
 
     def to_bytes(self) -> bytes:
         return msgpack.packb(
@@ -154,6 +179,10 @@ class LedgerReplay:
                 "twice_settled": self.twice_settled.to_bytes(),
                 "dropped_settled": {k: v.to_bytes() for k, v in self.dropped_settled.items()},
                 "retrained_settled": self.retrained_settled,
+                "masked": self.masked,
+                "masked_settled": self.masked_settled,
+                "resumed": self.resumed,
+                "resumed_settled": self.resumed_settled,
                 "folded_at": self.folded_at,
             }
         )
@@ -171,6 +200,10 @@ class LedgerReplay:
         out.twice_settled = GroupIdSet.from_bytes(body["twice_settled"])
         out.dropped_settled = {k: GroupIdSet.from_bytes(v) for k, v in body["dropped_settled"].items()}
         out.retrained_settled = body["retrained_settled"]
+        # states compacted before partial rollouts were counted have none
+        out.masked = {int(v): counts for v, counts in body.get("masked", {}).items()}
+        out.masked_settled = body.get("masked_settled", [0, 0])
+        out.resumed, out.resumed_settled = body.get("resumed", {}), body.get("resumed_settled", 0)
         out.folded_at = body["folded_at"]
         return out
 
@@ -210,13 +243,20 @@ class LedgerReplay:
             if g not in self.trained and g not in self.trained_settled and g not in self.twice_settled
         )
         n = samples_per_group
+        masked_tokens = self.masked_settled[0] + sum(c[0] for c in self.masked.values())
+        masked_dropped = self.masked_settled[1] + sum(c[1] for c in self.masked.values())
+        dropped = {reason: n * k for reason, k in dropped_by.items() if k}
+        if masked_dropped:  # samples of trained groups with no token trained: dropped, stale
+            dropped["stale"] = dropped.get("stale", 0) + masked_dropped
         return {
             "dispatched": n * dispatched.count(),
-            "trained": n * outcome_trained.count(),
+            "trained": n * outcome_trained.count() - masked_dropped,
             "trained_twice": n * twice_ids.count(),
             "retrained": n * (self.retrained_settled + sum(len(vs) for vs in self.retrained.values())),
             "retrained_untrained": n * retrained_untrained,
-            "dropped": {reason: n * k for reason, k in dropped_by.items() if k},
+            "dropped": dropped,
+            "stale_tokens_masked": masked_tokens,
+            "resumed": self.resumed_settled + sum(self.resumed.values()),
             "held": n * held_n,
             "returned_unsampled": n * returned_n,
             "lost": n * lost.count(),

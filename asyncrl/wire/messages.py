@@ -568,10 +568,18 @@ class FinalEvent(Event, kw_only=True, tag="final"):
     tokens: int | None = None
     eval_prompts: int | None = None
     eval_s: float | None = None
+    resumed: int | None = None
+    """Answers aborted at a weight update and resumed under the new version (``generator.partial_rollouts: resume``)."""
     # learner
     trained: int | None = None
     trained_with_reuse: int | None = None
     staleness_hist: dict[str, int] | None = None
+    token_staleness_hist: dict[str, int] | None = None
+    """Response tokens trained, by staleness of the version that sampled each."""
+    segments_hist: dict[str, int] | None = None
+    """Samples trained, by the number of versions that sampled them (their ``version_segments``)."""
+    stale_tokens_masked: int | None = None
+    """Tokens kept as context only, past the staleness bound (``Sample.trained_from``)."""
     latency_s: dict[str, float] | None = None
     trained_tokens: int | None = None
     # reward worker

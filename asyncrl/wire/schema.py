@@ -76,6 +76,12 @@ class Sample:
     each index on, up to the next, were sampled by that version. Starts at index 0, indices and
     versions strictly increasing, first version >= the group's. None: every token by the group's
     version. Optional on the wire (older senders omit it)."""
+    trained_from: int = 0
+    """Index of the first token trained on: the tokens before it stay in the sequence as context
+    but are out of the loss, because the versions that sampled them were past the staleness
+    bound when the group was handed to the learner (``generator.partial_rollouts``: set by the
+    buffer, ``asyncrl.buffer.stale_segments``). ``len(response_ids)``: no token is trained. In
+    [0, len(response_ids)]; optional on the wire (0)."""
 
     def __post_init__(self):
         if not isinstance(self.response_ids, np.ndarray) or not isinstance(self.logprobs, np.ndarray):
@@ -192,6 +198,11 @@ def validate_sample(s: Sample, g: Group) -> None:
             raise WireError("bad_fields", f"sample {s.uid}: reward_parts and reward_seconds must be maps")
     if s.version_segments is not None:
         validate_segments(s.version_segments, len(s.response_ids), g.policy_version, s.uid)
+    if type(s.trained_from) is not int or not 0 <= s.trained_from <= len(s.response_ids):
+        raise WireError(
+            "bad_fields",
+            f"sample {s.uid}: trained_from ({s.trained_from!r:.40}) must be an int in [0, {len(s.response_ids)}] (its tokens)",
+        )
 
 
 def validate_segments(segments, num_tokens: int, policy_version: int, uid: str) -> None:

@@ -52,3 +52,16 @@ def test_malformed_segments_are_rejected_naming_the_rule(segments, rule):
     group.samples[0].version_segments = segments
     with pytest.raises(WireError, match=rule):
         validate_group(group)
+
+
+def test_trained_from_survives_the_wire_and_must_lie_within_the_answer():
+    (group,) = build_groups([ROW], [[_completion(6, [[0, 4], [3, 5]]), _completion(2)]], 4, "gen-0", 0.0)
+    assert [s.trained_from for s in group.samples] == [0, 0]  # the default: every token trained
+    group.samples[0].trained_from = 3
+    group.samples[1].trained_from = 2  # an answer with no token trained
+    _, body = decode(encode_group(group))
+    assert [s.trained_from for s in body.group.samples] == [3, 2]
+    for bad in (7, -1, "3"):
+        group.samples[0].trained_from = bad
+        with pytest.raises(WireError, match=r"trained_from .* must be an int in \[0, 6\]"):
+            validate_group(group)

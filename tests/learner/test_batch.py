@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.learner.batch import collate, token_logprobs
+from asyncrl.learner.batch import collate, fully_masked, stale_samples, token_logprobs
 from asyncrl.wire.schema import Group, Sample
 from tests.factories import small_qwen2
 
@@ -135,3 +135,15 @@ def test_each_token_carries_the_version_that_sampled_it():
     assert batch.behaviour_version[1][in_response[1]].tolist() == [4, 4]
     assert batch.policy_version.tolist() == [2, 4]
     assert batch.slice(1, 2).behaviour_version.tolist() == [[4, 4, 4]]
+
+
+def test_tokens_before_trained_from_stay_as_context_out_of_the_loss():
+    group = make_group("m", [5, 6], [[8, 9, 10, 11], [12, 13], [14]], version=2)
+    group.samples[0].version_segments = [[0, 2], [2, 4]]
+    group.samples[0].trained_from = 2  # version 2 past the bound: its two tokens are context
+    group.samples[1].trained_from = 2  # every token past it
+    batch = collate([group], [[0.0, 0.0, 0.0]], pad_id=PAD)
+    assert batch.input_ids[0].tolist() == [5, 6, 8, 9, 10, 11]  # still in the sequence
+    assert batch.response_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0, 1, 0, 0, 0]]
+    assert batch.policy_version.tolist() == [4, 2, 2]  # from the oldest trained token
+    assert stale_samples(group) == ["m/1"] and fully_masked([group]).tolist() == [False, True, False]

@@ -98,10 +98,10 @@ def test_reuse_trains_a_group_as_often_as_the_buffer_allows_and_a_copy_never(tmp
     first = []
     buf.insert(_scored("g00000001", 0))
     batch = batches.receive(0)
-    first.append(batches.trained(batch, 1))
+    first.append(batches.trained(batch, 1)[0])
     batch = batches.receive(1)  # the buffer's second hand-out of the same copy: reuse
     assert [g.group_id for g in batch.groups] == ["g00000001"] and batch.repeat == [True]
-    first.append(batches.trained(batch, 2))
+    first.append(batches.trained(batch, 2)[0])
     assert first == [4, 0]  # its samples count once as trained
     # A copy of g1 after a restart, handed out twice by the new buffer: refused both times.
     buf = _restart_empty(batches, cfg)
@@ -125,3 +125,58 @@ def test_a_reply_with_one_repeat_flag_per_group_only_is_accepted():
 
     with pytest.raises(WireError, match="1 repeat flags for 2 groups"):
         BatchReply(groups=[_scored("g00000001", 0), _scored("g00000002", 0)], repeat=[True]).check()
+
+
+def test_stale_segments_leave_the_loss_and_a_sample_with_none_trained_is_dropped_stale(tmp_path):
+    """Partial rollouts (mask): no sample disappears. A group whose oldest tokens are past the
+    bound is kept by the gate, its stale tokens masked; a sample with every token stale is counted
+    as dropped ``stale`` by the learner, in its counters, the ledger and the run's summary."""
+    from asyncrl.buffer.stale_segments import mark_trained_from
+    from asyncrl.controller.accounting import summarize
+
+    cfg = RunConfig(buffer={"max_staleness": 2, "sampler": "fifo"}, learner={"batch_groups": 2})
+    buf = ReplayBuffer.from_config(BufferConfig(**cfg.buffer.model_dump()), partial_rollouts="mask")
+    buf.set_learner_version(5)
+    spanning = _scored("g00000001", 2)
+    for sample, segments in zip(spanning.samples, ([[0, 2], [1, 4]], None, [[0, 3]], [[0, 3]])):
+        sample.version_segments = segments  # the second answer: version 2 only, too stale at 5
+    buf.insert(spanning)
+    buf.insert(_scored("g00000002", 4))
+    LedgerWriter(tmp_path, "dispatcher").write("dispatched", ["g00000001", "g00000002"])
+    ledger, counters = LedgerWriter(tmp_path, "learner"), Counters()
+    batches = BatchRequester(BufferClient(buf), cfg, ledger, counters, GroupIdSet())
+    batch = batches.receive(5)
+    mark_trained_from(batch.groups, 5, cfg.buffer.max_staleness)  # as the buffer service does at hand-out
+    assert [s.trained_from for s in batch.groups[0].samples] == [1, 3, 0, 0]
+    first_time, dropped = batches.trained(batch, 6)
+    assert (first_time, dropped) == (7, 1) and counters.dropped == {"stale": 1}
+    stats = {"seconds": 0.1, "staleness": [1] * 7, "token_staleness": {1: 20}, "stale_tokens_masked": 4}
+    counters.add_step(batch.groups, stats, first_time, dropped)
+    assert counters.trained_with_reuse == 7 and counters.segments_hist == {1: 6, 2: 1}
+    ledger.close()
+
+    replayed = reconcile_ledger(tmp_path, samples_per_group=4)
+    assert replayed["trained"] == 7 and replayed["dropped"] == {"stale": 1} and replayed["lost"] == 0
+    assert replayed["stale_tokens_masked"] == 4
+    learner = {
+        "role": "learner",
+        "version": 6,
+        "trained": counters.trained,
+        "trained_with_reuse": counters.trained_with_reuse,
+        "dropped": dict(counters.dropped),
+        "staleness_hist": {"1": 7},
+        "token_staleness_hist": {str(k): v for k, v in counters.token_staleness_hist.items()},
+        "segments_hist": {str(k): v for k, v in counters.segments_hist.items()},
+        "stale_tokens_masked": counters.stale_tokens_masked,
+        "busy_s": 1.0,
+        "wall_s": 2.0,
+    }
+    generator = {"role": "generator", "generated": 8, "dropped": {}, "held": 0, "tokens": 24, "busy_s": 1, "wall_s": 2}
+    rewards = {"role": "reward", "received": 8, "forwarded": 8, "held": 0}
+    buffer = {"role": "buffer", **buf.reconcile()}
+    summary = summarize({"g": generator, "r": rewards, "b": buffer, "l": learner}, 1.0, None, None)
+    assert summary["reconciles"] and all(v == 0 for v in summary["unaccounted_by_link"].values())
+    assert summary["dropped"] == {"stale": 1} and summary["trained"] == 7
+    assert summary["partial_rollouts"] == {"resumed": 0, "stale_tokens_masked": 4, "stale_samples_dropped": 1}
+    assert summary["versions_per_sample"] == {"1": 6, "2": 1, "3+": 0}
+    assert summary["token_staleness_hist"] == {"1": 20}

@@ -39,3 +39,16 @@ def test_mock_trainer_models_off_policy_signals_growing_with_staleness():
         [make_group("c", rewards=[0.0] * 4)]
     )
     assert on_policy["behaviour_ess"] == 1.0 and on_policy["behaviour_kl_by_staleness"] == {0: 0.0}
+
+
+def test_mock_trainer_signals_leave_out_samples_with_every_token_masked_as_too_stale():
+    t = MockTrainer(MockTrainerConfig(step_overhead_s=0, s_per_token=0, behaviour_kl_per_version=0.01))
+    t.version = 3
+    group = make_group("a", version=1, rewards=[1.0, 0.0, 0.0, 0.0])
+    for s in group.samples:
+        s.version_segments = [[0, 1], [2, 3]]
+        s.trained_from = 2  # the buffer masked version 1's tokens
+    group.samples[0].trained_from = len(group.samples[0].response_ids)  # every token masked: not trained
+    stats = t.train_step([group])
+    assert stats["staleness"] == [0, 0, 0] and stats["stale_tokens_masked"] == 3 * 2 + 3
+    assert stats["stale_samples_masked"] == 1 and stats["behaviour_ess"] == 1.0

@@ -819,3 +819,32 @@ def test_staleness_figures_count_each_segment_at_its_own_version(model_dir, hf_s
     fresh = batch.response_mask * (batch.behaviour_version == 3)
     k3 = (raw - 1) - raw.log()
     assert stats["mismatch_kl"] == pytest.approx(float((k3 * fresh).sum() / fresh.sum()), rel=1e-4)
+
+
+def test_masking_removes_exactly_the_stale_tokens_from_the_loss(model_dir, hf_state):
+    """Tokens before ``trained_from`` change nothing when their behaviour logprobs do (they are out
+    of the loss); a token after it does. A sample with none trained is no sequence of the loss."""
+    vocab = hf_state[0].config.vocab_size
+
+    def step(garbage_at=None):
+        groups = make_groups(vocab, seed=7)
+        for g in groups:
+            for s in g.samples:
+                s.trained_from = 2
+                if garbage_at is not None:
+                    s.logprobs[garbage_at] -= 3.0  # a behaviour logprob far off pi_prox: a large weight
+        groups[0].samples[0].trained_from = len(groups[0].samples[0].response_ids)
+        trainer = PolicyTrainer(model_dir, config(0), AlgorithmConfig(correction="decoupled"))
+        return trainer.train_step(groups), trainer.full_state_dict(), groups
+
+    stats, weights, groups = step()
+    samples = [s for g in groups for s in g.samples]
+    masked = sum(s.trained_from for s in samples)
+    assert stats["tokens"] == sum(len(s.response_ids) for s in samples) - masked
+    assert stats["stale_tokens_masked"] == masked and stats["stale_samples_masked"] == 1
+    assert stats["sequences"] == len(samples) - 1 and len(stats["staleness"]) == len(samples) - 1
+    _, same, _ = step(garbage_at=1)  # inside every masked prefix
+    for key in weights:
+        torch.testing.assert_close(same[key], weights[key], rtol=0, atol=0)
+    _, other, _ = step(garbage_at=2)  # the first trained token
+    assert any(not torch.equal(other[key], weights[key]) for key in weights)

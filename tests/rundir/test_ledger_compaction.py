@@ -81,9 +81,13 @@ class History:
         self.version += 1
         if self.trained and rng.random() < 0.1:  # a bug the replay must still see after compaction
             train.append(rng.choice(self.trained))
+        if self.open and rng.random() < 0.2:  # partial rollouts: an answer resumed under a newer version
+            self.write("generator", "resumed", [rng.choice(self.open)])
         if train:
             self.write("learner", "trained", train, version=self.version)
             self.trained += train
+            if rng.random() < 0.3:  # stale segments masked, a sample left with none trained
+                self.write("learner", "masked", train[:1], version=self.version, tokens=3, dropped=[train[0] + "/0"])
         if self.trained and rng.random() < 0.5:
             self.write("learner", "retrained", rng.sample(self.trained, 1), version=self.version)
         if self.open and rng.random() < 0.4:
