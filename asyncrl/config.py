@@ -158,6 +158,25 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _check_partial_rollouts(self) -> RunConfig:
+        """``generator.partial_rollouts: resume`` interrupts answers still running at a weight
+        update: only continuous generation swaps weights while answers run, and an answer is
+        interrupted for being past the staleness bound, so there must be one."""
+        if self.generator.partial_rollouts != "resume":
+            return self
+        if self.generator.mode != "continuous":
+            raise ValueError(
+                f"generator.partial_rollouts (resume) needs generator.mode continuous, not {self.generator.mode}: "
+                "the batch mode swaps weights between requests, so no answer runs across an update"
+            )
+        if self.buffer.max_staleness is None:
+            raise ValueError(
+                "generator.partial_rollouts (resume) needs buffer.max_staleness (null): answers are resumed "
+                "for being past the staleness bound"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_admission_lead(self) -> RunConfig:
         # Under auto the bound moves within [min, max]: the lead must fit the lowest.
         auto = self.buffer.auto

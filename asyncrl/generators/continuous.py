@@ -19,6 +19,9 @@ few finish. Here each generator keeps up to ``bound`` sequences in its engine in
 - **Weights change in flight** (``weights.apply_mode: in_flight``, the only mode continuous
   generation allows): each sample's ``version_segments`` say which version sampled which tokens,
   and its group is stamped with the oldest.
+- **Partial rollouts** (``generator.partial_rollouts: resume``): after each update the answers
+  whose oldest tokens are past the staleness bound are aborted and resumed under the new version
+  (``asyncrl.generators.interrupt``); each interruption is a ledger line ``resumed``.
 - **The bound** (``InflightBound``) is ``generator.max_inflight_sequences``, by default what the
   engine's KV cache holds: vLLM's KV blocks // the blocks one sequence of
   ``generator.expected_sequence_tokens`` takes (by default ``engine.max_model_len``: then no
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrl.generators.groups import build_groups
+from asyncrl.generators.interrupt import StaleResumer, record_resumed, resume_bound
 from asyncrl.observability.metrics import BUSY_SECONDS, ROLLOUT_SECONDS
 from asyncrl.wire.messages import PromptRow
 
@@ -80,7 +84,9 @@ def build_stream(cfg, model_dir: str, gen_index: int):
         return MockStream(MockEngine(cfg.simulation.generator, seed=cfg.run.seed + gen_index))
     from asyncrl.generators.vllm_stream import build_stream as build_vllm_stream
 
-    return build_vllm_stream(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+    stream = build_vllm_stream(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+    stream.answers_apart = cfg.generator.partial_rollouts == "resume"  # each answer interruptible
+    return stream
 
 
 class InflightBound:
@@ -218,11 +224,15 @@ class ContinuousLoop:
         self.silence_logged = False
         self.submitted = 0
         self.busy_since: float | None = None
+        bound = resume_bound(self.cfg)  # partial rollouts: answers too stale are resumed after updates
+        self.resumer = None if bound is None else StaleResumer(stream, bound, gen.ctx.name)
 
     def step(self) -> None:
         """Apply weights, answer an evaluation, send what is done, ask for room, take what came."""
         gen = self.gen
         gen.apply_weights()  # in flight: report what the applier swapped, raise what failed
+        if self.resumer is not None:
+            self.resumer.after_update(gen.engine.version)
         if gen.evals is not None:
             from asyncrl.generators.evaluation import answer_eval_request
 
@@ -279,6 +289,7 @@ class ContinuousLoop:
                 group.meta["greedy_text"] = greedy
             ROLLOUT_SECONDS.observe(rollout_s)
             self.gen.ctx.ledger.write("generated", [key], version=group.policy_version)
+            record_resumed(self.gen.ctx.ledger, self.gen.counts, key, completions)
             self.gen.send([group])
         if finished:
             self.gen.counts.batches += 1

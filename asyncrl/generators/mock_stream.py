@@ -12,7 +12,9 @@ No thread runs it: each call advances a simulated clock to the wall clock (betwe
 running set is constant, so it moves one event at a time), and ``finished`` sleeps until the next
 group is due. A weight version loaded while sequences run (``MockEngine.load_weights``, from the
 in-flight applier's thread) starts a new version segment in each of them at the token it reached,
-as vLLM's per-step version labels do.
+as vLLM's per-step version labels do. ``resume_older_than`` aborts and resumes answers as
+``AsyncVLLMEngine.resume_request`` does (partial rollouts): an answer keeps its tokens and segments,
+pays a prefill of its prompt and tokens, and counts the interruption (``Completion.resumed``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class _Sequence:
     """Tokens sampled so far."""
     segments: list[list[int]] = field(default_factory=list)
     """``[[first_token_index, version], ...]``."""
+    resumed: int = 0
+    """Times it was aborted and resumed (``resume_older_than``)."""
 
 
 @dataclass
@@ -106,6 +110,20 @@ class MockStream:
         self.active = [s for s in self.active if s.key not in gone]
         self.done = [k for k in self.done if k not in gone]
 
+    def resume_older_than(self, version: int) -> int:
+        """Abort and resume, from its tokens so far, each running answer whose oldest token is older
+        than ``version`` (not the greedy ones: no loss is taken on them); its next tokens are the
+        version loaded now's, and its prefill of prompt + tokens delays the batch as a submission's
+        does. Returns how many."""
+        self.advance()  # label the tokens up to now first
+        stale = [s for s in self.active if s.segments[0][1] < version and s is not self.requests[s.key].greedy]
+        for s in stale:
+            s.resumed += 1
+        if stale:  # one prefill of every resumed answer's prompt + tokens, as one engine step
+            tokens = sum(len(self.requests[s.key].prompt) + s.done for s in stale)
+            self.clock = max(self.clock, time.monotonic()) + self.cfg.overhead_s + self.cfg.prefill_s_per_token * tokens
+        return len(stale)
+
     def finished(self, timeout: float) -> list[tuple[str, list[Completion], str | None]]:
         """``(key, n completions, greedy text or None)`` of each group done, waiting up to
         ``timeout`` s for the first."""
@@ -173,6 +191,7 @@ class MockStream:
         for s in request.sequences:
             completion = self.engine.completion(request.prompt, s.length, request.max_tokens)
             completion.version_segments = s.segments
+            completion.resumed = s.resumed
             completions.append(completion)
         greedy = None
         if request.greedy is not None:

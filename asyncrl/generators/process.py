@@ -63,6 +63,8 @@ class GeneratorCounters:
     tokens: int = 0
     batches: int = 0
     busy_s: float = 0.0
+    resumed: int = 0
+    """Answers of groups sent that were aborted and resumed under a newer version (once per interruption)."""
     dropped: Counter[str] = field(default_factory=Counter)
     dropped_ids: list[str] = field(default_factory=list)
     """Told to the dispatcher with the next request, so it settles them."""
@@ -216,6 +218,7 @@ class Generator:
             version=self.engine.version,
             eval_prompts=self.eval_counters.prompts,
             eval_s=self.eval_counters.seconds,
+            resumed=counts.resumed,
         )
         if self.applier is not None:
             self.applier.close()

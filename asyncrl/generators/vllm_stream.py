@@ -9,6 +9,9 @@
   others run joins the running batch at once, and a short one leaves before a long one.
 - **Abort** cancels the request's coroutine; vLLM's ``generate`` aborts the request in the engine
   when cancelled, freeing its KV blocks.
+- **Answers apart** (``answers_apart``, for ``generator.partial_rollouts: resume``): each of the n
+  answers is its own request instead, so that ``resume_older_than`` can abort one too stale and
+  resume it under the weights now loaded (``asyncrl.generators.interrupt``).
 - **What the engine reports** (``EngineLoad``, a vLLM stat logger): the running sequences after
   every step (integrated over time, for occupancy = mean running / bound), the KV cache's use, and
   preemptions while the cache is nearly full (``KV_FULL``): the KV pressure that shrinks the
@@ -36,6 +39,7 @@ from asyncrl.generators.engine import (
     sampling_params,
     to_completions,
 )
+from asyncrl.generators.interrupt import resumable_answers
 
 KV_FULL = 0.9
 """KV cache use at or above which a preemption is counted as KV pressure."""
@@ -123,6 +127,8 @@ class VLLMStream:
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Future] = {}
         self._sequences: dict[str, int] = {}
+        self.answers_apart = False
+        """Each answer its own request, resumable (``resume_older_than``); set before the first ``submit``."""
 
     @property
     def running(self) -> int:
@@ -169,16 +175,28 @@ class VLLMStream:
 
     async def _run(self, key: str, tokens, params, greedy) -> None:
         try:
-            requests = [self.engine.request(tokens, params)]
+            requests = [self._answers(key, tokens, params)]
             if greedy is not None:
                 requests.append(self.engine.request(tokens, greedy))
             outputs = await asyncio.gather(*requests)
             text = outputs[1].outputs[0].text if greedy is not None else None
-            self._done.put((key, to_completions(outputs[0]), text, None))
+            self._done.put((key, outputs[0], text, None))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # handed to the generator's thread by finished(): never swallowed
             self._done.put((key, None, None, e))
+
+    async def _answers(self, key: str, tokens, params) -> list[Completion]:
+        if self.answers_apart:
+            return await resumable_answers(self.engine, tokens["prompt_token_ids"], params, key)
+        return to_completions(await self.engine.request(tokens, params))
+
+    def resume_older_than(self, version: int) -> int:
+        """Abort every running answer that may hold tokens older than ``version`` (``answers_apart``
+        only); each is resumed under the weights loaded now by its own coroutine. Returns how many."""
+        ids = self.engine.requests_older_than(version)
+        self.engine.abort_requests(ids)
+        return len(ids)
 
     def finished(self, timeout: float) -> list[tuple[str, list[Completion], str | None]]:
         """``(key, n completions, greedy text or None)`` of each group done, waiting up to

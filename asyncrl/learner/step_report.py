@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from asyncrl.observability.metrics import (
     BUSY_SECONDS,
     LEARNER_STEP_SECONDS,
+    PARTIAL_ROLLOUTS,
     POLICY_VERSION,
     SAMPLES,
     STALENESS,
@@ -70,6 +71,9 @@ def record_step_metrics(version: int, batch: Batch, stats: dict) -> None:
     SAMPLES.labels("trained").inc(sum(len(g.samples) for g in batch.groups))
     for s in stats["staleness"]:
         STALENESS.observe(s)
+    if stats.get("stale_tokens_masked"):  # partial rollouts: tokens too stale kept as context only
+        PARTIAL_ROLLOUTS.labels("stale_tokens_masked").inc(stats["stale_tokens_masked"])
+        PARTIAL_ROLLOUTS.labels("stale_samples_dropped").inc(stats.get("stale_samples_masked", 0))
 
 
 def report_step(ctx: LearnerContext, version: int, batch: Batch, stats: dict) -> None:

@@ -162,6 +162,13 @@ STALENESS_BOUND_CHANGES = Counter(
     ["direction"],
     registry=REGISTRY,
 )
+PARTIAL_ROLLOUTS = Counter(
+    "asyncrl_partial_rollouts",
+    "Partial rollouts (generator.partial_rollouts): answers resumed under a newer version (generators), "
+    "tokens masked out of the loss as too stale and samples left with none trained (learner).",
+    ["what"],
+    registry=REGISTRY,
+)
 
 
 def record_learner_step(stats: dict) -> None:
