@@ -13,6 +13,9 @@ asyncrl generator --connect RUN_DIR|ADDRESS [--name NAME] [--model DIR] [generat
                                                    join a running run as one more generator;
                                                    SIGTERM/Ctrl-C finishes its batch, then leaves
 asyncrl bench pipeline [--modes ...] [overrides]   throughput of the pipeline under simulated engines
+asyncrl bench pipeline --engine vllm [--workload long-tail]
+                                                   with real vLLM: the pipeline's overhead, or async/sync
+                                                   x continuous/batch on long-tailed answers
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
 asyncrl export RUN_DIR [--step N] OUT_DIR          the policy as a Hugging Face model directory
 asyncrl inspect RUN_DIR [--json]                   health, versions and counters of a live run's processes
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--warm-start", action="store_true", help="then fine-tune it on the addition task (SFT)")
     tiny.add_argument("--config", help="YAML recipe whose model.tiny, task and sft sections to use")
     bench = sub.add_parser("bench", help="benchmarks; `asyncrl bench pipeline --help` for the options")
-    bench.add_argument("which", choices=["pipeline"], help="which benchmark: pipeline (simulated engines)")
+    bench.add_argument("which", choices=["pipeline"], help="which benchmark: pipeline (simulated or vLLM engines)")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
     exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
     exp.add_argument("run_dir", help="the run directory (runs/NAME)")

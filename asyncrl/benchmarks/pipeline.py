@@ -23,7 +23,9 @@ then a weight load). Figures are over the steady state, from the step that ends 
 fill to the last (``asyncrl.benchmarks.measured_run``); busy fractions and CPU come from
 ``asyncrl.benchmarks.steady_state``. JSON to stdout and ``OUT/pipeline.json``, a plot to
 ``OUT/pipeline.png``. ``--engine vllm`` runs real vLLM generators instead
-(``asyncrl.benchmarks.vllm_pipeline``).
+(``asyncrl.benchmarks.vllm_pipeline``); ``--engine vllm --workload long-tail`` the four combinations
+async/sync × continuous/batch on one vLLM engine with long-tailed answers
+(``asyncrl.benchmarks.vllm_modes``).
 """
 
 from __future__ import annotations
@@ -171,12 +173,27 @@ def main(argv: list[str] | None = None) -> dict:
         "--config", help="recipe (default configs/bench_pipeline.yaml, or bench_vllm.yaml with --engine vllm)"
     )
     parser.add_argument("--engine", choices=["mock", "vllm"], default="mock", help="simulated or real vLLM generators")
+    parser.add_argument(
+        "--workload",
+        choices=["fixed", "long-tail"],
+        default="fixed",
+        help="with --engine vllm: fixed (the pipeline's overhead around the engine) or long-tail "
+        "(async/sync x continuous/batch, asyncrl.benchmarks.vllm_modes)",
+    )
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
     parser.add_argument("--out", default="runs/bench-pipeline", help="folder for the runs, JSON and plot")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every mode")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.engine == "vllm" and args.workload == "long-tail":
+        from asyncrl.benchmarks.vllm_modes import run_modes_bench
+
+        result = run_modes_bench(args.config or "configs/bench_vllm_modes.yaml", args.overrides, out)
+        print(json.dumps(result, indent=2))
+        return result
+    if args.workload != "fixed":
+        raise ValueError(f"--workload {args.workload} needs --engine vllm")
     if args.engine == "vllm":
         from asyncrl.benchmarks.vllm_pipeline import run_vllm_bench
 
