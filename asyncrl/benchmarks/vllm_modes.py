@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import threading
 import time
@@ -106,7 +107,9 @@ class Driver:
             ignore_eos=True,
         )
 
-    def run(self, mode: Literal["continuous", "batch"], learner: TimedLearner | None, groups: int | None = None) -> dict:
+    def run(
+        self, mode: Literal["continuous", "batch"], learner: TimedLearner | None, groups: int | None = None
+    ) -> dict:
         """Generate under ``mode`` until ``learner`` has trained all its steps (or, alone, until
         ``groups`` groups are done); tokens generated, weight swaps and occupancy over the run."""
         cfg, stream, engine = self.cfg, self.stream, self.stream.engine
@@ -199,6 +202,7 @@ def trained_figures(learner: TimedLearner, warmup: int, start: float) -> dict:
 def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict:
     """Build the tiny model and one engine; capacity alone, the four combinations, capacity again."""
     from asyncrl.benchmarks.steady_state import machine_load
+    from asyncrl.controller.preparation import child_env
     from asyncrl.generators.engine import EngineConfig
     from asyncrl.generators.vllm_stream import build_stream
     from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
@@ -207,6 +211,8 @@ def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict
     if cfg.bound < cfg.n:
         raise ValueError(f"bound ({cfg.bound}) must be >= n ({cfg.n}): room for one group at least")
     out.mkdir(parents=True, exist_ok=True)
+    for key, value in child_env(out).items():  # the engine runs here, as in a generator process
+        os.environ.setdefault(key, value)
     groups = (cfg.warmup_steps + cfg.steps + cfg.max_staleness + 2) * cfg.batch_groups + cfg.bound
     prompts, lengths = addition_prompts(groups, cfg.seed), draw_lengths(groups, cfg.seed)
     model = build_tiny_model(TinyModelConfig(seed=cfg.seed, max_position_embeddings=cfg.max_model_len), out / "model")

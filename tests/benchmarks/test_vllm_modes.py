@@ -46,7 +46,12 @@ class ScriptedStream:
 
     def submit(self, key, prompt, sampling, seed=None, min_tokens=None, ignore_eos=False):
         assert ignore_eos and min_tokens == sampling.max_tokens
-        self.groups[key] = {"n": sampling.n, "len": sampling.max_tokens, "done": 0, "segments": [[0, self.engine.version]]}
+        self.groups[key] = {
+            "n": sampling.n,
+            "len": sampling.max_tokens,
+            "done": 0,
+            "segments": [[0, self.engine.version]],
+        }
 
     def finished(self, timeout):
         time.sleep(0.001)  # a decode step: the learner's thread runs meanwhile, as beside a real engine
@@ -58,7 +63,12 @@ class ScriptedStream:
                 del self.groups[key]
                 segs = [s for s in g["segments"] if s[0] < g["len"]]
                 comp = Completion(
-                    np.zeros(3, np.int32), np.zeros(g["len"], np.int32), np.zeros(g["len"], np.float32), "", "length", segs
+                    np.zeros(3, np.int32),
+                    np.zeros(g["len"], np.int32),
+                    np.zeros(g["len"], np.float32),
+                    "",
+                    "length",
+                    segs,
                 )
                 out.append((key, [comp] * g["n"], None))
         return out
@@ -83,7 +93,9 @@ def test_sync_trains_each_batch_at_the_version_that_sampled_it(mode):
     assert len(learner.steps) == 5 and learner.version == 5
     for s in learner.steps:
         assert set(s["staleness"]) == {0} and s["versions_per_sample"] == {1: 8}
-    assert stream.engine.swaps_with_running == 0 and gen["weight_swaps"] >= 4  # one per step (the last may come after the end)
+    assert (
+        stream.engine.swaps_with_running == 0 and gen["weight_swaps"] >= 4
+    )  # one per step (the last may come after the end)
 
 
 def test_async_continuous_swaps_in_flight_and_stays_within_eta():
@@ -127,7 +139,14 @@ def test_summary_splits_the_gain_into_continuous_batching_and_overlap():
 def test_trained_figures_measure_after_the_fill():
     learner = TimedLearner(1, 0, 0.5, 3)
     learner.steps = [
-        {"t": t, "tokens": 10, "samples": 2, "staleness": [0, 0], "token_staleness": {0: 10}, "versions_per_sample": {1: 2}}
+        {
+            "t": t,
+            "tokens": 10,
+            "samples": 2,
+            "staleness": [0, 0],
+            "token_staleness": {0: 10},
+            "versions_per_sample": {1: 2},
+        }
         for t in (5.0, 7.0, 9.0)
     ]
     fig = trained_figures(learner, warmup=1, start=0.0)
