@@ -45,7 +45,7 @@ class ScriptedStream:
         return sum(g["n"] for g in self.groups.values())
 
     def submit(self, key, prompt, sampling, seed=None, min_tokens=None, ignore_eos=False):
-        assert ignore_eos and min_tokens == sampling.max_tokens
+        assert ignore_eos and min_tokens == sampling.max_tokens and seed is None
         self.groups[key] = {
             "n": sampling.n,
             "len": sampling.max_tokens,
