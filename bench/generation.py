@@ -2,7 +2,8 @@
 
 The workload is the one that makes a batch barrier idle an engine: each group's answers are
 exactly L tokens long (``min_tokens = max_tokens = L``, ``ignore_eos``, so the lengths are real),
-L drawn per group from a lognormal (median 32, σ = 1, capped at 512). One engine (vLLM's
+L drawn per group from a lognormal (median 32, σ = 1, capped at 512; drawn by
+``asyncrl.benchmarks.long_tail``, shared with the pipeline's four combinations). One engine (vLLM's
 ``AsyncLLM``, CPU build, the project's tiny model built with a context of ``--max-model-len``)
 samples the same groups, with the same seeds, in two ways, both holding at most ``bound``
 sequences:
@@ -40,22 +41,9 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-import numpy as np  # noqa: E402
-
+from asyncrl.benchmarks.long_tail import addition_prompts as prompts  # noqa: E402
+from asyncrl.benchmarks.long_tail import describe, draw_lengths  # noqa: E402
 from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
-
-MEDIAN, SIGMA, CAP = 32, 1.0, 512
-
-
-def draw_lengths(groups: int, seed: int) -> list[int]:
-    """Answer length of each group: lognormal (median 32, σ 1), within [1, 512]."""
-    rng = np.random.default_rng(seed)
-    return [int(x) for x in np.clip(np.round(MEDIAN * np.exp(SIGMA * rng.standard_normal(groups))), 1, CAP)]
-
-
-def prompts(groups: int, seed: int) -> list[str]:
-    rng = np.random.default_rng(seed + 1)
-    return [f"{a}+{b}=" for a, b in rng.integers(10, 100, size=(groups, 2))]
 
 
 def run(stream, mode: str, texts: list[str], lengths: list[int], n: int, bound: int) -> dict:
@@ -144,7 +132,7 @@ def main() -> None:
         "workload": {
             "groups": args.groups,
             "n": args.n,
-            "lengths": f"lognormal median {MEDIAN}, sigma {SIGMA}, cap {CAP}; min_tokens = max_tokens, ignore_eos",
+            "lengths": describe(),
             "length_median": statistics.median(lengths),
             "length_mean": round(statistics.mean(lengths), 1),
             "length_max": max(lengths),
