@@ -23,7 +23,10 @@ before the four combinations and after, so drift on a shared machine shows); tra
 × the capacity measured before, so the two are comparable (1.0: balanced, where overlap matters
 most and the ideal is hardest to reach). The gain of async · continuous over sync · batch is split
 into continuous batching (sync · continuous ÷ sync · batch) and overlap (async · continuous ÷
-sync · continuous), each also as its share of the log of the whole.
+sync · continuous), each also as its share of the log of the whole. What continuous batching can
+gain at most on this engine is measured too: tokens/s with exactly k sequences running, k = n, 2n,
+... up to the bound (``engine_scaling``): the barrier's tail runs few sequences, and that costs
+only as much as throughput falls with fewer of them.
 
 Why not through the controller: the generator process samples every group with the run's one
 ``sampling.max_tokens``, so it cannot draw each group's length; this driver submits to the same
@@ -33,6 +36,7 @@ overhead around real engines is ``asyncrl bench pipeline --engine vllm``'s own f
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -57,6 +61,9 @@ SEEDLESS = (
     "do not change the work"
 )
 """Why ``Driver.submit`` passes no per-request seed (the engine's own seed still applies)."""
+_RUN_IDS = itertools.count(1)
+SCALING_TOKENS = 64
+"""Answer length of ``engine_scaling``'s runs."""
 COMBINATIONS = (("async", "continuous"), ("async", "batch"), ("sync", "continuous"), ("sync", "batch"))
 
 
@@ -99,7 +106,6 @@ class Driver:
     def __init__(self, stream, weights_dir: str, cfg: ModesBenchConfig, prompts: list[str], lengths: list[int]):
         self.stream, self.weights_dir, self.cfg = stream, weights_dir, cfg
         self.prompts, self.lengths = prompts, lengths
-        self.run_id = 0
 
     def submit(self, key: str, index: int, version: int) -> None:
         from asyncrl.generators.engine import SamplingConfig
@@ -120,7 +126,7 @@ class Driver:
         """Generate under ``mode`` until ``learner`` has trained all its steps (or, alone, until
         ``groups`` groups are done); tokens generated, weight swaps and occupancy over the run."""
         cfg, stream, engine = self.cfg, self.stream, self.stream.engine
-        self.run_id += 1
+        run_id = next(_RUN_IDS)  # keys unique over the stream's life: an aborted group may still report
         inflight: dict[str, int] = {}
         next_index = done = tokens = swaps = 0
         swap_s = 0.0
@@ -141,14 +147,14 @@ class Driver:
                 swaps += 1
             if mode == "continuous":
                 while stream.running + cfg.n <= cfg.bound and admits(next_index):
-                    inflight[key := f"{self.run_id}-{next_index}"] = engine.version
+                    inflight[key := f"{run_id}-{next_index}"] = engine.version
                     self.submit(key, next_index, engine.version)
                     next_index += 1
             elif not inflight:
                 for _ in range(max(1, cfg.bound // cfg.n)):
                     if not admits(next_index):
                         break
-                    inflight[key := f"{self.run_id}-{next_index}"] = engine.version
+                    inflight[key := f"{run_id}-{next_index}"] = engine.version
                     self.submit(key, next_index, engine.version)
                     next_index += 1
             for key, completions, _greedy in stream.finished(timeout=POLL_S):
@@ -206,6 +212,19 @@ def trained_figures(learner: TimedLearner, warmup: int, start: float) -> dict:
     }
 
 
+def engine_scaling(stream, weights_dir: str, cfg: ModesBenchConfig, prompts: list[str]) -> dict[int, float]:
+    """Tokens/s of the engine alone with exactly k sequences running (answers of ``SCALING_TOKENS``
+    each, two batches of k), for k up to the bound: what continuous batching can gain at most
+    here, as it keeps more sequences running than the barrier's tail does."""
+    out, k = {}, cfg.n
+    while k <= cfg.bound:
+        sized = cfg.model_copy(update={"bound": k})
+        run = Driver(stream, weights_dir, sized, prompts, [SCALING_TOKENS]).run("batch", None, groups=2 * (k // cfg.n))
+        out[k] = run["generated_tokens_per_s"]
+        k *= 2
+    return out
+
+
 def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict:
     """Build the tiny model and one engine; capacity alone, the four combinations, capacity again."""
     from asyncrl.benchmarks.steady_state import machine_load
@@ -229,6 +248,7 @@ def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict
         driver = Driver(stream, str(model), cfg, prompts, lengths)
         driver.run("continuous", None, groups=4)  # warm-up: first-use allocations
         before = {m: driver.run(m, None, groups=cfg.alone_groups) for m in ("continuous", "batch")}
+        by_running = engine_scaling(stream, str(model), cfg, prompts)
         generation = before["continuous"]["generated_tokens_per_s"]
         s_per_token = cfg.s_per_token or 1.0 / (cfg.training_over_generation * generation)
         combos = {}
@@ -249,6 +269,7 @@ def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict
     finally:
         stream.close()
     result = summarize(cfg, before, after, s_per_token, combos)
+    result["tokens_per_s_by_sequences_running"] = by_running
     result["machine_at_start"], result["machine_at_end"] = load_start, machine_load()
     result["workload"] = {
         "lengths": describe(),

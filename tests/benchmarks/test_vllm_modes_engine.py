@@ -33,5 +33,6 @@ def test_four_combinations_on_a_real_engine(tmp_path):
         else:
             assert max(combo["staleness_hist"]) <= 1 and combo["dropped_stale_groups"] == 0, name
     assert result["combinations"]["async-batch"]["versions_per_sample"] == {1: 8}  # swaps between batches only
+    assert set(result["tokens_per_s_by_sequences_running"]) == {2, 4, 8}  # k = n, 2n, ... up to the bound
     split = result["gain_split"]
     assert split["continuous_batching"] * split["overlap"] == pytest.approx(result["async_continuous_over_sync_batch"])
