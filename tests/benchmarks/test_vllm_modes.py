@@ -157,3 +157,18 @@ def test_trained_figures_measure_after_the_fill():
 def test_long_tail_lengths_are_within_the_cap_with_median_32():
     lengths = draw_lengths(4000, seed=1)
     assert 1 <= min(lengths) and max(lengths) <= CAP and 30 <= float(np.median(lengths)) <= 34
+
+
+def test_the_long_tail_workload_needs_the_real_engine(tmp_path):
+    from asyncrl.benchmarks.pipeline import main
+
+    with pytest.raises(ValueError, match="--workload long-tail needs --engine vllm"):
+        main(["--workload", "long-tail", "--out", str(tmp_path)])
+
+
+def test_a_config_typo_names_the_key():
+    from asyncrl.benchmarks.vllm_modes import load_modes_config
+
+    assert load_modes_config("configs/bench_vllm_modes.yaml", ["steps=3"]).steps == 3
+    with pytest.raises(ValueError, match="stpes"):
+        load_modes_config("configs/bench_vllm_modes.yaml", ["stpes=3"])
