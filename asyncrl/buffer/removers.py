@@ -37,8 +37,17 @@ class FIFOEviction:
         if over_items <= 0 and over_samples <= 0 and over_bytes <= 0:
             return np.zeros(0, dtype=np.int64)
         m = max(over_items, items, 1)
+        oldest = storage.oldest(m)
+        # The common case: the fewest items that make room in items also do in samples and bytes
+        # (two sums instead of two running sums; the same answer, the shortest such prefix).
+        first = oldest[: max(over_items, 1)]
+        if (
+            first.size == max(over_items, 1)
+            and storage.num_samples[first].sum() >= over_samples
+            and storage.nbytes[first].sum() >= over_bytes
+        ):
+            return first
         while True:
-            oldest = storage.oldest(m)
             enough = (
                 (np.arange(1, oldest.size + 1) >= over_items)
                 & (np.cumsum(storage.num_samples[oldest]) >= over_samples)
@@ -49,6 +58,7 @@ class FIFOEviction:
             if oldest.size < m:  # everything goes, and it is still not enough: the caller checks sizes
                 return oldest
             m *= 2
+            oldest = storage.oldest(m)
 
 
 class MaxTimesSampled:

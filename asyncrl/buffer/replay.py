@@ -67,8 +67,8 @@ def check_priorities(priorities, n: int) -> np.ndarray:
     p = np.asarray(priorities, dtype=np.float64).reshape(-1)
     if p.size != n:
         raise ValueError(f"{p.size} priorities given for {n} items; there must be one per item")
-    bad = ~(np.isfinite(p) & (p >= 0))
-    if bad.any():
+    if p.size and not (p.min() >= 0 and p.max() < np.inf):  # two reductions; NaN fails the first
+        bad = ~(np.isfinite(p) & (p >= 0))
         raise ValueError(f"priorities ({p[bad][:3].tolist()}) must be finite and >= 0")
     return p
 
@@ -257,16 +257,21 @@ class ReplayBuffer:
         draw = self.sampler.sample(k, st)
         slots = draw.slots
         keys = st.keys(slots)
-        times = st.times_sampled[slots]
+        times = st.times_sampled.take(slots)
         first = times == 0
-        st.times_sampled[slots] = times + 1
-        ns = st.num_samples[slots]
+        times += 1
+        st.times_sampled[slots] = times
+        ns = st.num_samples.take(slots)
+        all_samples = int(ns.sum())
         first_groups = int(np.count_nonzero(first))
-        first_samples = int(ns[first].sum()) if first_groups else 0
+        if first_groups in (0, k):
+            first_samples = all_samples if first_groups else 0
+        else:
+            first_samples = int(ns[first].sum())
         self.sampled["groups"] += first_groups
         self.sampled["samples"] += first_samples
         self.resampled["groups"] += k - first_groups
-        self.resampled["samples"] += int(ns.sum()) - first_samples
+        self.resampled["samples"] += all_samples - first_samples
         items = st.get(slots) if out is None else st.gather(slots, out)
         self.rate_limiter.sample(k)
         if self.observer is not None:
@@ -285,11 +290,13 @@ class ReplayBuffer:
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         p = check_priorities(priorities, keys.size)
         slots, valid = self.storage.slots_of(keys)
-        self.priority_updates_ignored += int((~valid).sum())
-        slots = slots[valid]
+        if not valid.all():
+            self.priority_updates_ignored += int(np.count_nonzero(~valid))
+            slots, p = slots[valid], p[valid]
         if slots.size:
-            age = self.learner_version - self.storage.policy_version[slots]
-            self.sampler.update(slots, p[valid] * self.priority.decay(age))
+            if self.priority.recency_decay != 1:  # (decay^age is 1 otherwise)
+                p = p * self.priority.decay(self.learner_version - self.storage.policy_version[slots])
+            self.sampler.update(slots, p)
         return int(slots.size)
 
     def set_learner_version(self, version: int) -> None:

@@ -78,7 +78,7 @@ class PrioritizedSampler:
 
     def _leaf(self, priorities: np.ndarray) -> np.ndarray:
         p = np.asarray(priorities, dtype=np.float64)
-        if not np.isfinite(p).all() or (p < 0).any():
+        if p.size and not (p.min() >= 0 and p.max() < np.inf):  # two reductions; NaN fails the first
             bad = p[~(np.isfinite(p) & (p >= 0))][0]
             raise ValueError(f"priority ({bad}) must be finite and >= 0")
         return np.maximum(p, self.floor) ** self.alpha  # p^α, α = 0 -> all ones

@@ -80,7 +80,10 @@ class SlotStorage:
     # -- keys ----------------------------------------------------------------------------------
 
     def keys(self, slots: np.ndarray) -> np.ndarray:
-        return self.seq[slots] * self.max_items + slots
+        keys = self.seq.take(slots)
+        keys *= self.max_items
+        keys += slots
+        return keys
 
     def slots_of(self, keys) -> tuple[np.ndarray, np.ndarray]:
         """(slots, valid): ``valid`` is False for keys of items no longer stored."""

@@ -71,7 +71,12 @@ class SumTree:
         padded = [sizes[-1] * f ** (len(sizes) - 1 - lv) for lv in range(len(sizes))]
         self._value = [np.zeros(n) for n in padded]
         self._prefix = [np.zeros(n) for n in padded[:-1]]
-        self._upper = np.triu(np.ones((f, f)), 1)  # (f, f): row @ _upper = exclusive prefixes
+        # The same sums, inclusive, each row's last replaced by +inf: the bounds a draw compares
+        # with (how many are <= u is the child's index, and +inf caps it at f - 1).
+        self._bound = [np.zeros(n) for n in padded[:-1]]
+        for bound in self._bound:
+            bound.reshape(-1, f)[:, -1] = np.inf
+        self._upper = np.triu(np.ones((f, f)))  # (f, f): rows @ _upper = inclusive prefix sums
         self._top_cumsum: np.ndarray | None = None  # (top + 1,) 0 then cumulative sums; None: stale
         self._min = np.inf  # smallest non-empty leaf when _min_known, else a strict lower bound
         self._min_count = 0  # leaves equal to _min
@@ -105,12 +110,11 @@ class SumTree:
 
     def values(self, idx: np.ndarray | None = None) -> np.ndarray:
         """Leaf values at ``idx`` (a copy), or all ``capacity`` leaves (a read-only view) when None."""
-        leaves = self._value[0][: self.capacity]
-        if idx is None:
-            view = leaves.view()
-            view.flags.writeable = False
-            return view
-        return leaves[idx]
+        if idx is not None:
+            return self._value[0].take(idx)  # (idx < capacity; the padding beyond holds 0)
+        view = self._value[0][: self.capacity]
+        view.flags.writeable = False
+        return view
 
     def update(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Set leaves ``idx`` (distinct ints) to ``values`` (>= 0; 0 empties a leaf).
@@ -139,10 +143,14 @@ class SumTree:
     def _refresh(self, level: int, parents: np.ndarray) -> None:
         """Recompute the prefixes of ``parents``' rows at ``level`` and the parents' values."""
         f = self.FANOUT
-        rows = np.take(self._value[level].reshape(-1, f), parents, axis=0)  # (p, f)
-        prefix = rows @ self._upper  # (p, f)
-        self._prefix[level].reshape(-1, f)[parents] = prefix
-        self._value[level + 1][parents] = prefix[:, -1] + rows[:, -1]
+        rows = self._value[level].reshape(-1, f).take(parents, axis=0)  # (p, f)
+        inclusive = rows @ self._upper  # (p, f)
+        self._value[level + 1][parents] = inclusive[:, -1]
+        # Exclusive prefixes are the inclusive ones shifted: the very numbers a draw compared
+        # with, so what it subtracts never exceeds its remainder.
+        self._prefix[level].reshape(-1, f)[parents, 1:] = inclusive[:, :-1]
+        inclusive[:, -1] = np.inf
+        self._bound[level].reshape(-1, f)[parents] = inclusive
 
     def _track_min(self, old: np.ndarray, new: np.ndarray) -> None:
         # Invariant: every non-empty leaf is >= _min, and when _min_known, some leaf (exactly
@@ -178,28 +186,27 @@ class SumTree:
         """For each prefix sum u in [0, total), the leaf j with cumsum[j-1] <= u < cumsum[j].
 
         The top level is crossed by a binary search in its cumulative sums; each level below by
-        comparing the remainders with the (k, 32) prefixes of their parents' rows: the child is
-        the last whose prefix is <= the remainder (``argmin`` of the comparison finds the first
-        that is not; the first prefix, 0, always is), and its prefix is subtracted. Remainders
-        stay >= 0 exactly: what is subtracted is never larger.
+        comparing the remainders with the (k, 32) inclusive prefix sums of their parents' rows:
+        the child's index is how many are <= the remainder (``argmin`` of the comparison: the
+        first that is not; the row's last bound is +inf), and the sum left of it is subtracted.
+        Remainders stay >= 0 exactly: what is subtracted is one of the bounds found <= them.
         """
         u = np.asarray(prefix, dtype=np.float64)
         cum = self._cumsum()
-        node = np.searchsorted(cum[1:], u, side="right")
+        node = cum[1:].searchsorted(u, side="right")  # (methods, not np.*: no dispatch wrapper)
         np.minimum(node, self._sizes[-1] - 1, out=node)
-        u = u - cum[node]  # (k,) what is left below `node`
+        u = u - cum.take(node)  # (k,) what is left below `node`
         f = self.FANOUT
+        shift = f.bit_length() - 1
+        below = u[:, None]  # (k, 1): a view of u, which the loop updates in place
         for level in range(len(self._sizes) - 2, -1, -1):
-            prefix_rows = np.take(self._prefix[level].reshape(-1, f), node, axis=0)  # (k, f)
-            child = np.argmin(prefix_rows <= u[:, None], axis=1)  # first prefix past u; 0: none
-            child -= 1
-            child &= f - 1  # the last prefix <= u (-1 & (f - 1) = f - 1: the row's last)
-            node <<= f.bit_length() - 1
-            node += child
-            u -= np.take(self._prefix[level], node)
+            bounds = self._bound[level].reshape(-1, f).take(node, axis=0)  # (k, f)
+            node <<= shift
+            node += np.less_equal(bounds, below).argmin(axis=1)  # + the child's index
+            u -= self._prefix[level].take(node)
         leaf = node
         # Rounding can leave u just past the last non-empty leaf of a subtree; step back onto it.
-        empty = np.take(self._value[0], leaf) <= 0
+        empty = self._value[0].take(leaf) <= 0
         if empty.any():
             leaf[empty] = self._nearest_nonempty(leaf[empty])
         return leaf
