@@ -11,7 +11,9 @@ Two parts, both through ``ReplayBuffer`` with a ``SlabStorage`` (one item = one 
    items' priorities. Payload-free, so it measures the sum tree, slots, keys and removers. The
    baseline is ``PlainSumTree``, a plain vectorised numpy sum tree doing the same step, timed in
    the same process, interleaved with the buffer over several repeats: absolute µs on a shared
-   machine move by 1.7x from run to run, the ratio (``speedup``, plain / asyncrl) does not.
+   machine move by 1.7x from run to run, the ratio (``speedup``, plain / asyncrl) does not. Both
+   are timed in this thread's CPU time (``time.thread_time``; everything runs on one thread), so
+   that another process taking the core mid-measurement does not count against either side.
 2. *Payload*: trajectories shaped like an LLM sample (256 prompt + 1,024 response int32 tokens,
    1,024 float32 logprobs: one 9,216-byte record), gathered into a preallocated batch, against a
    memcpy of the same byte count from the same slab, measured in the same run: the gather alone
@@ -142,10 +144,10 @@ class PlainSumTree:
 
 def time_us(fn, rounds: int, batch: int) -> float:
     """Mean µs per item of ``rounds`` calls of ``fn`` on ``batch`` items."""
-    start = time.perf_counter()
+    start = time.thread_time()
     for _ in range(rounds):
         fn()
-    return (time.perf_counter() - start) / (rounds * batch) * 1e6
+    return (time.thread_time() - start) / (rounds * batch) * 1e6
 
 
 def per_item_us(fn, rounds: int, batch: int) -> float:
@@ -396,6 +398,16 @@ def bench_torchrl(capacity: int, batch: int, rounds: int, seed: int) -> dict:
         return {"ran": False, "version": torchrl.__version__, "torch": torch.__version__, "why_not": detail}
 
 
+def commit() -> str:
+    """The commit measured (``-dirty`` when the work tree differs from it)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *cmd: subprocess.run(cmd, cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    head = run("git", "rev-parse", "HEAD")
+    return head + ("-dirty" if run("git", "status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--capacity", type=int, nargs="+", default=[1_000_000, 100_000])
@@ -416,6 +428,7 @@ def main(argv: list[str] | None = None) -> dict:
     payload = bench_payload(args.payload_items, args.batch, args.rounds, args.seed)
     service = bench_service(args.service_batch, args.service_batches, args.repeats)
     result = {
+        "commit": commit(),
         "config": {
             "capacity": args.capacity,
             "batch": args.batch,

@@ -36,6 +36,9 @@ class FIFOEviction:
         over_bytes = storage.bytes + nbytes - storage.capacity_bytes
         if over_items <= 0 and over_samples <= 0 and over_bytes <= 0:
             return np.zeros(0, dtype=np.int64)
+        if storage.item_size is not None:  # items alike: how many must go is a division
+            per_samples, per_bytes = storage.item_size
+            return storage.oldest(max(over_items, -(-over_samples // per_samples), -(-over_bytes // per_bytes), 1))
         m = max(over_items, items, 1)
         oldest = storage.oldest(m)
         # The common case: the fewest items that make room in items also do in samples and bytes

@@ -229,8 +229,11 @@ class ReplayBuffer:
         return evict
 
     def _stored(self, slots: np.ndarray, versions: np.ndarray, priorities: np.ndarray, evicted: np.ndarray) -> None:
-        # Evicted slots the newcomers did not take over still hold their old priority.
-        self.sampler.add(slots, priorities, removed=evicted[self.storage.seq[evicted] < 0])
+        # Evicted slots the newcomers did not take over still hold their old priority. Released
+        # slots go on top of the free stack, where the newcomers' are taken from: with no more
+        # evicted than arrived, the newcomers took them all.
+        removed = evicted[self.storage.seq[evicted] < 0] if evicted.size > slots.size else evicted[:0]
+        self.sampler.add(slots, priorities, removed=removed)
         self.staleness.on_insert(self.storage, slots, versions)
         self.rate_limiter.insert(slots.size)
         if self.observer is not None:
@@ -260,14 +263,18 @@ class ReplayBuffer:
         times = st.times_sampled.take(slots)
         first = times == 0
         times += 1
-        st.times_sampled[slots] = times
-        ns = st.num_samples.take(slots)
-        all_samples = int(ns.sum())
+        st.times_sampled.put(slots, times)
         first_groups = int(np.count_nonzero(first))
-        if first_groups in (0, k):
-            first_samples = all_samples if first_groups else 0
+        ns = None
+        if st.item_size is not None:  # items alike: counts, not sums
+            all_samples, first_samples = k * st.item_size[0], first_groups * st.item_size[0]
         else:
-            first_samples = int(ns[first].sum())
+            ns = st.num_samples.take(slots)
+            all_samples = int(ns.sum())
+            if first_groups in (0, k):
+                first_samples = all_samples if first_groups else 0
+            else:
+                first_samples = int(ns[first].sum())
         self.sampled["groups"] += first_groups
         self.sampled["samples"] += first_samples
         self.resampled["groups"] += k - first_groups
@@ -276,7 +283,9 @@ class ReplayBuffer:
         self.rate_limiter.sample(k)
         if self.observer is not None:
             self.observer.on_sample(
-                self.learner_version - st.policy_version[slots], self.clock() - st.inserted_at[slots], ns
+                self.learner_version - st.policy_version[slots],
+                self.clock() - st.inserted_at[slots],
+                st.num_samples.take(slots) if ns is None else ns,
             )
         if self.reuse_limit is not None:
             done = self.reuse_limit.select(st, slots)
@@ -330,13 +339,18 @@ class ReplayBuffer:
 
     def _remove(self, slots: np.ndarray, reason: str, empty_priorities: bool = True) -> None:
         st = self.storage
-        ns = st.num_samples[slots]
-        fresh = st.times_sampled[slots] == 0
-        total = int(ns.sum())
+        fresh = st.times_sampled.take(slots) == 0
+        fresh_groups = int(np.count_nonzero(fresh))
+        if st.item_size is not None:  # items alike: counts, not sums
+            total, fresh_samples = slots.size * st.item_size[0], fresh_groups * st.item_size[0]
+        else:
+            ns = st.num_samples[slots]
+            total = int(ns.sum())
+            fresh_samples = int(ns[fresh].sum()) if fresh_groups else 0
         self.removed[reason] += total
-        if fresh.any():
-            self.dropped[reason] += int(ns[fresh].sum())
-            self.dropped_groups += int(fresh.sum())
+        if fresh_groups:
+            self.dropped[reason] += fresh_samples
+            self.dropped_groups += fresh_groups
             if self.observer is not None and hasattr(st, "_slot_of"):  # groups with ids (not slab rows)
                 self._report_dropped([g.group_id for g in st.get(slots[fresh])], reason)
         if empty_priorities:

@@ -111,10 +111,9 @@ class PrioritizedSampler:
     def sample(self, k: int, storage: SlotStorage | None) -> Draw:
         """``k`` distinct slots (k <= stored items), with P(i) and w_i."""
         total, smallest, beta = self.tree.total, self.tree.min, self.beta
-        slots = sample_distinct(self.tree, k, self.rng)
-        leaves = self.tree.values(slots)
+        slots, leaves = sample_distinct(self.tree, k, self.rng)
         self.batches += 1
-        return Draw(slots, leaves / total, (smallest / leaves) ** beta)
+        return Draw(slots, leaves * (1.0 / total), np.power(smallest / leaves, beta))
 
     def state(self) -> dict:
         return {"leaves": self.tree.values().copy(), "rng": self.rng.bit_generator.state, "batches": self.batches}

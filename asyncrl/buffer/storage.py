@@ -35,11 +35,16 @@ def group_nbytes(group: Group) -> int:
 class SlotStorage:
     """Slots, their metadata, free slots and arrival order, bounded in items, samples and bytes.
 
+    ``item_size``: (samples, bytes) of every item when all items are alike (``SlabStorage``),
+    else None; then sizes are counted, not summed, on the hot paths.
+
     >>> s = SlotStorage(max_items=4, capacity_samples=8, capacity_bytes=1 << 20)
     >>> slots = s.allocate(np.array([4, 4]), np.array([64, 64]), np.array([0, 1]), now=0.0)
     >>> s.oldest(1).tolist(), len(s), s.samples
     ([0], 2, 8)
     """
+
+    item_size: tuple[int, int] | None = None
 
     def __init__(self, max_items: int, capacity_samples: int, capacity_bytes: int):
         for name, value in (
@@ -87,9 +92,11 @@ class SlotStorage:
 
     def slots_of(self, keys) -> tuple[np.ndarray, np.ndarray]:
         """(slots, valid): ``valid`` is False for keys of items no longer stored."""
-        keys = np.asarray(keys, dtype=np.int64)
-        slots = np.mod(keys, self.max_items)
-        return slots, (keys >= 0) & (self.seq[slots] == keys // self.max_items)
+        seq, slots = np.divmod(np.asarray(keys, dtype=np.int64), self.max_items)
+        valid = self.seq.take(slots) == seq
+        if seq.size and seq.min() < 0:  # a negative key: its seq may be the -1 of a free slot
+            valid &= seq >= 0
+        return slots, valid
 
     def live_slots(self) -> np.ndarray:
         """Every occupied slot, ascending (O(max_items): for snapshots and sweeps, not hot paths)."""
@@ -98,23 +105,32 @@ class SlotStorage:
     # -- in and out ----------------------------------------------------------------------------
 
     def allocate(self, num_samples, nbytes, policy_version, now: float) -> np.ndarray:
-        """Slots for len(num_samples) new items, in arrival order; raises if there is no room."""
-        num_samples = np.asarray(num_samples, dtype=np.int64)
-        k = num_samples.size
+        """Slots for len(policy_version) new items, in arrival order; raises if there is no room.
+
+        ``num_samples`` and ``nbytes`` None: items of ``item_size``, whose sizes are preset.
+        """
+        if num_samples is None:
+            k = len(policy_version)
+            added_samples, added_bytes = k * self.item_size[0], k * self.item_size[1]
+        else:
+            num_samples = np.asarray(num_samples, dtype=np.int64)
+            k = num_samples.size
+            added_samples, added_bytes = int(num_samples.sum()), int(np.sum(nbytes))
         if k > self._num_free:
             raise ValueError(f"{k} items do not fit in {self._num_free} free slots: evict first")
         slots = self._free[self._num_free - k : self._num_free][::-1].copy()
         self._num_free -= k
         seqs = np.arange(self.next_seq, self.next_seq + k, dtype=np.int64)
         self.next_seq += k
-        self.seq[slots] = seqs
-        self.num_samples[slots] = num_samples
-        self.nbytes[slots] = nbytes
+        self.seq.put(slots, seqs)
+        if num_samples is not None:
+            self.num_samples[slots] = num_samples
+            self.nbytes[slots] = nbytes
         self.policy_version[slots] = policy_version
-        self.times_sampled[slots] = 0
-        self.inserted_at[slots] = now
-        self.samples += int(num_samples.sum())
-        self.bytes += int(np.sum(nbytes))
+        self.times_sampled.put(slots, 0)
+        self.inserted_at.put(slots, now)
+        self.samples += added_samples
+        self.bytes += added_bytes
         if self._tail + k > self._order_slot.size:
             self._compact_order()
         self._order_slot[self._tail : self._tail + k] = slots
@@ -125,9 +141,13 @@ class SlotStorage:
     def release(self, slots: np.ndarray) -> None:
         """Free ``slots`` (distinct, occupied)."""
         k = slots.size
-        self.samples -= int(self.num_samples[slots].sum())
-        self.bytes -= int(self.nbytes[slots].sum())
-        self.seq[slots] = -1
+        if self.item_size is None:
+            self.samples -= int(self.num_samples[slots].sum())
+            self.bytes -= int(self.nbytes[slots].sum())
+        else:
+            self.samples -= k * self.item_size[0]
+            self.bytes -= k * self.item_size[1]
+        self.seq.put(slots, -1)
         self._free[self._num_free : self._num_free + k] = slots
         self._num_free += k
 
@@ -259,6 +279,9 @@ class SlabStorage(SlotStorage):
         row_bytes = max(1, self.record.itemsize)
         super().__init__(max_items, max_items, capacity_bytes or row_bytes * max_items)
         self.row_bytes = row_bytes
+        self.item_size = (1, row_bytes)
+        self.num_samples[:] = 1  # every slot's sizes, set once
+        self.nbytes[:] = row_bytes
         self.slab = np.zeros(max_items, dtype=self.record)  # (max_items,) records
 
     def records(self, rows: dict[str, np.ndarray] | np.ndarray) -> np.ndarray:
@@ -273,8 +296,7 @@ class SlabStorage(SlotStorage):
 
     def add_batch(self, rows: dict[str, np.ndarray] | np.ndarray, policy_version: np.ndarray, now: float) -> np.ndarray:
         """Store k records (the caller made room); returns their slots."""
-        k = len(policy_version)
-        slots = self.allocate(np.ones(k, dtype=np.int64), np.full(k, self.row_bytes), policy_version, now)
+        slots = self.allocate(None, None, policy_version, now)
         if self.record.names:
             self.slab[slots] = self.records(rows)
         return slots

@@ -7,8 +7,8 @@ operation touches the tree with a handful of numpy calls for the whole batch.
 
 Layout: a wide tree, not the textbook binary heap. Leaves are grouped in rows of ``FANOUT``
 (32) children per parent, the parents again in rows of ``FANOUT``, until a level has at most
-``TOP_NODES`` (1024) nodes: 10^6 leaves take two levels below a top of 977 nodes, 10^5 two
-below 98, up to 1024 leaves none. Each node below the top stores its value and its *exclusive
+``TOP_NODES`` (4096) nodes: 10^6 leaves take two levels below a top of 977 nodes, 10^5 one
+below a top of 3,125, up to 4096 leaves none. Each node below the top stores its value and its *exclusive
 prefix*, the sum of the siblings left of it in its row.
 
 Where this differs from the textbook tree (and from TorchRL's and Reverb's), and why:
@@ -16,7 +16,7 @@ Where this differs from the textbook tree (and from TorchRL's and Reverb's), and
 - **A draw crosses a level in a few numpy calls on a (k, 32) block**, instead of 20 levels of
   one call each on k numbers: the prefix rows of the k current parents are gathered, compared
   with the k remainders, and the first prefix above each remainder found by ``argmin``; the top
-  is a binary search in the cumulative sums of at most 1024 nodes. A binary numpy tree spends
+  is a binary search in the cumulative sums of at most 4096 nodes. A binary numpy tree spends
   its draw in the per-call overhead of ~5 calls × ~20 levels (PER's sampling is latency-bound at
   batch 256, not bandwidth-bound); here it is ~8 calls × 2 levels.
 - **An update recomputes the touched rows' prefixes by one matrix product**, rows @ T with T
@@ -54,7 +54,7 @@ class SumTree:
     """
 
     FANOUT = 32  # children per parent: a power of two (measured at 10^6 and 10^5: 32 > 16, 64)
-    TOP_NODES = 1024  # the top level, searched in its cumulative sums, has at most this many nodes
+    TOP_NODES = 4096  # the top level, searched in its cumulative sums, has at most this many nodes
 
     def __init__(self, capacity: int):
         if capacity < 1:
@@ -70,12 +70,15 @@ class SumTree:
         # padding node stays in bounds): f·top, f²·top, ... nodes, < capacity + f^levels leaves.
         padded = [sizes[-1] * f ** (len(sizes) - 1 - lv) for lv in range(len(sizes))]
         self._value = [np.zeros(n) for n in padded]
-        self._prefix = [np.zeros(n) for n in padded[:-1]]
+        # Exclusive prefixes, read by a draw to carry its remainder down a level: none for the
+        # leaves, below which nothing is carried.
+        self._prefix = [np.zeros(0)] + [np.zeros(n) for n in padded[1:-1]]
         # The same sums, inclusive, each row's last replaced by +inf: the bounds a draw compares
         # with (how many are <= u is the child's index, and +inf caps it at f - 1).
         self._bound = [np.zeros(n) for n in padded[:-1]]
         for bound in self._bound:
             bound.reshape(-1, f)[:, -1] = np.inf
+        self._bound_rows = [bound.reshape(-1, f) for bound in self._bound]  # (nodes / f, f) views
         self._upper = np.triu(np.ones((f, f)))  # (f, f): rows @ _upper = inclusive prefix sums
         self._top_cumsum: np.ndarray | None = None  # (top + 1,) 0 then cumulative sums; None: stale
         self._min = np.inf  # smallest non-empty leaf when _min_known, else a strict lower bound
@@ -86,7 +89,7 @@ class SumTree:
         if self._top_cumsum is None:
             top = self._value[-1]
             cum = np.zeros(top.size + 1)
-            np.cumsum(top, out=cum[1:])
+            np.add.accumulate(top, out=cum[1:])  # (np.cumsum: the same sums, through a wrapper)
             self._top_cumsum = cum
         return self._top_cumsum
 
@@ -125,8 +128,8 @@ class SumTree:
         idx = np.asarray(idx, dtype=np.int64)
         values = np.asarray(values, dtype=np.float64)
         leaves = self._value[0]
-        self._track_min(leaves[idx], values)
-        leaves[idx] = values
+        self._track_min(leaves.take(idx), values)
+        leaves.put(idx, values)
         self._top_cumsum = None
         if len(self._sizes) == 1 or idx.size == 0:
             return
@@ -146,11 +149,12 @@ class SumTree:
         rows = self._value[level].reshape(-1, f).take(parents, axis=0)  # (p, f)
         inclusive = rows @ self._upper  # (p, f)
         self._value[level + 1][parents] = inclusive[:, -1]
-        # Exclusive prefixes are the inclusive ones shifted: the very numbers a draw compared
-        # with, so what it subtracts never exceeds its remainder.
-        self._prefix[level].reshape(-1, f)[parents, 1:] = inclusive[:, :-1]
+        if level:
+            # Exclusive prefixes are the inclusive ones shifted: the very numbers a draw compared
+            # with, so what it subtracts never exceeds its remainder.
+            self._prefix[level].reshape(-1, f)[parents, 1:] = inclusive[:, :-1]
         inclusive[:, -1] = np.inf
-        self._bound[level].reshape(-1, f)[parents] = inclusive
+        self._bound_rows[level][parents] = inclusive
 
     def _track_min(self, old: np.ndarray, new: np.ndarray) -> None:
         # Invariant: every non-empty leaf is >= _min, and when _min_known, some leaf (exactly
@@ -183,33 +187,41 @@ class SumTree:
         self._recompute_min()
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
-        """For each prefix sum u in [0, total), the leaf j with cumsum[j-1] <= u < cumsum[j].
+        """For each prefix sum u in [0, total), the leaf j with cumsum[j-1] <= u < cumsum[j]."""
+        return self._descend(np.asarray(prefix, dtype=np.float64))[0]
+
+    def _descend(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(k,) leaves for the (k,) prefix sums ``u`` (overwritten), and the (k,) values there.
 
         The top level is crossed by a binary search in its cumulative sums; each level below by
         comparing the remainders with the (k, 32) inclusive prefix sums of their parents' rows:
         the child's index is how many are <= the remainder (``argmin`` of the comparison: the
-        first that is not; the row's last bound is +inf), and the sum left of it is subtracted.
-        Remainders stay >= 0 exactly: what is subtracted is one of the bounds found <= them.
+        first that is not; the row's last bound is +inf), and the sum left of it is subtracted,
+        except below the last level, where nothing reads the remainder. Remainders stay >= 0
+        exactly: what is subtracted is one of the bounds found <= them.
         """
-        u = np.asarray(prefix, dtype=np.float64)
         cum = self._cumsum()
-        node = cum[1:].searchsorted(u, side="right")  # (methods, not np.*: no dispatch wrapper)
-        np.minimum(node, self._sizes[-1] - 1, out=node)
-        u = u - cum.take(node)  # (k,) what is left below `node`
+        # The last bound (the total) left out, as +inf caps the rows below: u >= total by
+        # rounding still lands in the last node. (Methods, not np.*: no dispatch wrapper.)
+        node = cum[1:-1].searchsorted(u, "right")
+        u -= cum.take(node)  # (k,) what is left below `node`
         f = self.FANOUT
         shift = f.bit_length() - 1
         below = u[:, None]  # (k, 1): a view of u, which the loop updates in place
         for level in range(len(self._sizes) - 2, -1, -1):
-            bounds = self._bound[level].reshape(-1, f).take(node, axis=0)  # (k, f)
+            bounds = self._bound_rows[level].take(node, axis=0)  # (k, f)
             node <<= shift
             node += np.less_equal(bounds, below).argmin(axis=1)  # + the child's index
-            u -= self._prefix[level].take(node)
+            if level:
+                u -= self._prefix[level].take(node)
         leaf = node
+        values = self._value[0].take(leaf)
         # Rounding can leave u just past the last non-empty leaf of a subtree; step back onto it.
-        empty = self._value[0].take(leaf) <= 0
-        if empty.any():
+        if not values.all():
+            empty = values <= 0
             leaf[empty] = self._nearest_nonempty(leaf[empty])
-        return leaf
+            values = self._value[0].take(leaf)
+        return leaf, values
 
     def _nearest_nonempty(self, leaf: np.ndarray) -> np.ndarray:
         nonempty = np.flatnonzero(self.values() > 0)
@@ -219,7 +231,12 @@ class SumTree:
         return nonempty[at]
 
     def sample(self, k: int, rng: np.random.Generator) -> np.ndarray:
-        """``k`` leaves drawn with replacement, P(j) = value_j / total, in ascending order.
+        """``k`` leaves drawn with replacement, P(j) = value_j / total, in ascending order."""
+        return self.draw(k, rng)[0]
+
+    def draw(self, k: int, rng: np.random.Generator, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``sample`` of ``k + extra`` leaves, and their values: the first k ascending, the
+        ``extra`` after them in the order drawn (spares for a caller that rejects some).
 
         The k uniform draws are sorted before the descent (the draws are i.i.d., so their order
         carries nothing): the leaves come out ascending (a duplicate sits next to its twin), and
@@ -228,10 +245,10 @@ class SumTree:
         total = self.total
         if total <= 0:
             raise ValueError("cannot draw from a tree whose leaves are all 0")
-        u = rng.random(k)
-        u.sort()
+        u = rng.random(k + extra)
+        u[:k].sort()
         u *= total
-        return self.find(u)
+        return self._descend(u)
 
 
 def _first_new(drawn: np.ndarray, taken: np.ndarray) -> np.ndarray:
@@ -247,22 +264,47 @@ def _first_new(drawn: np.ndarray, taken: np.ndarray) -> np.ndarray:
     return fresh
 
 
-def sample_distinct(tree: SumTree, k: int, rng: np.random.Generator, max_rounds: int = 64) -> np.ndarray:
+SPARE_DRAWS = 16
+"""Draws made beside every batch's k, in the same descent, to replace duplicates without another."""
+
+
+def sample_distinct(
+    tree: SumTree, k: int, rng: np.random.Generator, max_rounds: int = 64
+) -> tuple[np.ndarray, np.ndarray]:
     """``k`` distinct leaves (fewer if fewer are non-empty), drawn in proportion to their values.
 
     A batch must not hold one group twice: this is successive sampling without replacement,
-    each next leaf drawn with P(j) = value_j / (total - Σ values already taken). Round 1 draws k
-    with replacement (with many leaves duplicates are rare: ~k²/2N expected, and then no tree
-    write at all). The shortfall is drawn again from the whole tree and draws of leaves already
-    taken are rejected, which is the same conditional distribution, still without writing the
-    tree; only when a draw would be rejected more often than not (the taken leaves hold over
-    half the mass) are they zeroed in the tree, the rest drawn, and their values restored.
-    Returns leaves in draw order (each round's in ascending order, ``SumTree.sample``).
+    each next leaf drawn with P(j) = value_j / (total - Σ values already taken), which is keeping
+    the first k distinct leaves of a sequence of i.i.d. draws (a repeat is a rejected draw). The
+    sequence starts with k + ``SPARE_DRAWS`` draws in one descent: the k form the batch when they
+    are distinct (with many leaves duplicates are rare: ~k²/2N expected), else the spares, in
+    order, replace the repeats. Past the spares, the shortfall is drawn again from the whole tree
+    and draws of leaves already taken are rejected, still without writing the tree; only when a
+    draw would be rejected more often than not (the taken leaves hold over half the mass) are
+    they zeroed in the tree, the rest drawn, and their values restored. Returns leaves in draw
+    order (the first k ascending, ``SumTree.draw``) and their values.
     """
-    chosen = tree.sample(k, rng)  # ascending: a duplicate sits next to its twin
+    drawn, values = tree.draw(k, rng, SPARE_DRAWS)
+    chosen = drawn[:k]  # ascending: a duplicate sits next to its twin
     if chosen.size < 2 or (chosen[1:] != chosen[:-1]).all():
-        return chosen  # the common case: no duplicate
+        return chosen, values[:k]  # the common case: no duplicate
     chosen = _first_new(chosen, np.zeros(0, dtype=np.int64))
+    taken = set(chosen.tolist())
+    spares = []
+    for leaf in drawn[k:].tolist():  # (a few: a Python loop is cheaper than a numpy round)
+        if len(taken) == k:
+            break
+        if leaf not in taken:
+            taken.add(leaf)
+            spares.append(leaf)
+    chosen = np.concatenate([chosen, np.array(spares, dtype=np.int64)])
+    if chosen.size < k:
+        chosen = _distinct(tree, k, rng, chosen, max_rounds)
+    return chosen, tree.values(chosen)
+
+
+def _distinct(tree: SumTree, k: int, rng: np.random.Generator, chosen: np.ndarray, max_rounds: int) -> np.ndarray:
+    """``sample_distinct`` past a first round that drew duplicates: ``chosen`` are its leaves."""
     for _ in range(max_rounds):
         missing = k - chosen.size
         if missing == 0:

@@ -3,6 +3,7 @@ import pytest
 
 from asyncrl.buffer.samplers import FIFOSampler, PrioritizedSampler, UniformSampler, make_sampler
 from asyncrl.buffer.storage import SlotStorage
+from asyncrl.buffer.sumtree import SPARE_DRAWS
 
 # chi-square critical value, 19 degrees of freedom, p = 0.001
 CHI2_19_P001 = 43.82
@@ -96,7 +97,8 @@ def test_fifo_sampler_takes_the_oldest_arrivals():
 
 class ReferencePER:
     """PER written the straightforward way: priorities in a plain array, a fresh cumulative sum
-    per draw, duplicates in a batch redrawn one by one, the smallest priority by ``min``."""
+    per draw, the first k distinct groups of a sequence of draws (k + ``SPARE_DRAWS``, then the
+    shortfall drawn again), the smallest priority by ``min``."""
 
     def __init__(self, capacity, alpha, beta, floor, seed):
         self.leaf = np.zeros(capacity)  # p_i^α, 0 when empty
@@ -113,10 +115,17 @@ class ReferencePER:
     def sample(self, k):
         cumsum = np.cumsum(self.leaf)
         total = cumsum[-1]
-        chosen, missing = [], k
+        chosen = []
+        u = self.rng.random(k + SPARE_DRAWS)  # the batch's k, then spares drawn with them
+        u[:k].sort()  # i.i.d.: the order of the k is free
+        for x in (u * total).tolist():  # the first k distinct groups drawn
+            j = int(np.searchsorted(cumsum, x, side="right"))
+            if len(chosen) < k and j not in chosen:
+                chosen.append(j)
+        missing = k - len(chosen)
         while missing:  # draw the shortfall, keep draws of groups not yet taken, in order
-            for u in (np.sort(self.rng.random(missing)) * total).tolist():  # i.i.d.: order is free
-                j = int(np.searchsorted(cumsum, u, side="right"))
+            for x in (np.sort(self.rng.random(missing)) * total).tolist():
+                j = int(np.searchsorted(cumsum, x, side="right"))
                 if j not in chosen:
                     chosen.append(j)
             missing = k - len(chosen)

@@ -71,11 +71,12 @@ def test_sample_distinct_returns_distinct_leaves_and_restores_the_tree(make):
     tree = make(16)
     values = np.array([100.0] + [1.0] * 9 + [0.0] * 6)  # one leaf dominates: duplicates certain
     tree.update(np.arange(16), values)
-    chosen = sample_distinct(tree, 8, rng)
+    chosen, chosen_values = sample_distinct(tree, 8, rng)
     assert chosen.size == 8 and np.unique(chosen).size == 8 and (values[chosen] > 0).all()
+    assert np.array_equal(chosen_values, values[chosen])
     assert np.array_equal(tree.values(), values) and tree.total == values.sum()
     # asking for more than the non-empty leaves gives all of them
-    assert sorted(sample_distinct(tree, 16, rng).tolist()) == list(range(10))
+    assert sorted(sample_distinct(tree, 16, rng)[0].tolist()) == list(range(10))
 
 
 def test_set_all_and_bad_input():
