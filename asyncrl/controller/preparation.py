@@ -91,7 +91,16 @@ def child_env(run_dir: Path) -> dict[str, str]:
         TMPDIR=str(tmp),
         PYTHONUNBUFFERED="1",
     )
+    # oneDNN (vLLM's CPU matmuls) keeps every primitive it compiles for a new input shape, 1,024
+    # by default, and a generator meets a new token count at almost every step, so the cache
+    # keeps filling for hours. vLLM keeps its own 32 per layer besides.
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE))
     return env
+
+
+ONEDNN_PRIMITIVE_CACHE = 128
+"""Primitives oneDNN keeps compiled in each component (its default: 1,024); the environment's own
+``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` wins."""
 
 
 def _has_cuda() -> bool:
