@@ -18,10 +18,12 @@ frame (``Digest``): ``xxh3`` (the default: memory speed, and order-sensitive) an
 across them as over one string; ``sum64`` is the sum of their 8-byte words (each tensor, and
 each frame within it, starts 8-aligned, so they sum independently).
 
-Memory: before sending bucket i the publisher waits until bucket i-1 has left for every
-subscriber (its last frame tracked with ``track=True``), so at most two buckets are referenced by
-frames and at most two packing buffers exist (``buffer_bytes``/``peak_buffer_bytes`` count
-them: tracemalloc does not see torch memory). Packing buffers whose frames have left are reused,
+Memory: frames that are views of the model's own tensors cost nothing while queued, so up to
+``WINDOW`` such buckets go out back to back (libzmq always has the next one when a bucket has
+left; the publisher checksums bucket i while bucket i-1 is on the wire). A bucket packed into a
+buffer waits until the bucket before it has left for every subscriber (its last frame tracked
+with ``track=True``), so at most two packing buffers exist (``buffer_bytes``/``peak_buffer_bytes``
+count them: tracemalloc does not see torch memory). Packing buffers whose frames have left are reused,
 as are a subscriber's receive buffers once the update holding them is ``done()`` (warm memory:
 no page faults on the next version), which is why its tensors are valid only until then. A
 subscriber that dies mid-broadcast drops its connection, and with it its queue: the others are
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 
 import torch
@@ -60,6 +63,8 @@ from asyncrl.wire.messages import Message, WeightsBegin, WeightsBucket, WeightsE
 log = logging.getLogger(__name__)
 
 FRAME_BYTES = 1 << 20
+WINDOW = 4
+"""Buckets of tensor views queued at once (plus a version's begin and end: within SNDHWM, 16)."""
 
 
 class ZmqWeightPublisher:
@@ -108,19 +113,25 @@ class ZmqWeightPublisher:
         start = time.perf_counter()
         self.peak_buffer_bytes = self.buffer_bytes
         self.sock.send(wire.encode(WeightsBegin.from_map({"policy_version": version, **(meta or {})})))
-        in_flight: tuple[int, list[zmq.MessageTracker], torch.Tensor | None] | None = None
+        in_flight: deque[tuple[int, list[zmq.MessageTracker], torch.Tensor | None, list]] = deque()
         total = count = 0
         for index, named in enumerate(buckets):
             specs, size = layout(named)
             if _zero_copy(named):
                 buf, views = None, [_flat(t) for _, t in named]
             else:  # on a GPU, or freed at the next bucket (ZeRO-3): packed once into host memory
-                buf = self._buffer(max(size, 1))  # not the one in flight: two buffers at most
+                while len(in_flight) > 1:  # one bucket in flight while packing: two buffers at most
+                    self._finish(version, in_flight.popleft())
+                buf = self._buffer(max(size, 1))  # not the one in flight
                 pack_into(named, specs, buf[: max(size, 1)], None)  # summed below, as the views are
                 views = [buf[sp.offset : sp.offset + sp.nbytes] for sp in specs]
             crc = tensors_checksum(views, self.hash)
-            if in_flight is not None:  # bucket i-1 must have left before bucket i goes: two at most
-                self._finish(version, in_flight)
+            # Views of the model's own tensors cost no memory while queued: up to WINDOW buckets
+            # go out back to back, so libzmq always has the next one when a bucket has left. A
+            # packing buffer waits for the bucket before it (two buffers at most).
+            views_only = buf is None and all(item[2] is None for item in in_flight)
+            while len(in_flight) >= (WINDOW if views_only else 1):
+                self._finish(version, in_flight.popleft())
             header = wire.encode(
                 WeightsBucket(
                     policy_version=version,
@@ -143,11 +154,11 @@ class ZmqWeightPublisher:
             # order, so once the last has left for every one, all have (pyzmq holds each frame's
             # memory until libzmq lets it go, tracked or not).
             trackers = [self.sock.send(parts[-1], 0, copy=False, track=True)] if parts else []
-            in_flight = (index, trackers, buf, views)
+            in_flight.append((index, trackers, buf, views))
             total += max(size, 1)
             count += 1
-        if in_flight is not None:
-            self._finish(version, in_flight)
+        while in_flight:
+            self._finish(version, in_flight.popleft())
         self.sock.send(wire.encode(WeightsEnd(policy_version=version, num_buckets=count, bytes=total)))
         return {
             "bytes": total,

@@ -311,3 +311,45 @@ def test_the_stream_counts_frames_over_the_size_limit_and_refused_handshakes(tmp
         sub.close()
     finally:
         security.reset()
+
+
+@pytest.mark.parametrize("transient", [False, True])
+def test_zmq_queues_up_to_a_window_of_view_buckets_and_one_packed_bucket(monkeypatch, transient):
+    """Buckets of the model's own tensors go out WINDOW at a time (libzmq always has the next one
+    queued); a bucket packed into a buffer waits for the one before it (two buffers at most)."""
+    from asyncrl.weights import stream
+    from asyncrl.weights.buckets import Bucket
+
+    pub = ZmqWeightPublisher("tcp://127.0.0.1:0")
+    sub = ZmqWeightSubscriber(pub.address, name="g0", timeout_s=10)
+    stream_subscribed(pub.sock, [sub])
+    sd = {f"w{i}": torch.full((1 << 12,), float(i)) for i in range(3 * stream.WINDOW)}  # 16 KiB each
+    sent, finished, in_flight = [0], [0], []
+    checksum, finish = stream.tensors_checksum, pub._finish
+
+    def counting_checksum(views, algo):  # called once per bucket, after the buckets before it went out
+        in_flight.append(sent[0] - finished[0])
+        sent[0] += 1
+        return checksum(views, algo)
+
+    def counting_finish(version, item):
+        finished[0] += 1
+        finish(version, item)
+
+    monkeypatch.setattr(stream, "tensors_checksum", counting_checksum)
+    monkeypatch.setattr(pub, "_finish", counting_finish)
+
+    def buckets():
+        for name, t in sd.items():
+            bucket = Bucket([(name, t)])
+            bucket.transient = transient
+            yield bucket
+
+    pub.publish(buckets(), 1)
+    update = receive_version(sub)
+    assert all(torch.equal(dict(update.tensors)[k], v) for k, v in sd.items())
+    assert finished[0] == len(sd)
+    assert max(in_flight) == (1 if transient else stream.WINDOW), in_flight
+    update.done()
+    pub.close()
+    sub.close()
