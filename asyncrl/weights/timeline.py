@@ -22,6 +22,10 @@ Stages may overlap (the shm subscriber checks each bucket while the learner writ
 they need not add up to the total. Wall clocks of two processes are compared: exact on one host,
 as good as the hosts' clock synchronisation (NTP: about a millisecond) on a cluster. A generator
 that skips a version (a newer one arrived first) has no entry for it.
+
+Memory is bounded for a run of any length: broadcasts and records are kept for the last ``keep``
+versions (a version is served seconds after its broadcast), and what ``summary`` reports over
+every record (count, mean, max) is kept as running sums; the median is over the kept records.
 """
 
 from __future__ import annotations
@@ -44,11 +48,18 @@ class PublicationTimeline:
     [4.0]
     """
 
-    def __init__(self, max_pending: int = 1000):
-        self.broadcasts: dict[int, dict] = {}
+    def __init__(self, max_pending: int = 1000, keep: int = 1000):
+        if keep < 1:
+            raise ValueError(f"keep ({keep}) must be >= 1 version")
+        self.broadcasts: dict[int, dict] = {}  # the last `keep` versions' broadcasts
         self.pending: dict[tuple[int, str], dict] = {}  # version events that came before their broadcast
-        self.versions: dict[int, dict[str, dict]] = {}  # version -> generator -> stages
+        self.versions: dict[int, dict[str, dict]] = {}  # version -> generator -> stages, the last `keep` versions
         self.max_pending = max_pending
+        self.keep = keep
+        self.records = 0
+        """Records joined over the whole run (``versions`` holds the last ``keep`` versions' only)."""
+        self._sums = dict.fromkeys(("total_s", *STAGES), 0.0)
+        self._max_total = float("-inf")
 
     def on_broadcast(self, ev: dict) -> list[dict]:
         """The learner published ``ev['version']``; returns records completed by it."""
@@ -56,6 +67,7 @@ class PublicationTimeline:
             return []  # a sender that does not time its publications
         version = int(ev["version"])
         self.broadcasts[version] = ev
+        _keep_last(self.broadcasts, self.keep)
         done = []
         for key in [k for k in self.pending if k[0] == version]:
             done.append(self._join(ev, self.pending.pop(key)))
@@ -87,19 +99,36 @@ class PublicationTimeline:
             "probe_s": float(served.get("probe_s") or 0.0),
         }
         self.versions.setdefault(int(served["version"]), {})[served["source"]] = record
+        _keep_last(self.versions, self.keep)
+        self.records += 1
+        for key in self._sums:
+            self._sums[key] += record[key]
+        self._max_total = max(self._max_total, record["total_s"])
         return record
 
     def summary(self) -> dict:
-        """``versions`` (version -> generator -> stages), ``total_s`` (n, mean, p50, max over every
-        record) and ``mean_s`` (each stage's mean)."""
-        records = [r for gens in self.versions.values() for r in gens.values()]
+        """``versions`` (version -> generator -> stages, the last ``keep`` versions), ``total_s``
+        (n, mean and max over every record; p50 over the kept ones) and ``mean_s`` (each stage's
+        mean over every record)."""
         out: dict = {"versions": {str(v): gens for v, gens in sorted(self.versions.items())}}
-        if not records:
+        if not self.records:
             out["total_s"], out["mean_s"] = {"n": 0}, {}
             return out
-        out["total_s"] = describe([r["total_s"] for r in records])
-        out["mean_s"] = {s: float(np.mean([r[s] for r in records])) for s in STAGES}
+        kept = [r["total_s"] for gens in self.versions.values() for r in gens.values()]
+        out["total_s"] = {
+            "n": self.records,
+            "mean": self._sums["total_s"] / self.records,
+            "p50": float(np.median(kept)),
+            "max": self._max_total,
+        }
+        out["mean_s"] = {s: self._sums[s] / self.records for s in STAGES}
         return out
+
+
+def _keep_last(by_version: dict, keep: int) -> None:
+    """Drop the entries inserted first (the oldest versions) until ``keep`` remain."""
+    while len(by_version) > keep:
+        del by_version[next(iter(by_version))]
 
 
 def describe(values) -> dict:

@@ -72,3 +72,26 @@ def test_timed_buckets_count_only_the_producer():
 def test_describe():
     assert describe([]) == {"n": 0}
     assert describe([1.0, 3.0, 2.0]) == {"n": 3, "mean": 2.0, "p50": 2.0, "max": 3.0}
+
+
+def test_a_long_run_keeps_the_last_versions_and_sums_over_all():
+    """Memory stays bounded however many versions a run publishes; count, mean and max still
+    cover every record."""
+    t = PublicationTimeline(keep=10)
+    for v in range(1, 501):
+        t.on_broadcast(_broadcast(v, at=100.0 * v))
+        for g, delay in (("generator-0", 2.0), ("generator-1", 4.0 if v == 7 else 3.0)):
+            t.on_served(_served(g, v, at=100.0 * v + delay))
+    assert len(t.broadcasts) == 10 and len(t.versions) == 10
+    summary = t.summary()
+    assert sorted(int(v) for v in summary["versions"]) == list(range(491, 501))
+    assert summary["total_s"]["n"] == 1000
+    assert summary["total_s"]["mean"] == pytest.approx((2.0 * 500 + 3.0 * 499 + 4.0) / 1000)
+    assert summary["total_s"]["max"] == pytest.approx(4.0)  # version 7's, long dropped from versions
+    assert summary["total_s"]["p50"] == pytest.approx(2.5)  # over the kept versions
+    assert summary["mean_s"]["reload_s"] == pytest.approx(0.7)
+
+
+def test_keep_must_hold_a_version():
+    with pytest.raises(ValueError, match="keep"):
+        PublicationTimeline(keep=0)
