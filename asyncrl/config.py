@@ -63,7 +63,7 @@ class RunSection(Config):
     """Bound of the first interval (go to the first step: first batch sampled and trained, engines
     warming up), when no step has been measured yet; clamped like the stall bound."""
     malloc_trim_s: float = Field(30, ge=0)
-    """Seconds between two ``malloc_trim(0)`` calls in every component process, which give the C
+    """Seconds between two ``malloc_trim(0)`` calls in the controller and every component process, which give the C
     allocator's free pages back to the kernel (``asyncrl.fleet.malloc_trim``; in the demo's soak a
     vLLM generator's resident set stood 40-50 MiB lower with them); 0: never."""
     console: Literal["live", "plain", "quiet", "jsonl"] = "live"

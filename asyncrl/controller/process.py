@@ -45,6 +45,7 @@ from asyncrl.controller.reports import ProcessReports, TrainingProgress
 from asyncrl.controller.summary import resource_figures, write_summary
 from asyncrl.controller.supervision import Supervisor
 from asyncrl.controller.watchdog import StallWatch
+from asyncrl.fleet import malloc_trim
 from asyncrl.fleet.launcher import controller_host, make_fleet
 from asyncrl.fleet.local import ProcessFleet
 from asyncrl.observability.procmem import MemoryWatch
@@ -114,6 +115,7 @@ class Controller:
         rl_start = time.monotonic()
         cpu_start = time.process_time()
         restore_sigterm = stop_on_sigterm()
+        trimmer = malloc_trim.start("controller", cfg.run.malloc_trim_s)  # as in every process it starts
         try:
             evaluate_first = heldout is not None and cfg.eval.before and not self.resume
             lifecycle.start_all(lifecycle.restore_point() if self.resume else None, evaluate_first=evaluate_first)
@@ -127,6 +129,8 @@ class Controller:
             raise
         finally:
             restore_sigterm()
+            if trimmer is not None:
+                trimmer.stop()
             self.fleet.terminate()
             events.close()
             commands.close()
