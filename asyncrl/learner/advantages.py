@@ -40,10 +40,14 @@ def grpo_advantages(
         A_i = (r_i - mean(r)) / (std(r) + eps)      if scale_by_std
         A_i =  r_i - mean(r)                        otherwise (Dr. GRPO, Liu et al. 2025)
 
-    ``std`` is the population standard deviation by default (``unbiased=False``: divide by n, as
-    OpenRLHF does), so a group with rewards [1, 0, 0, 1] has std 0.5 and advantages [1, -1, -1, 1]
-    (up to ``eps``); ``unbiased=True`` divides by n - 1 (``torch.std``'s default, verl's choice),
-    which scales every advantage by sqrt((n - 1) / n): x0.71 at n = 2, x0.94 at n = 8.
+    ``std`` is the population standard deviation by default (``unbiased=False``: divide by n), so a
+    group with rewards [1, 0, 0, 1] has std 0.5 and advantages [1, -1, -1, 1] (up to ``eps``).
+    This differs from the references: verl, OpenRLHF and trl all take ``torch.std``'s default for
+    the group std, which divides by n - 1 (``unbiased=True``, ``algorithm.std_estimator:
+    unbiased`` in a recipe that must match them) and scales every advantage by sqrt((n - 1) / n):
+    x0.71 at n = 2, x0.94 at n = 8. The population form is kept as the default because it is the
+    same estimator as every other std the advantages take (REINFORCE++'s batch whitening and the
+    critic's, as OpenRLHF whitens), and a group of two answers, one right, gets advantages +-1.
     A group whose rewards are all equal (all right or all wrong) has advantages 0: it carries no
     learning signal, and ``eps`` keeps the division finite. Dropping the std scaling removes
     the bias towards groups that are almost all right or all wrong (whose small std inflates A).

@@ -225,7 +225,7 @@ class AlgorithmConfig(Config):
     adv_estimator: AdvEstimator = "grpo"
     """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs generator.greedy_baseline), opo (minus the group's length-weighted mean reward), pass_at_k (the analytical advantage of pass@k training, k = pass_k), gae (per-token, needs algorithm.critic)."""
     std_estimator: Literal["population", "unbiased"] = "population"
-    """Every standard deviation the advantages take (GRPO's group std, REINFORCE++'s batch std, the critic's whitening): population (divide the variance by N, as OpenRLHF) or unbiased (by N - 1, as verl; GRPO's advantages shrink by sqrt((n - 1) / n), x0.71 at n = 2)."""
+    """Every standard deviation the advantages take (GRPO's group std, REINFORCE++'s batch std, the critic's whitening): population (divide the variance by N, as OpenRLHF whitens REINFORCE++ and the critic) or unbiased (by N - 1, as verl whitens, and as verl, OpenRLHF and trl all take GRPO's group std: choose it to match their GRPO; GRPO's advantages shrink by sqrt((n - 1) / n), x0.71 at n = 2)."""
     reinforce_pp_whitening: Literal["token", "sequence"] = "token"
     """reinforce_pp(_baseline): whiten over every response token of the batch (the paper's, OpenRLHF's and verl's: long answers weigh more), or over sequences (each answer once)."""
     pass_k: int = Field(1, ge=1)
