@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -155,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         "eval_after": summary.get("eval_after"),
         "wall_s": round(time.monotonic() - start, 1),
         "unit": ledger["unit"],
+        "generator_mode": cfg.generator.mode,
+        "overrides": args.overrides,
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
     }
     text = json.dumps(result, indent=2)
     print(text)
