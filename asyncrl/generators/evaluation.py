@@ -7,6 +7,10 @@ then at most one evaluation request: neither starves the other, and an evaluatio
 training for longer than one request. Evaluation answers are not samples: they go to the
 controller only, never to the reward workers, the buffer or the ledger, and are counted apart
 (``EvalCounters``: ``eval_prompts``, ``eval_s`` in the generator's final report).
+
+A request is about the version the learner had reached when it was asked; with weights swapped in
+flight it can arrive before the engine serves that version, so ``HeldForVersion`` keeps it until
+the engine does (bounded), and the generator goes on generating meanwhile.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.observability.metrics import EVAL_PROMPTS, EVAL_SECONDS
-from asyncrl.wire.messages import EvalResult
+from asyncrl.wire.messages import EvalRequest, EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,64 @@ class EvalCounters:
     seconds: float = 0.0
     """Seconds it spent decoding them (not counted as busy: they are not training samples)."""
     requests: int = 0
+
+
+class HeldForVersion:
+    """The evaluation requests of one generator, each held until its engine serves the request's version.
+
+    A round labelled v must score v's weights, but the controller asks it the moment the learner
+    reaches v, while the new weights are still on their way to the engine. So ``take`` gives out
+    a request only once ``engine.version >= request.version``, or once it has been held
+    ``hold_s`` seconds: then it is answered with the weights served, and the gap is logged (the
+    answer's ``version`` always says which weights answered). ``hold_s`` defaults to half the
+    controller's shortest request timeout (``eval.timeout_floor_s``), so a held request is never
+    given up and offered again by the controller. Waiting never blocks: ``take`` returns None.
+
+    >>> class Receiver:
+    ...     queue = [EvalRequest(round="v2", chunk=0, version=2, prompts=[], max_new_tokens=1, sent_at=0.0)]
+    ...     def take(self): return self.queue.pop() if self.queue else None
+    >>> class Engine: version = 0
+    >>> now = [0.0]
+    >>> held = HeldForVersion(Receiver(), Engine, hold_s=30.0, clock=lambda: now[0])
+    >>> held.take() is None                  # v2 not served yet: held
+    True
+    >>> Engine.version = 2; held.take().round   # served: given out
+    'v2'
+    """
+
+    def __init__(self, receiver, engine, hold_s: float, clock=time.monotonic):
+        self.receiver = receiver
+        self.engine = engine
+        self.hold_s = hold_s
+        self.clock = clock
+        self.held: EvalRequest | None = None
+        self.held_since = 0.0
+
+    def take(self) -> EvalRequest | None:
+        """The next request whose version the engine serves (or held past ``hold_s``); None if none."""
+        if self.held is None:
+            self.held = self.receiver.take()
+            self.held_since = self.clock()
+            if self.held is None:
+                return None
+        request, served = self.held, self.engine.version
+        if served < request.version:
+            if self.clock() - self.held_since < self.hold_s:
+                return None
+            log.warning(
+                "eval %s chunk %d asked at version %d: held %.0f s (eval.timeout_floor_s / 2) and the "
+                "engine still serves version %d; answered with it",
+                request.round,
+                request.chunk,
+                request.version,
+                self.hold_s,
+                served,
+            )
+        self.held = None
+        return request
+
+    def close(self) -> None:
+        self.receiver.close()
 
 
 def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalCounters) -> bool:

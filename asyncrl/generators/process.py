@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from asyncrl.generators.channels import GroupSink, PromptSource
 from asyncrl.generators.context import GeneratorContext
-from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
+from asyncrl.generators.evaluation import EvalCounters, HeldForVersion, answer_eval_request
 from asyncrl.generators.groups import build_groups, refuse_too_long
 from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import BUSY_SECONDS, GENERATED_TOKENS, POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
@@ -107,7 +107,8 @@ class Generator:
             )
         self.evals = None  # held-out evaluation requests from the controller (asyncrl.tasks.heldout)
         if getattr(ctx.endpoints, "evals", None) and cfg.eval.engine == "generators":
-            self.evals = EvalRequestReceiver(ctx.endpoints.evals, name=f"{ctx.name}.evals")
+            receiver = EvalRequestReceiver(ctx.endpoints.evals, name=f"{ctx.name}.evals")
+            self.evals = HeldForVersion(receiver, self.engine, hold_s=cfg.eval.timeout_floor_s / 2)
         self.eval_counters = EvalCounters()
         self.counts = GeneratorCounters()
         self.continuous = None  # generator.mode continuous: the engine kept full, groups sent when done

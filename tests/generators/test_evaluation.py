@@ -72,3 +72,44 @@ def test_a_prompt_the_engine_refuses_fails_the_request_not_the_generator():
     finally:
         for sock in (sender, receiver, events, ctx.events):
             sock.close()
+
+
+class Receiver:
+    def __init__(self, *requests):
+        self.queue = list(requests)
+
+    def take(self):
+        return self.queue.pop(0) if self.queue else None
+
+
+class Served:
+    version = 0
+
+
+def test_a_request_waits_for_the_version_it_was_asked_at_and_then_is_given_out():
+    from asyncrl.generators.evaluation import HeldForVersion
+
+    now = [0.0]
+    engine = Served()
+    held = HeldForVersion(
+        Receiver(request(0, ["1+1="]), request(1, ["2+2="])), engine, hold_s=30.0, clock=lambda: now[0]
+    )
+    assert held.take() is None  # asked at version 2, the engine serves 0
+    now[0] = 29.0
+    assert held.take() is None  # still held, and the next request does not overtake it
+    engine.version = 2
+    assert held.take().chunk == 0
+    assert held.take().chunk == 1  # its version is served already: given out at once
+    assert held.take() is None
+
+
+def test_a_request_held_past_its_bound_is_answered_with_the_version_served_and_logged(caplog):
+    from asyncrl.generators.evaluation import HeldForVersion
+
+    now = [0.0]
+    held = HeldForVersion(Receiver(request(0, ["1+1="])), Served(), hold_s=30.0, clock=lambda: now[0])
+    assert held.take() is None
+    now[0] = 30.0
+    with caplog.at_level("WARNING"):
+        assert held.take().chunk == 0
+    assert "asked at version 2" in caplog.text and "still serves version 0" in caplog.text
