@@ -227,18 +227,29 @@ def engine_scaling(stream, weights_dir: str, cfg: ModesBenchConfig, prompts: lis
 
 def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict:
     """Build the tiny model and one engine; capacity alone, the four combinations, capacity again."""
-    from asyncrl.benchmarks.steady_state import machine_load
     from asyncrl.controller.preparation import child_env
-    from asyncrl.generators.engine import EngineConfig
-    from asyncrl.generators.vllm_stream import build_stream
-    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     cfg = load_modes_config(recipe, overrides)
     if cfg.bound < cfg.n:
         raise ValueError(f"bound ({cfg.bound}) must be >= n ({cfg.n}): room for one group at least")
     out.mkdir(parents=True, exist_ok=True)
-    for key, value in child_env(out).items():  # the engine runs here, as in a generator process
-        os.environ.setdefault(key, value)
+    # The engine runs in this process with a generator's environment; the keys it adds are taken
+    # back at the end, so a caller's later runs (a test session) do not inherit its TMPDIR.
+    added = {key: value for key, value in child_env(out).items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        return _run_modes(cfg, out)
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _run_modes(cfg, out: Path) -> dict:
+    from asyncrl.benchmarks.steady_state import machine_load
+    from asyncrl.generators.engine import EngineConfig
+    from asyncrl.generators.vllm_stream import build_stream
+    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
+
     groups = (cfg.warmup_steps + cfg.steps + cfg.max_staleness + 2) * cfg.batch_groups + cfg.bound
     prompts, lengths = addition_prompts(groups, cfg.seed), draw_lengths(groups, cfg.seed)
     model = build_tiny_model(TinyModelConfig(seed=cfg.seed, max_position_embeddings=cfg.max_model_len), out / "model")
