@@ -3,9 +3,11 @@ starts from, the environment every child gets, and how long they all have to sta
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from asyncrl.config import RunConfig, dump_config
@@ -74,8 +76,12 @@ def evaluate(cfg: RunConfig, model_dir: Path) -> float:
 
 
 def child_env(run_dir: Path) -> dict[str, str]:
-    """Environment of every component: one math thread each, offline, temp files in the run."""
+    """Environment of every component: one math thread each, offline, temp files in the run
+    (``run_dir/tmp``; when that path is too long for the Unix sockets vLLM and ZeroMQ make there,
+    a short folder of the system's temp dir named by the run's path, ``short_tmp``)."""
     tmp = run_dir / "tmp"
+    if len(str(tmp.resolve())) > TMP_PATH_MAX:
+        tmp = short_tmp(run_dir)
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
@@ -96,6 +102,22 @@ def child_env(run_dir: Path) -> dict[str, str]:
     # keeps filling for hours. vLLM keeps its own 32 per layer besides.
     env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE))
     return env
+
+
+TMP_PATH_MAX = 60
+"""Longest temp dir the components are given: a Unix socket's path holds 107 bytes, and vLLM and
+ZeroMQ name theirs with a 36-character uuid and a prefix inside it."""
+
+
+def short_tmp(run_dir: Path) -> Path:
+    """A temp dir for a run whose own is too long (``TMP_PATH_MAX``): the same for the same run.
+
+    >>> short_tmp(Path("/a/very/deep/run")) == short_tmp(Path("/a/very/deep/run"))
+    True
+    """
+    digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:12]
+    base = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())  # TMPDIR may be the long one
+    return base / f"asyncrl-{digest}"
 
 
 ONEDNN_PRIMITIVE_CACHE = 128
