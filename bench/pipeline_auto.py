@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.benchmarks.measured_run import warmup_steps  # noqa: E402
 from asyncrl.benchmarks.pipeline import capacities, run_mode  # noqa: E402
+from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
 from asyncrl.config import load_config  # noqa: E402
 
 RECIPE = "configs/bench_pipeline.yaml"
@@ -78,16 +78,6 @@ def figures(run: dict, tokens: dict) -> dict:
     return out
 
 
-def commit() -> str:
-    """The commit measured (``+dirty`` when tracked files differ from it)."""
-    root = Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
-    ).stdout.strip()
-    return head + ("+dirty" if dirty else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fleets", nargs="+", default=list(FLEETS), choices=list(FLEETS))
@@ -97,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     started = time.perf_counter()
-    result: dict = {"commit": commit(), "recipe": RECIPE, "fleets": {}}
+    result: dict = {"commit": measured_commit(), "recipe": RECIPE, "fleets": {}}
     for fleet in args.fleets:
         overrides = [*FLEETS[fleet], *args.overrides]
         cfg = load_config(RECIPE, overrides)

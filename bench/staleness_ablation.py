@@ -67,6 +67,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
 from asyncrl.buffer.config import AutoStalenessConfig  # noqa: E402
 from asyncrl.learner.advantages import grpo_advantages  # noqa: E402
 from asyncrl.learner.batch import collate, token_logprobs  # noqa: E402
@@ -406,7 +407,7 @@ def main() -> None:
             "auto_reaches_best_fixed": auto_mean >= best,
         }
     result = {
-        "commit": commit(),
+        "commit": measured_commit(),
         "seeds": seeds,
         "seed_rule": f"the first {args.n_seeds} of the candidate RL seeds {args.seeds} whose on-policy (k = 0) run "
         f"gains >= {args.learns} held-out exact match over the warm start",
@@ -432,18 +433,6 @@ def main() -> None:
     if verdict:
         print(json.dumps({"seeds": seeds, **verdict}))
     print(f"wrote {out / 'staleness_ablation.json'} and .png in {result['seconds']:.0f} s")
-
-
-def commit() -> str:
-    """The commit measured (``+dirty`` when the worktree differs from it)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
-    ).stdout.strip()
-    return head + ("+dirty" if dirty else "")
 
 
 def plot(result: dict, path: Path) -> None:
