@@ -49,6 +49,8 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
+import numpy as np  # noqa: E402
+
 from asyncrl.benchmarks.long_tail import addition_prompts as prompts  # noqa: E402
 from asyncrl.benchmarks.long_tail import describe, draw_lengths  # noqa: E402
 from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
