@@ -58,6 +58,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
+
 CLAIM_RATIO = 0.6
 """A ZeRO-3 rank of two must hold at most this fraction of one rank's parameters + optimizer state."""
 
@@ -358,9 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         }
     report["load_average"] = {"before": load_before, "after": os.getloadavg()}
     report["wall_s"] = time.perf_counter() - started
-    report["commit"] = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    report["commit"] = measured_commit()
     text = json.dumps(report, indent=2)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -227,7 +227,7 @@ def engine_scaling(stream, weights_dir: str, cfg: ModesBenchConfig, prompts: lis
 
 def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict:
     """Build the tiny model and one engine; capacity alone, the four combinations, capacity again."""
-    from asyncrl.controller.preparation import child_env
+    from asyncrl.controller.preparation import child_env, remove_short_tmp
 
     cfg = load_modes_config(recipe, overrides)
     if cfg.bound < cfg.n:
@@ -242,6 +242,7 @@ def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict
     finally:
         for key in added:
             os.environ.pop(key, None)
+        remove_short_tmp(out)
 
 
 def _run_modes(cfg, out: Path) -> dict:

@@ -79,9 +79,7 @@ def child_env(run_dir: Path) -> dict[str, str]:
     """Environment of every component: one math thread each, offline, temp files in the run
     (``run_dir/tmp``; when that path is too long for the Unix sockets vLLM and ZeroMQ make there,
     a short folder of the system's temp dir named by the run's path, ``short_tmp``)."""
-    tmp = run_dir / "tmp"
-    if len(str(tmp.resolve())) > TMP_PATH_MAX:
-        tmp = short_tmp(run_dir)
+    tmp = component_tmp(run_dir)
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
@@ -107,6 +105,22 @@ def child_env(run_dir: Path) -> dict[str, str]:
 TMP_PATH_MAX = 60
 """Longest temp dir the components are given: a Unix socket's path holds 107 bytes, and vLLM and
 ZeroMQ name theirs with a 36-character uuid and a prefix inside it."""
+
+
+def component_tmp(run_dir: Path) -> Path:
+    """The components' temp dir: ``run_dir/tmp``, or ``short_tmp(run_dir)`` when that is too long."""
+    tmp = run_dir / "tmp"
+    return short_tmp(run_dir) if len(str(tmp.resolve())) > TMP_PATH_MAX else tmp
+
+
+def remove_short_tmp(run_dir: Path) -> None:
+    """Remove the run's ``short_tmp`` folder, if it was given one, once its components have exited.
+
+    A temp dir inside the run goes with the run; one outside it would otherwise stay in /tmp
+    after every long-named run. A resumed run makes it again."""
+    tmp = component_tmp(run_dir)
+    if tmp != run_dir / "tmp":
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def short_tmp(run_dir: Path) -> Path:

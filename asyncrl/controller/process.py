@@ -39,6 +39,7 @@ from asyncrl.controller.preparation import (
     held_out_prompts,
     prepare_model,
     prepare_run_dir,
+    remove_short_tmp,
     resume_run_dir,
 )
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
@@ -132,6 +133,7 @@ class Controller:
             if trimmer is not None:
                 trimmer.stop()
             self.fleet.terminate()
+            remove_short_tmp(self.run_dir)
             events.close()
             commands.close()
             eval_requests.close()
