@@ -7,7 +7,9 @@ CURVE when the run asks for it, and on receiving sockets ``MAXMSGSIZE`` from
 ``security.max_message_bytes`` (per kind: ``stream``, ``request``, ``reply``, ``subscribe``), so
 an oversized frame is refused by ZeroMQ from its length header, before it is buffered. ZeroMQ
 does that by closing the connection (a ZeroMQ peer reconnects within 100 ms; frames behind the
-big one on that connection are lost with it).
+big one on that connection are lost with it). On a socket that *connects* (SUB, DEALER, a
+connected PULL) libzmq does not reconnect after such a refusal, so the receiver connects again
+itself at its next receive: without that, one oversized frame would leave it deaf for good.
 
 Receivers decode and validate: a frame that fails ``codec.decode`` (the same size limit is checked
 again there) is counted in ``asyncrl_rejected_frames{socket,reason}``, logged once per reason, and
@@ -76,6 +78,8 @@ class _Socket:
         self.max_message_bytes = max_message_bytes
         self._logged_reasons: set[str] = set()
         self.rejected = 0
+        self._connects = not bind
+        self._cut = False  # set by the socket watcher's thread: libzmq ended the connection for good
         self.curve = security.secure(self.sock, address, bind)
         self._watched = self.curve or max_message_bytes is not None
         if self._watched:  # before bind/connect, so that no handshake goes unseen
@@ -97,7 +101,10 @@ class _Socket:
             return None
 
     def _reject(self, reason: str, detail: str) -> None:
-        """Count a rejected frame; log the first of each reason (a flood must not flood the log)."""
+        """Count a rejected frame; log the first of each reason (a flood must not flood the log).
+        An oversized frame on a connecting socket ended its connection: ``_reconnect_if_cut``."""
+        if reason == "oversized" and self._connects:
+            self._cut = True
         self.rejected += 1
         REJECTED_FRAMES.labels(self.name, reason).inc()
         if reason not in self._logged_reasons:
@@ -106,9 +113,19 @@ class _Socket:
                 detail += f" (limit {self.max_message_bytes} bytes: security.max_message_bytes)"
             log.warning("%s: rejected a frame (%s); further %r rejections are only counted", self.name, detail, reason)
 
+    def _reconnect_if_cut(self) -> None:
+        """Connect again after libzmq refused a frame and dropped the connection (see the module
+        docstring); the frames queued behind the refused one on that connection are gone."""
+        if self._cut:
+            self._cut = False
+            self.sock.disconnect(self.address)
+            self.sock.connect(self.address)
+            log.info("%s: connected again to %s after a refused frame", self.name, self.address)
+
     def _recv_valid(self, timeout: float) -> tuple[str, Message] | None:
         """The next frame that decodes, skipping (and counting) the ones that do not, or None
         once ``timeout`` seconds pass."""
+        self._reconnect_if_cut()
         try:  # a frame already queued needs no poll (a system call per message at full rate)
             msg = self._decode(self.sock.recv(zmq.NOBLOCK))
             if msg is not None:
@@ -229,6 +246,7 @@ class RequestClient(_Socket):
         if none arrives within ``timeout`` seconds."""
         self._next_id += 1
         frame = codec.encode(msgspec.structs.replace(message, request_id=self._next_id))
+        self._reconnect_if_cut()
         if not self.sock.poll(int(timeout * 1000), zmq.POLLOUT):
             return None
         self.sock.send(frame, copy=False)

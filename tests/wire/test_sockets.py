@@ -100,3 +100,49 @@ def test_publisher_reaches_subscribers_that_joined():
     assert got == ("weights", {"policy_version": 3, "path": "/x"})
     pub.close()
     sub.close()
+
+
+def test_a_subscriber_hears_again_after_a_frame_too_big_for_it():
+    # libzmq ends a connecting socket's connection over an oversized frame and never reconnects
+    # it: the subscriber must connect again itself, or it stays deaf to every later message.
+    pub = Publisher("tcp://127.0.0.1:*", name="test.pub.big")
+    sub = Subscriber(pub.address, name="test.sub.small", max_message_bytes=1024)
+    wait_until(lambda: pub.send(ReadyEvent(version=1)) or sub.recv(timeout=0.05), "the subscriber to join")
+    pub.send(ErrorEvent(error="x" * 4096))
+    wait_until(lambda: sub.recv(timeout=0.05) is None and sub.rejected, "the subscriber to count the refused frame")
+    got = wait_until(
+        lambda: pub.send(ReadyEvent(version=2)) or sub.recv(timeout=0.05), "the subscriber to hear the publisher again"
+    )
+    assert got == ("event", ReadyEvent(version=2)) and sub.rejected == 1
+    pub.close()
+    sub.close()
+
+
+def test_a_client_gets_replies_again_after_a_reply_too_big_for_it():
+    server = ReplyServer("tcp://127.0.0.1:*", name="test.server.big")
+    client = RequestClient(server.address, name="test.client.small", max_message_bytes=1024)
+
+    def serve(reply):
+        got = server.recv(timeout=0.05)
+        if got is not None:
+            server.reply(got[0], reply, got[2].request_id)
+        return got
+
+    def serve_too_big():
+        got = server.recv(timeout=0.05)
+        if got is not None:
+            server.sock.send_multipart([got[0], wire.encode_map("event", {"blob": b"x" * 4096})])
+        return got
+
+    assert client.request(WantPrompts(generator="g"), timeout=0.05) is None
+    wait_until(serve_too_big, "the server to take the first request")
+    wait_until(lambda: client.receive(timeout=0.05) is None and client.rejected, "the client to count the refusal")
+
+    def ask():  # a request lost with the cut connection is asked again, as the roles' loops do
+        reply = client.request(WantPrompts(generator="g"), timeout=0.05)
+        return reply or (serve(Prompts()) and client.receive(timeout=0.5))
+
+    kind, body = wait_until(ask, "the client to get a reply again")
+    assert kind == "prompts" and isinstance(body, Prompts) and client.rejected == 1
+    client.close()
+    server.close()
