@@ -18,7 +18,7 @@ rotated past ``checkpoint.ledger_segment_mb``, compacted at each checkpoint), be
 at the end, ``ledger_bytes_per_group`` (over the groups the dispatcher handed out) and the
 replay of the ledger across its segments (``ledger_replay``, in groups).
 
-Prints one JSON object (with the commit measured) and writes it to ``bench/results/soak.json`` (``--out``)::
+Prints one JSON object (with the commit measured: ``asyncrl.benchmarks.provenance``) and writes it to ``bench/results/soak.json`` (``--out``)::
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/soak.py --minutes 30 [--interval 5] [overrides ...]
 """
@@ -39,6 +39,10 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
+
 MiB = 1 << 20
 LIGHT = [  # fewer processes and a slower learner: memory behaviour without saturating 2 cores
     "run.num_generators=2",
@@ -182,28 +186,9 @@ def ledger_bytes(run_dir: Path) -> int:
 
 def replayed_ledger(run_dir: Path) -> dict:
     """The run's ledger replayed across its segments and compacted state (groups, not samples)."""
-    sys.path.insert(0, str(ROOT))
     from asyncrl.rundir.ledger_replay import reconcile_ledger
 
     return reconcile_ledger(run_dir)
-
-
-def commit() -> str:
-    """The commit measured (``+dirty`` when the tree has uncommitted changes), or "unknown"."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -276,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
     replay = replayed_ledger(root / "soak")
     groups = replay["dispatched"]
     result = {
-        "commit": commit(),
+        "commit": measured_commit(),
         "minutes": args.minutes,
         "interval_s": args.interval,
         "warmup_s": args.warmup,
