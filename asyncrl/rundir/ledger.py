@@ -33,10 +33,12 @@ any other id in a plain set.
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -204,23 +206,46 @@ def ledger_segments(run_dir: Path) -> list[tuple[str, int | None, Path]]:
     return out
 
 
+def iter_lines(path: Path, source: str) -> Iterator[dict]:
+    """Every complete line of one ledger file, one at a time (a torn last line is skipped),
+    tagged with ``source``: a segment of any size is read in constant memory."""
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                line = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue  # the line a killed process was writing
+            line["source"] = source
+            yield line
+
+
 def read_lines(path: Path, source: str) -> list[dict]:
     """Every complete line of one ledger file (a torn last line is skipped), tagged with ``source``."""
-    lines = []
-    for raw in path.read_text().splitlines():
-        try:
-            line = json.loads(raw)
-        except json.JSONDecodeError:
-            continue  # the line a killed process was writing
-        line["source"] = source
-        lines.append(line)
-    return lines
+    return list(iter_lines(path, source))
+
+
+def segments_by_source(run_dir: Path) -> dict[str, list[tuple[int | None, Path]]]:
+    """Each source's segments in the order they were written: closed ones by index, then the
+    open one (``ledger_segments`` lists them by name, where ``.10`` sorts before ``.2``)."""
+    out: dict[str, list[tuple[int | None, Path]]] = {}
+    for source, index, path in ledger_segments(run_dir):
+        out.setdefault(source, []).append((index, path))
+    for segments in out.values():
+        segments.sort(key=lambda item: float("inf") if item[0] is None else item[0])
+    return out
+
+
+def iter_ledger(run_dir: Path, since: float = float("-inf")) -> Iterator[dict]:
+    """Every complete line stamped ``since`` or later, of every ledger file, in time order,
+    holding one line per source at a time: each source's segments are read in the order they
+    were written and merged by time stamp (a writer appends its lines in time order)."""
+    streams = [
+        (line for _index, path in segments for line in iter_lines(path, source) if line["t"] >= since)
+        for source, segments in sorted(segments_by_source(run_dir).items())
+    ]
+    return heapq.merge(*streams, key=lambda line: line["t"])
 
 
 def read_ledger(run_dir: Path) -> list[dict]:
     """Every complete line of every ledger file (open and closed segments), in time order."""
-    lines = []
-    for source, _index, path in ledger_segments(run_dir):
-        lines.extend(read_lines(path, source))
-    lines.sort(key=lambda line: line["t"])
-    return lines
+    return list(iter_ledger(run_dir))

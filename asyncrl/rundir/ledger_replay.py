@@ -29,13 +29,15 @@ still holds.
 
 from __future__ import annotations
 
+import heapq
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
 
-from asyncrl.rundir.ledger import GroupIdSet, group_seq, ledger_segments, read_lines
+from asyncrl.rundir.ledger import GroupIdSet, group_seq, iter_ledger, iter_lines, segments_by_source
 
 COMPACTED = "compacted.bin"
 CUT_MARGIN_S = 60.0
@@ -310,11 +312,10 @@ def load_compacted(run_dir: Path) -> tuple[LedgerReplay, float]:
 
 
 def reconcile_ledger(run_dir: Path, samples_per_group: int = 1) -> dict:
-    """Replay the ledger (its compacted state, then every line from the cut on); return outcome
-    counts (in samples) and the ids that break the rules."""
+    """Replay the ledger (its compacted state, then every line from the cut on, streamed:
+    ``iter_ledger``); return outcome counts (in samples) and the ids that break the rules."""
     state, cut = load_compacted(run_dir)
-    lines = [line for source, _i, path in ledger_segments(run_dir) for line in read_lines(path, source)]
-    for line in sorted((ln for ln in lines if ln["t"] >= cut), key=lambda ln: ln["t"]):
+    for line in iter_ledger(run_dir, since=cut):
         state.apply(line)
     return state.result(samples_per_group)
 
@@ -323,20 +324,30 @@ def compact_ledger(run_dir: Path, fold_version: int, now: float | None = None) -
     """Fold every line before the cut (a minute before ``now``) into ``ledger/compacted.bin``,
     groups settled at or before ``fold_version`` as bits, and remove the closed segments wholly
     before the cut. Returns ``{cut, removed, bytes}``; nothing is done without a closed segment
-    (the open ones are bounded by the writers' ``segment_bytes``)."""
+    (the open ones are bounded by the writers' ``segment_bytes``).
+
+    Memory: the lines are streamed, merged by time stamp one line per source at a time
+    (``iter_ledger``), never read whole: what a compaction holds is the replay's state (the
+    groups not yet settled, by id, and the bitmaps), not the segments it reads, whatever their
+    size (``checkpoint.ledger_segment_mb``)."""
     folder = Path(run_dir) / "ledger"
-    segments = ledger_segments(run_dir)
-    if not any(index is not None for _s, index, _p in segments):
+    by_source = segments_by_source(run_dir)
+    if not any(index is not None for segments in by_source.values() for index, _p in segments):
         return {"cut": None, "removed": 0, "bytes": ledger_bytes(run_dir)}
     state, old_cut = load_compacted(run_dir)
     cut = max((time.time() if now is None else now) - CUT_MARGIN_S, old_cut)
-    lines, wholly_before = [], []
-    for source, index, path in segments:
-        part = read_lines(path, source)
-        lines.extend(ln for ln in part if old_cut <= ln["t"] < cut)
-        if index is not None and all(ln["t"] < cut for ln in part):
-            wholly_before.append(path)
-    for line in sorted(lines, key=lambda ln: ln["t"]):
+    late: set[Path] = set()  # segments holding a line at or past the cut: kept
+
+    def before_cut(source: str, segments: list) -> Iterator[dict]:
+        for _index, path in segments:
+            for line in iter_lines(path, source):
+                if line["t"] >= cut:
+                    late.add(path)  # read on: a clock stepped back may stamp a later line older
+                elif line["t"] >= old_cut:
+                    yield line
+
+    streams = [before_cut(source, segments) for source, segments in sorted(by_source.items())]
+    for line in heapq.merge(*streams, key=lambda ln: ln["t"]):
         state.apply(line)
     state.fold(fold_version)
     tmp = folder / f".{COMPACTED}.tmp"
@@ -345,9 +356,13 @@ def compact_ledger(run_dir: Path, fold_version: int, now: float | None = None) -
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, folder / COMPACTED)  # a replay sees the old state or the new one, whole
-    for path in wholly_before:  # their lines are all before the cut: a replay skips them anyway
-        path.unlink()
-    return {"cut": cut, "removed": len(wholly_before), "bytes": ledger_bytes(run_dir)}
+    removed = 0
+    for segments in by_source.values():
+        for index, path in segments:  # their lines are all before the cut: a replay skips them anyway
+            if index is not None and path not in late:
+                path.unlink()
+                removed += 1
+    return {"cut": cut, "removed": removed, "bytes": ledger_bytes(run_dir)}
 
 
 def ledger_bytes(run_dir: Path) -> int:
