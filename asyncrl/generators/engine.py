@@ -26,6 +26,8 @@ Why it is built this way:
   ``model.load_weights`` twice, survives the CPU backend's weight repacking), followed by
   ``reset_prefix_cache``: without it, cached KV blocks computed by the old weights would be
   silently reused for prompts seen before.
+- **No chunked prefill on the CPU backend** (``EngineConfig.enable_chunked_prefill``): requests
+  are seeded, and vLLM's CPU backend dies when it splits a seeded request's prefill.
 """
 
 from __future__ import annotations
@@ -73,6 +75,18 @@ class EngineConfig(Config):
     Only whole blocks are prefix-cached, so prompts shorter than a block never hit the cache."""
     seed: int = 0
     """Seed of the engine's sampling RNG, used for requests that pass no seed."""
+    enable_chunked_prefill: bool | None = None
+    """Let vLLM split a long prefill over several engine steps. None: off on vLLM's CPU backend,
+    vLLM's default (on) elsewhere; True on the CPU backend is refused. Why off there: every request
+    asyncrl sends carries its own seed (reproducible groups), which gives it its own
+    ``torch.Generator``; after each partial prefill step vLLM 0.32 rewinds that generator
+    (``set_offset``: the token sampled for a prompt not yet whole is discarded), and a CPU
+    generator has no offset, so the engine dies (``EngineDeadError``, "CPU Generator does not use
+    offset"). Long prompts arriving together, or the recompute of every running request after an
+    in-flight weight swap (~640-token contexts), split prefills. Off, vLLM raises its per-step
+    token budget to at least ``max_model_len`` and schedules a prefill only whole, so no seeded
+    request is ever split and seeds keep their meaning (dropping the seeds instead would lose
+    ``generate(seed=...)``'s reproducibility; a GPU generator rewinds, so it keeps vLLM's default)."""
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs one engine shards the model over (vLLM tensor parallelism); on a Ray cluster each
     generator's placement reserves that many GPUs."""
@@ -162,6 +176,16 @@ def tokens_prompts(tokenizer, prompts: list[str], max_model_len: int) -> list:
 
 def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
     """vLLM's engine arguments from an ``EngineConfig``, for the offline and the async engine alike."""
+    from vllm.platforms import current_platform
+
+    chunked = cfg.enable_chunked_prefill
+    if current_platform.is_cpu():
+        if chunked:
+            raise ValueError(
+                "engine.enable_chunked_prefill (True) must be None or False on vLLM's CPU backend: a seeded "
+                "request prefilled in chunks kills it ('CPU Generator does not use offset'; see the field)"
+            )
+        chunked = False
     return dict(
         model=str(model_dir),
         dtype=cfg.dtype,
@@ -173,6 +197,7 @@ def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
         enable_prefix_caching=cfg.enable_prefix_caching,
         block_size=cfg.block_size,
         seed=cfg.seed,
+        enable_chunked_prefill=chunked,  # None: vLLM's default
         logprobs_mode=LOGPROBS_MODE,
         tensor_parallel_size=cfg.tensor_parallel_size,
     )
