@@ -22,7 +22,8 @@ staleness bound when its group was trained is counted by the learner as dropped,
 ``partial_rollouts`` reports those, the tokens kept as context only, and the answers resumed under
 a newer version. ``staleness_hist`` (samples by the staleness of their oldest trained token),
 ``token_staleness_hist`` (tokens by the staleness of the version that sampled each) and
-``versions_per_sample`` (samples spanning 1, 2, 3+ versions) describe what was trained.
+``versions_per_sample`` (samples by the exact number of versions that sampled them) describe what
+was trained.
 """
 
 from __future__ import annotations
@@ -99,9 +100,18 @@ def dropped_by(final: dict) -> int:
 
 
 def versions_per_sample(segments_hist: dict) -> dict[str, int]:
-    """Samples trained by how many policy versions sampled them: ``{"1": ..., "2": ..., "3+": ...}``
-    (more than 1: a weight update came while the answer was being sampled)."""
-    out = {"1": 0, "2": 0, "3+": 0}
+    """Samples trained by exactly how many policy versions sampled them: ``{"1": ..., "2": ...,
+    "5": ...}`` (more than 1: weight updates came while the answer was being sampled).
+
+    "1" and "2" are always there, larger counts when some sample had them, keys in numeric order.
+    Bounded: every version a sample spans sampled at least one of its tokens, so there are at
+    most ``sampling.max_tokens`` keys (in practice about as many as the learner steps one long
+    answer lasts).
+
+    >>> versions_per_sample({"1": 6, "4": 1})
+    {'1': 6, '2': 0, '4': 1}
+    """
+    out = Counter({1: 0, 2: 0})
     for k, n in segments_hist.items():
-        out["3+" if int(k) >= 3 else str(int(k))] += n
-    return out
+        out[int(k)] += n
+    return {str(k): out[k] for k in sorted(out)}

@@ -43,3 +43,12 @@ def test_reused_samples_count_once_in_the_ledger_and_repeats_reconcile_beside_it
     assert all(v == 0 for v in summary["unaccounted_by_link"].values())
     lost_repeat = summarize(finals(trained=24, trained_with_reuse=36, resampled=16), 1.0, 0.0, 0.0)
     assert lost_repeat["unaccounted_by_link"]["buffer->learner (with reuse)"] == 4
+
+
+def test_versions_per_sample_counts_each_number_of_versions_exactly():
+    learner = finals(trained=24)
+    learner["learner"]["segments_hist"] = {"3": 2, "1": 20, "12": 1, "4": 1}
+    summary = summarize(learner, 1.0, None, None)
+    assert summary["versions_per_sample"] == {"1": 20, "2": 0, "3": 2, "4": 1, "12": 1}
+    assert list(summary["versions_per_sample"]) == ["1", "2", "3", "4", "12"]  # numeric order, not text
+    assert summarize(finals(trained=24), 1.0, None, None)["versions_per_sample"] == {"1": 0, "2": 0}

@@ -30,7 +30,7 @@ def test_partial_rollouts_are_accounted_for_and_the_ledger_reconciles(tmp_path, 
     assert summary["learner_steps"] == 8 and summary["reconciles"], summary
     assert ledger["lost"] == 0 and ledger["trained_twice"] == 0, ledger
     # answers spanned updates, and their tokens past the bound were masked, not their groups dropped
-    assert summary["versions_per_sample"]["2"] + summary["versions_per_sample"]["3+"] > 0, summary
+    assert sum(n for k, n in summary["versions_per_sample"].items() if int(k) > 1) > 0, summary
     assert partial["stale_tokens_masked"] > 0 and ledger["stale_tokens_masked"] == partial["stale_tokens_masked"]
     assert ledger["trained"] == summary["trained"]  # samples with no token trained moved to dropped, stale
     assert ledger["dropped"].get("stale", 0) >= partial["stale_samples_dropped"]  # the gate's drops beside them
