@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
 from asyncrl.buffer.config import BufferConfig  # noqa: E402
 from asyncrl.buffer.replay import ReplayBuffer  # noqa: E402
 from asyncrl.buffer.storage import SlabStorage  # noqa: E402
@@ -59,8 +60,12 @@ TRAJECTORY_FIELDS = {
 }
 
 
+KERNEL = "auto"  # BufferConfig.kernel of every buffer built here (--kernel)
+
+
 def make_buffer(capacity: int, fields: dict, seed: int) -> ReplayBuffer:
     cfg = BufferConfig(
+        kernel=KERNEL,
         capacity_samples=capacity,
         sampler="prioritized",
         alpha=0.6,
@@ -304,7 +309,7 @@ def bench_service(batch: int, batches: int, repeats: int) -> dict:
     from asyncrl.wire.sockets import Publisher, ReplyServer, RequestClient, StreamReceiver, StreamSender, tcp_address
 
     count = batch * batches
-    cfg = BufferConfig(capacity_samples=8 * count, max_staleness=None, max_times_sampled=1)
+    cfg = BufferConfig(capacity_samples=8 * count, max_staleness=None, max_times_sampled=1, kernel=KERNEL)
 
     def in_process(groups) -> float:
         buf = ReplayBuffer.from_config(cfg)
@@ -398,14 +403,12 @@ def bench_torchrl(capacity: int, batch: int, rounds: int, seed: int) -> dict:
         return {"ran": False, "version": torchrl.__version__, "torch": torch.__version__, "why_not": detail}
 
 
-def commit() -> str:
-    """The commit measured (``-dirty`` when the work tree differs from it)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    run = lambda *cmd: subprocess.run(cmd, cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    head = run("git", "rev-parse", "HEAD")
-    return head + ("-dirty" if run("git", "status", "--porcelain", "--untracked-files=no") else "")
+def _numba_version() -> str | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.__version__
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -420,15 +423,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--service-batches", type=int, default=20, help="batches per repeat through the service")
     parser.add_argument("--quick", action="store_true", help="capacity 10^5, 2^14 payload items, 30 rounds, 3 repeats")
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL comparison")
+    parser.add_argument("--kernel", choices=["auto", "numba", "numpy"], default="auto", help="buffer.kernel")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
+    global KERNEL
+    KERNEL = args.kernel
     if args.quick:
         args.capacity, args.payload_items, args.rounds, args.repeats = [100_000], 1 << 14, 30, 3
     index = {str(c): bench_index(c, args.batch, args.rounds, args.repeats, args.seed) for c in args.capacity}
     payload = bench_payload(args.payload_items, args.batch, args.rounds, args.seed)
     service = bench_service(args.service_batch, args.service_batches, args.repeats)
     result = {
-        "commit": commit(),
+        "commit": measured_commit(),
         "config": {
             "capacity": args.capacity,
             "batch": args.batch,
@@ -439,6 +445,9 @@ def main(argv: list[str] | None = None) -> dict:
             "repeats": args.repeats,
             "threads": 1,
             "numpy": np.__version__,
+            "kernel": args.kernel,
+            "tree": type(make_buffer(8, {}, 0).sampler.tree).__name__,
+            "numba": _numba_version(),
         },
         "index": index,
         "payload": payload,

@@ -139,6 +139,7 @@ class ReplayBuffer:
             cfg.sampler,
             storage.max_items,
             cfg.seed,
+            kernel=cfg.kernel,
             alpha=cfg.alpha,
             beta=cfg.beta,
             beta_final=cfg.beta_final,

@@ -18,12 +18,13 @@ P(i) reported is the probability of the first draw, the quantity PER's weights a
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from asyncrl.buffer.storage import SlotStorage
-from asyncrl.buffer.sumtree import SumTree, sample_distinct
+from asyncrl.buffer.sumtree import SumTree, powered
 
 
 @dataclass
@@ -54,6 +55,7 @@ class PrioritizedSampler:
         beta_anneal_batches: int = 1000,
         floor: float = 0.01,
         seed: int = 0,
+        kernel: str = "auto",
     ):
         if not 0 <= alpha <= 1:
             raise ValueError(f"alpha ({alpha}) must be in [0, 1]")
@@ -66,7 +68,7 @@ class PrioritizedSampler:
         self.alpha, self.beta0, self.beta_final = alpha, beta, beta_final
         self.beta_anneal_batches = beta_anneal_batches
         self.floor = floor
-        self.tree = SumTree(capacity)
+        self.tree = make_tree(capacity, kernel)
         self.rng = np.random.default_rng(seed)
         self.batches = 0
 
@@ -76,24 +78,17 @@ class PrioritizedSampler:
         frac = min(1.0, self.batches / self.beta_anneal_batches)
         return self.beta0 + (self.beta_final - self.beta0) * frac
 
-    def _leaf(self, priorities: np.ndarray) -> np.ndarray:
-        p = np.asarray(priorities, dtype=np.float64)
-        if p.size and not (p.min() >= 0 and p.max() < np.inf):  # two reductions; NaN fails the first
-            bad = p[~(np.isfinite(p) & (p >= 0))][0]
-            raise ValueError(f"priority ({bad}) must be finite and >= 0")
-        return np.maximum(p, self.floor) ** self.alpha  # p^α, α = 0 -> all ones
-
     def add(self, slots: np.ndarray, priorities: np.ndarray, removed: np.ndarray | None = None) -> None:
         """Give new ``slots`` their priorities; also empty ``removed`` (slots just evicted to
         make room, distinct from ``slots``) in the same pass over the tree."""
-        leaves = self._leaf(priorities)
         if removed is not None and removed.size:
-            slots = np.concatenate([removed, slots])
-            leaves = np.concatenate([np.zeros(removed.size), leaves])
-        self.tree.update(slots, leaves)
+            leaves = np.concatenate([np.zeros(removed.size), powered(priorities, self.floor, self.alpha)])
+            self.tree.update(np.concatenate([removed, slots]), leaves)
+        else:
+            self.tree.update_powered(slots, priorities, self.floor, self.alpha)
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        self.tree.update(slots, self._leaf(priorities))
+        self.tree.update_powered(slots, priorities, self.floor, self.alpha)
 
     def remove(self, slots: np.ndarray) -> None:
         self.tree.update(slots, np.zeros(len(slots)))
@@ -110,10 +105,9 @@ class PrioritizedSampler:
 
     def sample(self, k: int, storage: SlotStorage | None) -> Draw:
         """``k`` distinct slots (k <= stored items), with P(i) and w_i."""
-        total, smallest, beta = self.tree.total, self.tree.min, self.beta
-        slots, leaves = sample_distinct(self.tree, k, self.rng)
+        slots, probabilities, weights = self.tree.sample_prioritized(k, self.rng, self.beta)
         self.batches += 1
-        return Draw(slots, leaves * (1.0 / total), np.power(smallest / leaves, beta))
+        return Draw(slots, probabilities, weights)
 
     def state(self) -> dict:
         return {"leaves": self.tree.values().copy(), "rng": self.rng.bit_generator.state, "batches": self.batches}
@@ -127,8 +121,8 @@ class PrioritizedSampler:
 class UniformSampler(PrioritizedSampler):
     """Every stored group equally likely: P(i) = 1/N, w_i = 1 (priorities are ignored)."""
 
-    def __init__(self, capacity: int, seed: int = 0):
-        super().__init__(capacity, alpha=0.0, beta=0.0, beta_final=0.0, floor=1.0, seed=seed)
+    def __init__(self, capacity: int, seed: int = 0, kernel: str = "auto"):
+        super().__init__(capacity, alpha=0.0, beta=0.0, beta_final=0.0, floor=1.0, seed=seed, kernel=kernel)
 
 
 class FIFOSampler:
@@ -162,13 +156,37 @@ class FIFOSampler:
 
 Sampler = PrioritizedSampler | UniformSampler | FIFOSampler
 
+KERNELS = ("auto", "numba", "numpy")
+_log = logging.getLogger(__name__)
 
-def make_sampler(name: str, capacity: int, seed: int = 0, **prioritized) -> Sampler:
+
+def make_tree(capacity: int, kernel: str = "auto") -> SumTree:
+    """The sum tree of ``capacity`` leaves for ``kernel`` (``BufferConfig.kernel``).
+
+    ``numpy``: ``SumTree``; ``numba``: ``CompiledSumTree`` (its batch operations compiled; raises
+    if numba does not import); ``auto``: the compiled one when numba imports, else numpy, said
+    once in the log. Both draw the same leaves and weights.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel ({kernel!r}) must be one of {KERNELS}")
+    if kernel == "numpy":
+        return SumTree(capacity)
+    try:
+        from asyncrl.buffer.compiled_tree import CompiledSumTree
+    except ImportError as e:
+        if kernel == "numba":
+            raise ImportError(f"kernel 'numba' needs the numba package, which does not import: {e}") from e
+        _log.warning("buffer: numba does not import (%s); the sum tree runs in numpy, slower", e)
+        return SumTree(capacity)
+    return CompiledSumTree(capacity)
+
+
+def make_sampler(name: str, capacity: int, seed: int = 0, kernel: str = "auto", **prioritized) -> Sampler:
     """``prioritized`` (keyword arguments of ``PrioritizedSampler``), ``uniform`` or ``fifo``."""
     if name == "prioritized":
-        return PrioritizedSampler(capacity, seed=seed, **prioritized)
+        return PrioritizedSampler(capacity, seed=seed, kernel=kernel, **prioritized)
     if name == "uniform":
-        return UniformSampler(capacity, seed)
+        return UniformSampler(capacity, seed, kernel=kernel)
     if name == "fifo":
         return FIFOSampler()
     raise ValueError(f"sampler ({name!r}) must be one of 'prioritized', 'uniform', 'fifo'")

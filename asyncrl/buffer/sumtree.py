@@ -69,13 +69,28 @@ class SumTree:
         # padding included, has a whole row of children (a descent that rounding pushes onto a
         # padding node stays in bounds): f·top, f²·top, ... nodes, < capacity + f^levels leaves.
         padded = [sizes[-1] * f ** (len(sizes) - 1 - lv) for lv in range(len(sizes))]
-        self._value = [np.zeros(n) for n in padded]
-        # Exclusive prefixes, read by a draw to carry its remainder down a level: none for the
-        # leaves, below which nothing is carried.
-        self._prefix = [np.zeros(0)] + [np.zeros(n) for n in padded[1:-1]]
-        # The same sums, inclusive, each row's last replaced by +inf: the bounds a draw compares
-        # with (how many are <= u is the child's index, and +inf caps it at f - 1).
-        self._bound = [np.zeros(n) for n in padded[:-1]]
+        # Every array of the tree is a view into one float64 buffer, whose offsets ``_layout``
+        # holds: numpy reads the views, a compiled kernel (``asyncrl.buffer.compiled_tree``) the
+        # buffer and the layout (two arguments to pass instead of a dozen). Per kind, levels
+        # 0 (the leaves) to T (the top), a kind without a level there holding 0 numbers:
+        #   value:  every node's value;
+        #   prefix: exclusive prefixes, read by a draw to carry its remainder down a level (none
+        #           for the leaves, below which nothing is carried, nor for the top);
+        #   bound:  the same sums, inclusive, each row's last replaced by +inf: the bounds a draw
+        #           compares with (how many are <= u is the child's index; +inf caps it at f - 1);
+        # then the top's cumulative sums (top + 1) and 4 numbers of state, for the compiled tree.
+        top = len(sizes) - 1
+        prefix_sizes = ([0] + padded[1:-1] + [0])[: top + 1]
+        parts = padded + prefix_sizes + padded[:-1] + [0] + [padded[-1] + 1, 4]
+        off = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum(parts, out=off[1:])
+        self._buf = np.zeros(int(off[-1]))
+        views = [self._buf[off[i] : off[i + 1]] for i in range(len(parts))]
+        self._value = views[: top + 1]
+        self._prefix = views[top + 1 : 2 * top + 2]
+        self._bound = views[2 * top + 2 : 3 * top + 3]
+        self._cum_view, self._state_view = views[3 * top + 3 :]
+        self._layout = np.concatenate([[top, f.bit_length() - 1, f, capacity], off]).astype(np.int64)
         for bound in self._bound:
             bound.reshape(-1, f)[:, -1] = np.inf
         self._bound_rows = [bound.reshape(-1, f) for bound in self._bound]  # (nodes / f, f) views
@@ -142,6 +157,11 @@ class SumTree:
             parents = parents[keep]
             self._refresh(level, parents)
             parents = parents >> shift
+
+    def update_powered(self, idx: np.ndarray, x: np.ndarray, floor: float, alpha: float) -> None:
+        """``update`` with leaves max(x_i, floor)^α (PER's p_i^α, the floor applied); raises
+        unless every x_i is finite and >= 0."""
+        self.update(idx, powered(x, floor, alpha))
 
     def _refresh(self, level: int, parents: np.ndarray) -> None:
         """Recompute the prefixes of ``parents``' rows at ``level`` and the parents' values."""
@@ -230,6 +250,15 @@ class SumTree:
         at = np.clip(np.searchsorted(nonempty, leaf) - 1, 0, nonempty.size - 1)
         return nonempty[at]
 
+    def sample_prioritized(
+        self, k: int, rng: np.random.Generator, beta: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """PER's batch: ``k`` distinct leaves (``sample_distinct``), their P(i) = value_i / total
+        and importance weights w_i = (min_j value_j / value_i)^β."""
+        total, smallest = self.total, self.min
+        leaf, values = sample_distinct(self, k, rng)
+        return leaf, values * (1.0 / total), np.power(smallest / values, beta)
+
     def sample(self, k: int, rng: np.random.Generator) -> np.ndarray:
         """``k`` leaves drawn with replacement, P(j) = value_j / total, in ascending order."""
         return self.draw(k, rng)[0]
@@ -249,6 +278,15 @@ class SumTree:
         u[:k].sort()
         u *= total
         return self._descend(u)
+
+
+def powered(x: np.ndarray, floor: float, alpha: float) -> np.ndarray:
+    """max(x_i, floor)^α (α = 0: all ones); raises unless every x_i is finite and >= 0."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size and not (x.min() >= 0 and x.max() < np.inf):  # two reductions; NaN fails the first
+        bad = x[~(np.isfinite(x) & (x >= 0))][0]
+        raise ValueError(f"priority ({bad}) must be finite and >= 0")
+    return np.maximum(x, floor) ** alpha
 
 
 def _first_new(drawn: np.ndarray, taken: np.ndarray) -> np.ndarray:

