@@ -24,8 +24,8 @@ class GeneratorConfig(Config):
     its engine. None: what the engine's KV cache holds, KV blocks // ceil(expected_sequence_tokens /
     block size) (vLLM reports its blocks once started), at most ``engine.max_num_seqs``;
     ``prompts_per_batch`` groups for the simulated engine. Either way it is a ceiling: the bound
-    shrinks by a quarter when the engine preempts sequences for want of KV cache and grows back one
-    group at a time once preemptions stop."""
+    shrinks by a quarter when the engine runs out of KV cache (sequences preempted or waiting for
+    blocks) and grows back one group at a time once that stops."""
     expected_sequence_tokens: int | None = Field(None, ge=1)
     """continuous: tokens (prompt + answer) one sequence is expected to hold, for the default
     ``max_inflight_sequences``. None: ``engine.max_model_len``, the most any can reach, so no

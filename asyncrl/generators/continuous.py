@@ -26,8 +26,8 @@ few finish. Here each generator keeps up to ``bound`` sequences in its engine in
   engine's KV cache holds: vLLM's KV blocks // the blocks one sequence of
   ``generator.expected_sequence_tokens`` takes (by default ``engine.max_model_len``: then no
   sequence is ever preempted), at most ``engine.max_num_seqs``. It shrinks by a quarter when the
-  engine preempts sequences for want of KV cache (a preempted sequence recomputes its KV, wasted
-  work) and grows back one group at a time once the preemptions stop.
+  engine reports KV pressure (sequences preempted for want of KV cache, which recompute their
+  KV: wasted work, or waiting for blocks) and grows back one group at a time once it stops.
 
 At the end (``finish``) what is still in the engine is aborted and its prompts are written to the
 ledger as ``returned`` (dispatched, never sampled), like prompts that arrive after the last turn.
@@ -36,7 +36,7 @@ An engine is driven through a *stream* (``asyncrl.generators.mock_stream.MockStr
 simulated engine, ``asyncrl.generators.vllm_stream.VLLMStream`` for vLLM's ``AsyncLLM``):
 ``submit(key, prompt, sampling, seed, greedy_tokens)``, ``finished(timeout)`` -> ``[(key,
 completions, greedy_text)]``, ``abort(keys)``, ``running`` (sequences held), ``capacity(expected_tokens)``,
-``preemptions()``, ``until_next(limit)`` (seconds worth waiting elsewhere before a group may be done).
+``kv_pressure()`` (a running count of KV-pressure signals), ``until_next(limit)`` (seconds worth waiting elsewhere before a group may be done).
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ ENGINE_POLL_S = 0.05
 REPLY_POLL_S = 0.01
 """Longest wait on the dispatcher's reply between two looks at the engine."""
 PRESSURE_COOLDOWN_S = 1.0
-"""After the bound shrinks, preemptions within this many seconds are the same episode."""
+"""After the bound shrinks, KV pressure within this many seconds is the same episode."""
 GROW_QUIET_S = 5.0
-"""Seconds without a preemption before the bound grows back."""
+"""Seconds without KV pressure before the bound grows back."""
 GROW_EVERY_S = 2.0
 """The bound grows back by one group at most this often."""
 GROUP_TIMEOUT_SLACK = 8
@@ -95,9 +95,10 @@ class InflightBound:
 
     The ceiling is ``configured``, else the engine's ``capacity`` (what its KV cache holds at the
     expected sequence length), else ``fallback``; never below one group (``per_group``
-    sequences). Each episode of preemptions (the engine ran out of KV cache and recomputes what
-    it evicted, wasted work) shrinks the bound by a quarter; after ``GROW_QUIET_S`` without one it
-    grows back by one group every ``GROW_EVERY_S``, up to the ceiling.
+    sequences). Each episode of KV pressure (the engine ran out of KV cache: it preempts
+    sequences, which recompute what it evicted, wasted work, or leaves new ones waiting) shrinks
+    the bound by a quarter; after ``GROW_QUIET_S`` without pressure it grows back by one group
+    every ``GROW_EVERY_S``, up to the ceiling.
 
     >>> bound = InflightBound(None, 64, 32, per_group=8)
     >>> bound.value, bound.update(3, now=0.0), bound.value
@@ -115,17 +116,17 @@ class InflightBound:
         self.name = name
         self.seen = 0
         self.shrunk_at = float("-inf")
-        """When the last episode of preemptions began shrinking the bound."""
+        """When the last episode of KV pressure began shrinking the bound."""
         self.pressure_at = float("-inf")
-        """When the engine last reported a preemption."""
+        """When the engine last reported KV pressure."""
         self.grown_at = float("-inf")
         if configured is None:
             log.info("%s: up to %d sequences in flight (%s)", name, self.value, "KV cache" if capacity else "default")
 
-    def update(self, preemptions: int, now: float) -> bool:
-        """Note the engine's running count of preemptions at ``now`` (time.monotonic()); True if
-        the bound moved."""
-        new, self.seen = preemptions - self.seen, preemptions
+    def update(self, pressure: int, now: float) -> bool:
+        """Note the engine's running count of KV-pressure signals (``stream.kv_pressure()``) at
+        ``now`` (time.monotonic()); True if the bound moved."""
+        new, self.seen = pressure - self.seen, pressure
         if new > 0:
             self.pressure_at = now
             if now - self.shrunk_at < PRESSURE_COOLDOWN_S or self.value <= self.per_group:
@@ -133,7 +134,7 @@ class InflightBound:
             old, self.value = self.value, max(self.per_group, (self.value * 3) // 4)
             self.shrunk_at = now
             log.warning(
-                "%s: the engine preempted %d sequences (KV cache full): in flight %d -> %d",
+                "%s: the engine's KV cache is full (%d signals: sequences preempted or waiting for blocks): in flight %d -> %d",
                 self.name,
                 new,
                 old,
@@ -145,7 +146,7 @@ class InflightBound:
         self.value = min(self.ceiling, self.value + self.per_group)
         self.grown_at = now
         if self.value == self.ceiling:
-            log.info("%s: no preemption for %g s: back to %d sequences in flight", self.name, GROW_QUIET_S, self.value)
+            log.info("%s: no KV pressure for %g s: back to %d sequences in flight", self.name, GROW_QUIET_S, self.value)
         return True
 
     def room(self, running: int) -> int:
@@ -240,7 +241,7 @@ class ContinuousLoop:
         self.send_finished(0.0)
         now = time.monotonic()
         self.expire(now)
-        self.bound.update(self.stream.preemptions(), now)
+        self.bound.update(self.stream.kv_pressure(), now)
         if self.asked_at is not None and now - self.asked_at > self.cfg.generator.request_timeout_s:
             self.asked_at = None  # held past its deadline: ask again, with the version now served
         room = self.bound.room(self.stream.running)

@@ -80,8 +80,8 @@ class MockStream:
         """The engine's own bound on sequences: None, the simulated engine has no KV cache."""
         return None
 
-    def preemptions(self) -> int:
-        """Sequences the engine preempted for want of KV cache: never, here."""
+    def kv_pressure(self) -> int:
+        """Running count of the engine's KV-pressure signals: none, the simulated engine has no KV cache."""
         return 0
 
     def submit(self, key: str, prompt: str, sampling: SamplingConfig, seed: int | None = None, greedy_tokens=None):

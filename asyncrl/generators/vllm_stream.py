@@ -1,7 +1,7 @@
 """Continuous batching on vLLM's ``AsyncLLM``: groups submitted one by one, each handed back when done.
 
 ``VLLMStream`` is the stream ``asyncrl.generators.continuous`` drives (``submit``, ``finished``,
-``abort``, ``running``, ``capacity``, ``preemptions``, ``until_next``) over an ``AsyncVLLMEngine``:
+``abort``, ``running``, ``capacity``, ``kv_pressure``, ``until_next``) over an ``AsyncVLLMEngine``:
 
 - **Each group is its own request** (n samples, ``FINAL_ONLY``: one message when all n are done),
   a coroutine on the engine's event loop; when it ends it lands in a queue the generator's thread
@@ -12,11 +12,17 @@
 - **Answers apart** (``answers_apart``, for ``generator.partial_rollouts: resume``): each of the n
   answers is its own request instead, so that ``resume_older_than`` can abort one too stale and
   resume it under the weights now loaded (``asyncrl.generators.interrupt``).
-- **What the engine reports** (``EngineLoad``, a vLLM stat logger): the running sequences after
-  every step (integrated over time, for occupancy = mean running / bound), the KV cache's use, and
-  preemptions while the cache is nearly full (``KV_FULL``): the KV pressure that shrinks the
-  generator's bound. Preemptions with the cache far from full are those of an in-flight weight
-  swap (its prefix-cache reset makes running requests recompute), not pressure.
+- **What the engine reports** (``EngineLoad``, a vLLM stat logger): the running and waiting
+  sequences after every step (running integrated over time, for occupancy = mean running /
+  bound), the KV cache's use, and the KV pressure that shrinks the generator's bound: steps that
+  end with sequences waiting while the cache is nearly full (``KV_FULL``). A sequence vLLM
+  preempts for want of blocks goes back to its waiting queue at that step, so this is seen the
+  step it happens; vLLM's own preemption count (``IterationStats.num_preempted_reqs``, kept as
+  ``preempted``) arrives only with the preempted request's next token, seconds later under
+  pressure, when the cache may have emptied (on the CPU backend with a 16-block cache, 8 of 39
+  preemptions came with the cache under 75 % full), and it also counts an in-flight weight
+  swap's (its prefix-cache reset sends every running request back to recompute, with the cache
+  emptied: not pressure).
 - **Capacity**: vLLM reports its KV blocks once started; a sequence of T tokens takes
   ceil(T / block_size) of them, so ``blocks // ceil(T / block_size)`` sequences of the expected
   length T fit (T = ``max_model_len``: every one may reach it), at most ``max_num_seqs``.
@@ -42,7 +48,7 @@ from asyncrl.generators.engine import (
 from asyncrl.generators.interrupt import resumable_answers
 
 KV_FULL = 0.9
-"""KV cache use at or above which a preemption is counted as KV pressure."""
+"""KV cache use at or above which sequences waiting in the engine are counted as KV pressure."""
 
 
 class EngineLoad:
@@ -55,12 +61,15 @@ class EngineLoad:
         self._lock = threading.Lock()
         self.running = 0
         """Sequences the scheduler ran at the last step."""
+        self.waiting = 0
+        """Sequences waiting in the engine after the last step (preempted, or not admitted yet)."""
         self.kv_usage = 0.0
         """Fraction of the KV cache in use at the last step."""
+        self.pressure = 0
+        """Steps that ended with sequences waiting and the KV cache at least ``KV_FULL`` full, since the start."""
         self.preempted = 0
-        """Preemptions counted as KV pressure (see ``KV_FULL``), since the start."""
-        self.preempted_all = 0
-        """Every preemption the engine reported, weight swaps' included."""
+        """Every preemption the engine reported (weight swaps' included), since the start; each is
+        reported with the preempted request's next output, not when it happens."""
         self.generated_tokens = 0
         """Tokens the engine generated since the start."""
         self._at = time.monotonic()
@@ -91,13 +100,13 @@ class EngineLoad:
             self._at = now
             if scheduler_stats is not None:
                 self.running = scheduler_stats.num_running_reqs
+                self.waiting = scheduler_stats.num_waiting_reqs
                 self.kv_usage = scheduler_stats.kv_cache_usage
+                if self.waiting and self.kv_usage >= KV_FULL:
+                    self.pressure += 1
             if iteration_stats is not None:
                 self.generated_tokens += iteration_stats.num_generation_tokens
-                preempted = iteration_stats.num_preempted_reqs
-                self.preempted_all += preempted
-                if preempted and self.kv_usage >= KV_FULL:
-                    self.preempted += preempted
+                self.preempted += iteration_stats.num_preempted_reqs
 
     def sequence_seconds(self) -> float:
         """∫ running sequences dt since the start (mean running over a window = its growth / the window)."""
@@ -146,8 +155,9 @@ class VLLMStream:
         blocks_each = -(-tokens // cache.block_size)
         return max(1, min(cfg.max_num_seqs, cache.num_gpu_blocks // blocks_each))
 
-    def preemptions(self) -> int:
-        return self.load.preempted
+    def kv_pressure(self) -> int:
+        """Running count of the engine's KV-pressure signals (``EngineLoad.pressure``)."""
+        return self.load.pressure
 
     def submit(
         self,

@@ -59,14 +59,17 @@ class Outbox:
 
 class Harness:
     """The parts of a ``Generator`` its continuous loop uses: the real prompt source (to this test's
-    dispatcher), counters, drop and send logic; a recording outbox and ledger."""
+    dispatcher), counters, drop and send logic; a recording outbox and ledger. ``stream``: the
+    engine's stream (a real vLLM one); None: the simulated engine's."""
 
-    def __init__(self, dispatcher: ReplyServer, overrides=(), engine: MockEngineConfig | None = None):
+    def __init__(self, dispatcher: ReplyServer, overrides=(), engine: MockEngineConfig | None = None, stream=None):
         self.cfg = cfg = load_config(
             "configs/bench_pipeline.yaml", [f"sampling.n={N}", "sampling.max_tokens=512", *overrides]
         )
         self.ctx = Context(cfg)
-        self.engine = MockEngine(engine or MockEngineConfig(decode_step_s=0.001, overhead_s=0), seed=0)
+        if stream is None:
+            stream = MockStream(MockEngine(engine or MockEngineConfig(decode_step_s=0.001, overhead_s=0), seed=0))
+        self.engine = stream.engine
         self.prompts = PromptSource(
             dispatcher.address, "test.prompts", self.ctx.name, 8, cfg.generator.request_timeout_s
         )
@@ -74,7 +77,7 @@ class Harness:
         self.counts = GeneratorCounters()
         self.evals = None
         self.gen_index = 0
-        self.loop = ContinuousLoop(self, MockStream(self.engine))
+        self.loop = ContinuousLoop(self, stream)
 
     def apply_weights(self):
         pass
