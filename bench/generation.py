@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ import numpy as np  # noqa: E402
 
 from asyncrl.benchmarks.long_tail import addition_prompts as prompts  # noqa: E402
 from asyncrl.benchmarks.long_tail import describe, draw_lengths  # noqa: E402
+from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
 from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
 
 
@@ -133,7 +133,7 @@ def main() -> None:
                     for mode in order:
                         runs.append({"bound": bound, "repeat": r, **run(stream, mode, texts, lengths, args.n, bound)})
                         print(json.dumps(runs[-1]), flush=True)
-            preempted = stream.load.preempted_all
+            preempted = stream.load.preempted
         finally:
             stream.close()
 
@@ -151,9 +151,6 @@ def main() -> None:
     running = np.array([x["occupancy"] * x["bound"] for x in cont])
     step_ms = np.array([1000 * x["occupancy"] * x["bound"] / x["tokens_per_s"] for x in cont])
     per_seq, fixed = np.polyfit(running, step_ms, 1) if len(set(x["bound"] for x in cont)) > 1 else (None, None)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
     out = {
         "what": "generated tokens/s and engine occupancy, continuous batching vs the batch barrier, one vLLM engine",
         "workload": {
@@ -171,7 +168,7 @@ def main() -> None:
             "max_model_len": args.max_model_len,
             "bounds_sequences": args.bounds,
             "kv_capacity_sequences": capacity,
-            "preemptions": preempted,
+            "preemptions": preempted,  # every preemption vLLM reported
         },
         "runs": runs,
         "median_by_bound": summary,
@@ -181,7 +178,7 @@ def main() -> None:
         else {"fixed": round(float(fixed), 3), "per_sequence": round(float(per_seq), 4)},
         "goal": "continuous >= 1.5x batch tokens/s",
         "machine": f"{os.cpu_count()} cores, shared with other jobs; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
-        "commit": commit,
+        "commit": measured_commit(),
         "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/generation.py " + " ".join(sys.argv[1:]),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
