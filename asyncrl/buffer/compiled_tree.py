@@ -11,14 +11,18 @@ Why numba: it compiles plain Python loops over numpy arrays, installs as a binar
 its LLVM, llvmlite) for CPython 3.10–3.13 on x86-64 and aarch64 Linux, so on these machines and
 on GPU nodes alike, and vLLM already depends on it. ``cache=True`` keeps the machine code beside
 this file (or in numba's user cache where that is read-only), so a process compiles once per
-install: the first ``CompiledSumTree`` of a fresh install compiles for a few seconds, later ones
-load the cache (well under a second), always at construction, never inside a draw.
+install: the first ``CompiledSumTree`` of a fresh install compiles for ~10–15 s on a loaded
+2-core machine, later ones load the cache in ~0.4 s (importing numba takes ~0.8 s), always at
+construction, never inside a draw.
 
-Same tree, same numbers: the kernels read and write ``SumTree``'s own arrays (one flat buffer
-per kind, levels at offsets) with the arithmetic of its numpy methods, in the same order: a
-row's prefix sums left to right, the same subtractions on the way down, the same formulas for
-P(i) and the weights. The two draw the same leaves for the same generator state, and a snapshot
-taken from either restores into either (tests/buffer/test_compiled_tree.py).
+Same tree, same draws: the kernels read and write ``SumTree``'s own arrays (views into one
+buffer, levels at offsets) with the arithmetic of its numpy methods in the same order: the same
+subtractions on the way down, the same formulas for P(i) and the weights, a row's prefix sums
+left to right. numpy sums a row by a matrix product, which may add in another order and differ
+in the last bit, so a draw within an ulp of a boundary between two leaves may go either way
+(as it already could against a running sum over the leaves); otherwise the two draw the same
+leaves and weights for the same generator state, and a snapshot taken from either restores into
+either (tests/buffer/test_compiled_tree.py).
 
 Numba and vLLM in one process: importing numba loads llvmlite, whose ``llvmlite.binding.ffi.lib``
 stops vLLM's CPU platform from starting an engine unless it is given an empty ``__dict__``
@@ -61,7 +65,8 @@ def _let_vllm_scan_llvmlite() -> None:
 
 _let_vllm_scan_llvmlite()
 
-_jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+# Every kernel of the buffer: cached on disk, the GIL released, indices unchecked.
+jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 
 # The tree's state besides its arrays, at ``_STATE`` in its buffer, that kernels update in place:
 _MIN, _MIN_COUNT, _MIN_KNOWN, _CUM_FRESH = range(4)  # smallest leaf, leaves equal to it, flags (0/1)
@@ -71,32 +76,32 @@ _LACKS_MIN = -2  # what a draw returns when the smallest leaf must first be reco
 # of value levels 0..T, prefix levels 0..T, bound levels 0..T, the top's cumulative sums, the state.
 
 
-@_jit
+@jit
 def _value(lay, level):
     return lay[4 + level]
 
 
-@_jit
+@jit
 def _prefix(lay, level):
     return lay[4 + lay[0] + 1 + level]
 
 
-@_jit
+@jit
 def _bound(lay, level):
     return lay[4 + 2 * (lay[0] + 1) + level]
 
 
-@_jit
+@jit
 def _cum(lay):
     return lay[4 + 3 * (lay[0] + 1)]
 
 
-@_jit
+@jit
 def _state(lay):
     return lay[5 + 3 * (lay[0] + 1)]
 
 
-@_jit
+@jit
 def _refresh_cum(buf, lay):
     """0 then the cumulative sums of the top level, left to right (``np.add.accumulate``'s order)."""
     top, cum = _value(lay, lay[0]), _cum(lay)
@@ -108,7 +113,7 @@ def _refresh_cum(buf, lay):
     buf[_state(lay) + _CUM_FRESH] = 1.0
 
 
-@_jit
+@jit
 def _nearest_nonempty(buf, leaf, capacity):
     """The last non-empty leaf before ``leaf``, else the first after it; -1 if none
     (``SumTree._nearest_nonempty``). The leaves are at the buffer's start."""
@@ -125,7 +130,7 @@ def _nearest_nonempty(buf, leaf, capacity):
     return -1
 
 
-@_jit
+@jit
 def _descend(buf, lay, u, leaf, values):
     """``SumTree._descend`` for every u (overwritten): leaves and their values into ``leaf`` and
     ``values``; 0, or -1 when every leaf is 0.
@@ -191,7 +196,7 @@ def _descend(buf, lay, u, leaf, values):
     return 0
 
 
-@_jit
+@jit
 def _sample(buf, lay, u, k, beta, leaf, prob, weight):
     """PER's batch (``SumTree.sample_prioritized``) from k + spares uniforms ``u`` in [0, 1), the
     first k sorted (the caller sorts: numpy's sort is faster than numba's on a few hundred).
@@ -250,7 +255,7 @@ def _sample(buf, lay, u, k, beta, leaf, prob, weight):
     return k
 
 
-@_jit
+@jit
 def _refresh_rows(buf, lay, level, parents, m):
     """``SumTree._refresh``: the rows of ``parents[:m]`` at ``level``, summed left to right."""
     shift, f = lay[1], lay[2]
@@ -269,7 +274,7 @@ def _refresh_rows(buf, lay, level, parents, m):
         buf[vp + parent] = s
 
 
-@_jit
+@jit
 def _update(buf, lay, idx, new):
     """``SumTree.update``: leaves ``idx`` (distinct) set to ``new``, the smallest leaf tracked
     (``SumTree._track_min``), every touched row and parent recomputed from its children."""
@@ -317,7 +322,7 @@ def _update(buf, lay, idx, new):
         n = m
 
 
-@_jit
+@jit
 def _update_powered(buf, lay, idx, x, floor, alpha):
     """``_update`` with leaves max(x_i, floor)^α; returns the index of the first x_i that is not
     finite and >= 0 (nothing written then), else -1."""
@@ -331,7 +336,7 @@ def _update_powered(buf, lay, idx, x, floor, alpha):
     return -1
 
 
-@_jit
+@jit
 def _refresh_all(buf, lay):
     """Every row of every level recomputed (``SumTree.set_all``)."""
     for level in range(lay[0]):

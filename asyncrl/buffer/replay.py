@@ -37,7 +37,7 @@ from asyncrl.buffer.config import BufferConfig
 from asyncrl.buffer.priorities import GroupPriority
 from asyncrl.buffer.ratelimiter import RateLimiter
 from asyncrl.buffer.removers import FIFOEviction, MaxTimesSampled, StalenessGate
-from asyncrl.buffer.samplers import Sampler, make_sampler
+from asyncrl.buffer.samplers import Sampler, make_sampler, resolve_kernel
 from asyncrl.buffer.snapshot import restore_buffer, save_buffer
 from asyncrl.buffer.stale_segments import gate_version
 from asyncrl.buffer.storage import GroupStorage, SlotStorage, group_nbytes
@@ -97,8 +97,15 @@ class ReplayBuffer:
         drop_truncated: bool = False,
         zero_variance: ZeroVarianceFilter | None = None,
         partial_rollouts: str = "off",
+        kernel: str = "auto",
     ):
         self.storage = storage
+        # The hand-out's and the priority update's slot bookkeeping, compiled or numpy (``buffer.kernel``).
+        if resolve_kernel(kernel) == "numba":
+            from asyncrl.buffer.compiled_slots import mark_sampled, slots_of
+        else:
+            mark_sampled, slots_of = type(storage).mark_sampled, type(storage).slots_of_counted
+        self._mark_sampled, self._slots_of = mark_sampled, slots_of
         self.sampler = sampler
         self.priority = priority or GroupPriority()
         self.rate_limiter = rate_limiter or RateLimiter.min_size(1)
@@ -163,6 +170,7 @@ class ReplayBuffer:
             drop_truncated=drop_truncated,
             zero_variance=ZeroVarianceFilter.from_config(cfg.zero_variance),
             partial_rollouts=partial_rollouts,
+            kernel=cfg.kernel,
         )
 
     def __len__(self) -> int:
@@ -260,12 +268,7 @@ class ReplayBuffer:
             return SampledBatch(np.zeros(0, dtype=np.int64), [], np.zeros(0), np.zeros(0))
         draw = self.sampler.sample(k, st)
         slots = draw.slots
-        keys = st.keys(slots)
-        times = st.times_sampled.take(slots)
-        first = times == 0
-        times += 1
-        st.times_sampled.put(slots, times)
-        first_groups = int(np.count_nonzero(first))
+        keys, first, first_groups = self._mark_sampled(st, slots)
         ns = None
         if st.item_size is not None:  # items alike: counts, not sums
             all_samples, first_samples = k * st.item_size[0], first_groups * st.item_size[0]
@@ -299,9 +302,9 @@ class ReplayBuffer:
         how many applied. Keys of groups already gone are ignored and counted."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         p = check_priorities(priorities, keys.size)
-        slots, valid = self.storage.slots_of(keys)
-        if not valid.all():
-            self.priority_updates_ignored += int(np.count_nonzero(~valid))
+        slots, valid, applied = self._slots_of(self.storage, keys)
+        if applied < keys.size:
+            self.priority_updates_ignored += keys.size - applied
             slots, p = slots[valid], p[valid]
         if slots.size:
             if self.priority.recency_decay != 1:  # (decay^age is 1 otherwise)

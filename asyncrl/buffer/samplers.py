@@ -160,24 +160,36 @@ KERNELS = ("auto", "numba", "numpy")
 _log = logging.getLogger(__name__)
 
 
-def make_tree(capacity: int, kernel: str = "auto") -> SumTree:
-    """The sum tree of ``capacity`` leaves for ``kernel`` (``BufferConfig.kernel``).
-
-    ``numpy``: ``SumTree``; ``numba``: ``CompiledSumTree`` (its batch operations compiled; raises
-    if numba does not import); ``auto``: the compiled one when numba imports, else numpy, said
-    once in the log. Both draw the same leaves and weights.
-    """
+def resolve_kernel(kernel: str) -> str:
+    """``numba`` or ``numpy`` for ``BufferConfig.kernel``: ``auto`` is numba when it imports (else
+    numpy, said once in the log); ``numba`` raises if it does not import."""
+    global _numba_missing_logged
     if kernel not in KERNELS:
         raise ValueError(f"kernel ({kernel!r}) must be one of {KERNELS}")
     if kernel == "numpy":
-        return SumTree(capacity)
+        return kernel
     try:
-        from asyncrl.buffer.compiled_tree import CompiledSumTree
+        import asyncrl.buffer.compiled_tree  # noqa: F401  (numba, and vLLM's scan let through)
     except ImportError as e:
         if kernel == "numba":
             raise ImportError(f"kernel 'numba' needs the numba package, which does not import: {e}") from e
-        _log.warning("buffer: numba does not import (%s); the sum tree runs in numpy, slower", e)
+        if not _numba_missing_logged:
+            _log.warning("buffer: numba does not import (%s); the sum tree runs in numpy, slower", e)
+            _numba_missing_logged = True
+        return "numpy"
+    return "numba"
+
+
+_numba_missing_logged = False
+
+
+def make_tree(capacity: int, kernel: str = "auto") -> SumTree:
+    """The sum tree of ``capacity`` leaves for ``kernel`` (``resolve_kernel``): ``SumTree``, or
+    ``CompiledSumTree``, its batch operations compiled. Both draw the same leaves and weights."""
+    if resolve_kernel(kernel) == "numpy":
         return SumTree(capacity)
+    from asyncrl.buffer.compiled_tree import CompiledSumTree
+
     return CompiledSumTree(capacity)
 
 

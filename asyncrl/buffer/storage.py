@@ -90,6 +90,21 @@ class SlotStorage:
         keys += slots
         return keys
 
+    def mark_sampled(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """One more hand-out of each of ``slots`` (distinct) counted in ``times_sampled``;
+        returns their keys, whether it was their first, and how many first there were."""
+        keys = self.keys(slots)
+        times = self.times_sampled.take(slots)
+        first = times == 0
+        times += 1
+        self.times_sampled.put(slots, times)
+        return keys, first, int(np.count_nonzero(first))
+
+    def slots_of_counted(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """``slots_of`` with how many keys are valid."""
+        slots, valid = self.slots_of(keys)
+        return slots, valid, int(np.count_nonzero(valid))
+
     def slots_of(self, keys) -> tuple[np.ndarray, np.ndarray]:
         """(slots, valid): ``valid`` is False for keys of items no longer stored."""
         seq, slots = np.divmod(np.asarray(keys, dtype=np.int64), self.max_items)

@@ -12,7 +12,9 @@ import pytest
 
 from asyncrl.buffer.compiled_tree import CompiledSumTree
 from asyncrl.buffer.config import BufferConfig
+from asyncrl.buffer.replay import ReplayBuffer
 from asyncrl.buffer.samplers import PrioritizedSampler, make_tree
+from asyncrl.buffer.storage import SlabStorage
 from asyncrl.buffer.sumtree import SumTree
 
 
@@ -136,3 +138,33 @@ def test_vllm_can_still_start_an_engine_after_numba_compiled_in_the_process():
 
     CompiledSumTree(8).update(np.array([1]), np.array([1.0]))
     _rebind_kernels([])
+
+
+@pytest.mark.parametrize("capacity", [300, 5000])
+def test_numba_and_numpy_buffers_hand_out_the_same_batches_keys_and_counts(capacity):
+    # The whole buffer, bookkeeping included (keys, first hand-outs, ignored priority updates).
+    rng = np.random.default_rng(2)
+    cfg = {"capacity_samples": capacity, "beta_final": 0.4, "max_times_sampled": 3, "max_staleness": None, "seed": 4}
+    bufs = [
+        ReplayBuffer.from_config(BufferConfig(kernel=kernel, **cfg), storage=SlabStorage(capacity, {}))
+        for kernel in ("numpy", "numba")
+    ]
+    stale_keys = np.array([-5, 10**12], dtype=np.int64)  # a negative key and one never stored
+    for step in range(60):
+        k = int(rng.integers(1, 64))
+        priorities, versions = rng.random(k), np.zeros(k, dtype=np.int64)
+        keys = [buf.insert_batch(np.zeros(k, dtype=buf.storage.record), versions, priorities) for buf in bufs]
+        assert np.array_equal(keys[0], keys[1])
+        batches = [buf.sample(32) for buf in bufs]
+        assert np.array_equal(batches[0].keys, batches[1].keys), f"batch {step}"
+        assert np.array_equal(batches[0].first_time, batches[1].first_time)
+        np.testing.assert_allclose(batches[1].is_weights, batches[0].is_weights, rtol=1e-12)
+        update = np.concatenate([batches[0].keys, stale_keys])
+        new = rng.random(update.size)
+        applied = [buf.update_priorities(update, new) for buf in bufs]
+        assert applied[0] == applied[1]
+    for name in ("sampled", "resampled", "removed"):
+        assert getattr(bufs[0], name) == getattr(bufs[1], name)
+    assert bufs[0].priority_updates_ignored == bufs[1].priority_updates_ignored > 0
+    assert np.array_equal(bufs[0].storage.times_sampled, bufs[1].storage.times_sampled)
+    bufs[1].reconcile()
