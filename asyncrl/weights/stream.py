@@ -10,10 +10,12 @@ Copies: none on the learner when a bucket's tensors are on the CPU, contiguous a
 until the next bucket is asked for (a plain model, a state dict): the frames are views of the
 tensors and libzmq fans the same memory out to every subscriber. A bucket on the GPU, or
 gathered under ZeRO-3 (``Bucket.transient``: freed at the next ``next()``), is packed once into
-a host buffer. A subscriber receives each frame straight into its place in the bucket's buffer
-(``recv_into``) and adds each frame to the checksum as soon as it is in, while it is still in
-cache (a whole tensor, up to tens of MB, is not: summing per tensor cost ~25 % more CPU per
-version). The checksum is over the tensors' bytes in order (padding excluded), taken frame by
+a host buffer. A subscriber takes each frame out of libzmq without a copy (``copy=False``), adds it
+to the checksum where libzmq put it (frame by frame: a whole tensor, up to tens of MB, is out of
+cache by its end; summing per tensor cost ~25 % more CPU per version), and copies it once into
+its place in the bucket's buffer, or not at all when the frame holds a whole tensor: that
+tensor is then a view of the frame (each frame is read once by the checksum and once by the
+copy, nothing more). The checksum is over the tensors' bytes in order (padding excluded), taken frame by
 frame (``Digest``): ``xxh3`` (the default: memory speed, and order-sensitive) and ``crc32`` run
 across them as over one string; ``sum64`` is the sum of their 8-byte words (each tensor, and
 each frame within it, starts 8-aligned, so they sum independently).
@@ -25,7 +27,8 @@ buffer waits until the bucket before it has left for every subscriber (its last 
 with ``track=True``), so at most two packing buffers exist (``buffer_bytes``/``peak_buffer_bytes``
 count them: tracemalloc does not see torch memory). Packing buffers whose frames have left are reused,
 as are a subscriber's receive buffers once the update holding them is ``done()`` (warm memory:
-no page faults on the next version), which is why its tensors are valid only until then. A
+no page faults on the next version), which is why its tensors are valid only until then (a
+tensor that is a view of its frame holds the frame, freed with the tensor). A
 subscriber that dies mid-broadcast drops its connection, and with it its queue: the others are
 not held up. A live subscriber that stops reading holds the wait up to ``send_timeout_s``; the
 publisher then logs it, counts a failure and moves on (the bucket stays queued for that
@@ -50,12 +53,13 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 import zmq
 
 from asyncrl import wire
 from asyncrl.observability.metrics import REJECTED_FRAMES, WEIGHT_FAILURES
-from asyncrl.weights.buckets import HASHES, Digest, layout, pack_into, specs_from_wire, specs_to_wire, unpack
+from asyncrl.weights.buckets import HASHES, Digest, layout, pack_into, specs_from_wire, specs_to_wire
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 from asyncrl.wire import security, socketwatch
 from asyncrl.wire.messages import Message, WeightsBegin, WeightsBucket, WeightsEnd
@@ -249,6 +253,21 @@ def tensors_checksum(views, algo: str = "xxh3") -> int:
     return digest.value()
 
 
+def _aligned(frame: memoryview, spec) -> bool:
+    """Whether a frame's bytes start where a tensor of ``spec``'s dtype may lie (libzmq puts a
+    small message anywhere in its receive buffer)."""
+    itemsize = getattr(torch, spec.dtype).itemsize
+    return np.frombuffer(frame, dtype=np.uint8).ctypes.data % itemsize == 0
+
+
+def _as_tensor(raw: torch.Tensor | None, spec) -> torch.Tensor:
+    """A tensor of ``spec``'s dtype and shape over its bytes (``raw``: uint8; None: no bytes)."""
+    dtype = getattr(torch, spec.dtype)
+    if raw is None or spec.nbytes == 0:
+        return torch.empty(spec.shape, dtype=dtype)
+    return raw.view(dtype).view(spec.shape)
+
+
 class ZmqWeightSubscriber:
     """Receives streamed versions; ``newest`` returns the newest complete, verified one."""
 
@@ -342,18 +361,21 @@ class ZmqWeightSubscriber:
             data = self._recv_buffer(body.nbytes)
             buffers.append(data)
             specs = specs_from_wire(body.tensors)
-            self._receive_bucket(memoryview(data), specs, body.crc, body.hash, what)
-            tensors.extend(unpack(data, specs))
+            tensors.extend(self._receive_bucket(data, specs, body.crc, body.hash, what))
             total += len(data)
             index += 1
 
-    def _receive_bucket(self, view: memoryview, specs, crc: int, algo: str, what: str) -> None:
-        """Receive each frame straight into its tensor's place (``recv_into``: the one copy out of
-        libzmq), add each frame to the checksum while it is in cache; raise on any mismatch."""
+    def _receive_bucket(self, data: bytearray, specs, crc: int, algo: str, what: str) -> list[tuple[str, torch.Tensor]]:
+        """The bucket's tensors, frame by frame out of libzmq without a copy (``copy=False``):
+        each frame is added to the checksum where libzmq put it, then copied once into its
+        tensor's place in ``data``, or not at all when the frame holds the whole tensor (its
+        tensor is then a view of the frame, kept alive by it); raise on any mismatch."""
         if algo not in HASHES:
             self._drain()
             raise WeightSyncError(f"{what}: checksum {algo!r} is none of {HASHES}")
+        view, flat = memoryview(data), torch.frombuffer(data, dtype=torch.uint8) if data else None
         digest = Digest(algo)
+        tensors = []
         try:
             for spec in specs:
                 offset, end = spec.offset, spec.offset + spec.nbytes
@@ -361,16 +383,26 @@ class ZmqWeightSubscriber:
                     raise WeightSyncError(
                         f"{what}: tensor {spec.name} ends at byte {end}, past the bucket's {len(view)}"
                     )
+                in_place = None
                 while offset < end:
                     if not self.sock.getsockopt(zmq.RCVMORE):
                         raise WeightSyncError(
                             f"{what}: tensor {spec.name} got {offset - spec.offset} of {spec.nbytes} bytes (frames were lost)"
                         )
-                    n = self.sock.recv_into(view[offset:end])
+                    frame = self.sock.recv(copy=False).buffer
+                    n = len(frame)
                     if n > end - offset:
                         raise WeightSyncError(f"{what}: a frame of {n} bytes overruns tensor {spec.name}")
-                    digest.update(view[offset : offset + n])
+                    digest.update(frame)
+                    if n == spec.nbytes and _aligned(frame, spec):
+                        in_place = frame  # the whole tensor in one frame: used where it lies
+                    else:
+                        view[offset : offset + n] = frame
                     offset += n
+                if in_place is not None:
+                    tensors.append((spec.name, _as_tensor(torch.frombuffer(in_place, dtype=torch.uint8), spec)))
+                else:
+                    tensors.append((spec.name, _as_tensor(flat[spec.offset : end] if flat is not None else None, spec)))
             if self.sock.getsockopt(zmq.RCVMORE):
                 raise WeightSyncError(f"{what}: more bytes than its tensors hold")
         finally:
@@ -380,6 +412,7 @@ class ZmqWeightSubscriber:
             raise WeightSyncError(
                 f"{what}: {algo} checksum mismatch (got {got:#x}, expected {crc:#x}): corrupted in transit"
             )
+        return tensors
 
     def _recv_buffer(self, size: int) -> bytearray:
         for i, spare in enumerate(self._spare):

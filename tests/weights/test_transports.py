@@ -228,6 +228,37 @@ def test_zmq_copies_a_transient_bucket_into_at_most_two_packing_buffers():
     sub.close()
 
 
+def test_zmq_tensors_of_one_frame_are_used_where_they_arrive_and_the_rest_copied_once():
+    """A tensor that fills one frame is a view of that frame (no copy), one cut into frames is
+    copied into the bucket's buffer, both checked, in one bucket; every dtype arrives bit-identical
+    and a tensor in place outlives the update's buffers being reused by the next version."""
+    frame = 1 << 16
+    pub = ZmqWeightPublisher("tcp://127.0.0.1:0", frame_bytes=frame)
+    sub = ZmqWeightSubscriber(pub.address, name="g0", timeout_s=10)
+    stream_subscribed(pub.sock, [sub])
+    g = torch.Generator().manual_seed(0)
+    sd = {
+        "one_frame": torch.randn(frame // 4, generator=g),  # 64 KiB: exactly one frame
+        "cut": torch.randn(50_000, generator=g),  # 200 KB: four frames
+        "bf16_odd": torch.randn(3, 333, generator=g).to(torch.bfloat16),
+        "small_int": torch.arange(3, dtype=torch.int64),
+        "empty": torch.empty(0, 4),
+    }
+    pub.publish(state_dict_buckets(sd, 1 << 20), 1)
+    update = receive_version(sub)
+    got = dict(update.tensors)
+    assert all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in sd.items())
+    kept, copied = got["one_frame"], got["cut"]
+    update.done()  # its receive buffers go to the next version
+    sd2 = {k: v + 1 if v.is_floating_point() else v for k, v in sd.items()}
+    pub.publish(state_dict_buckets(sd2, 1 << 20), 2)
+    receive_version(sub, served=1).done()
+    assert torch.equal(kept, sd["one_frame"])  # a view of its own frame: still the first version's bytes
+    assert torch.equal(copied, sd2["cut"])  # a view of the reused buffer: overwritten, as documented
+    pub.close()
+    sub.close()
+
+
 def test_shm_removes_what_a_killed_publisher_left_behind(tmp_path):
     (tmp_path / "asyncrl-weights-1-deadbeef" / "v000001").mkdir(parents=True)
     (tmp_path / "asyncrl-weights-1-deadbeef" / ".lock").touch()  # its owner is gone: no flock on it
