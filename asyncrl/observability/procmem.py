@@ -19,17 +19,23 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 
-PROC = Path("/proc")
+PROC = "/proc"
+"""Paths under it are plain strings: ``pathlib`` (up to Python 3.11) interns every part of a
+path it builds, so ``Path("/proc") / str(pid)`` interned each process's and thread's number at
+every sample, and the interned string died with the path. Each such death leaves a used slot in
+CPython's table of interned strings until it is resized: at ~30 a second the controller's table
+(~118,000 live strings, mostly the identifiers of the libraries it imports) filled its slots in
+~26 minutes of a soak and doubled, 3.7 MiB more resident memory that stays."""
 
 
 def _status_kib(pid: int, key: str) -> int | None:
     """A ``kB`` line of ``/proc/PID/status`` (``VmHWM``, ``VmRSS``), or None if unreadable."""
     try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
+        with open(f"{PROC}/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
     return None
@@ -42,12 +48,13 @@ def descendants(pid: int) -> list[int]:
     while stack:
         parent = stack.pop()
         try:
-            tasks = list((PROC / str(parent) / "task").iterdir())
+            tasks = os.listdir(f"{PROC}/{parent}/task")
         except OSError:
             continue
         for task in tasks:
             try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
+                with open(f"{PROC}/{parent}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
             except (OSError, ValueError):
                 continue
             for kid in kids:
@@ -87,7 +94,9 @@ def tree_rss_bytes(pid: int) -> int | None:
 def mem_available_bytes() -> int | None:
     """``MemAvailable`` of ``/proc/meminfo``: what the machine can still give without swapping."""
     try:
-        for line in (PROC / "meminfo").read_text().splitlines():
+        with open(f"{PROC}/meminfo") as f:
+            lines = f.read().splitlines()
+        for line in lines:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
