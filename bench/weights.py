@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
+from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
 from asyncrl.weights.buckets import state_dict_buckets  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.weights.stream import FRAME_BYTES, ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
@@ -262,7 +263,13 @@ def main() -> None:
     bucket = int(args.bucket_mb * MiB)
     spawn = mp.get_context("spawn")
     frame = int(args.frame_mb * MiB)
-    out = {"bucket_mb": args.bucket_mb, "frame_mb": args.frame_mb, "cpu_count": os.cpu_count(), "cases": []}
+    out = {
+        "commit": measured_commit(),
+        "bucket_mb": args.bucket_mb,
+        "frame_mb": args.frame_mb,
+        "cpu_count": os.cpu_count(),
+        "cases": [],
+    }
     out["load_average_at_start"] = os.getloadavg()
     version = 0
     for n in args.subscribers:
