@@ -24,9 +24,10 @@ PROC = "/proc"
 """Paths under it are plain strings: ``pathlib`` (up to Python 3.11) interns every part of a
 path it builds, so ``Path("/proc") / str(pid)`` interned each process's and thread's number at
 every sample, and the interned string died with the path. Each such death leaves a used slot in
-CPython's table of interned strings until it is resized: at ~30 a second the controller's table
-(~118,000 live strings, mostly the identifiers of the libraries it imports) filled its slots in
-~26 minutes of a soak and doubled, 3.7 MiB more resident memory that stays."""
+CPython's table of interned strings until it is resized: at ~15 a second the controller's table
+(~118,000 live strings, mostly the identifiers of the libraries it imports) ran out of free
+slots 26 minutes into a soak and doubled (2^18 to 2^19 slots, 3.7 to 7.5 MiB): a step of
+resident memory that stays."""
 
 
 def _status_kib(pid: int, key: str) -> int | None:
