@@ -16,12 +16,22 @@ sync · batch        η = 0 and the barrier: colocated verl/trl's loop
 ==================  ==================================================================
 
 Figures: trained response tokens/s over the steady state (from the end of step ``warmup_steps``
-to the last), and the ideal min(generation capacity, training capacity). Generation capacity is
-the same engine generating alone, continuously, with no learner and no weight swaps (measured
-before the four combinations and after, so drift on a shared machine shows); training capacity is
-1 / ``s_per_token``. The learner's step time is chosen, not measured: ``training_over_generation``
-× the capacity measured before, so the two are comparable (1.0: balanced, where overlap matters
-most and the ideal is hardest to reach). The gain of async · continuous over sync · batch is split
+to the last), and each combination's ideal, min(generation capacity *in its generator mode*,
+training capacity). Generation capacity is measured, not assumed: the same engine generating
+alone in that mode (``continuous``: a group in as soon as one leaves; ``batch``: the barrier),
+with no learner and no weight swaps, over the steady part of the run (the engine's own token
+count from the start until the last group goes in: a generator in a pipeline never runs out of
+prompts, so never drains), before the four combinations and after (drift on a shared machine
+shows). Training capacity is 1 / ``s_per_token``.
+
+**How the simulated learner is sized.** Its step time is chosen, not measured:
+``training_over_generation`` × the generation capacity, measured before, of the mode named by
+``learner_sized_to`` (``continuous``, the mode the fleet runs by default). A balanced fleet is
+one whose learner keeps up with its generators in the mode they run; sizing the learner to the
+batch barrier's (lower) capacity instead would make every combination learner-bound at the
+barrier's speed, and continuous generation could never show in the async figure. 1.0 is the
+balanced case, where overlap matters most and the ideal is hardest to reach; the batch
+combinations' ideal is then their own, lower, generation capacity. The gain of async · continuous over sync · batch is split
 into continuous batching (sync · continuous ÷ sync · batch) and overlap (async · continuous ÷
 sync · continuous), each also as its share of the log of the whole. What continuous batching can
 gain at most on this engine is measured too: tokens/s with exactly k sequences running, k = n, 2n,
@@ -40,7 +50,6 @@ import itertools
 import json
 import math
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -49,18 +58,17 @@ from typing import Literal
 from pydantic import Field
 
 from asyncrl.benchmarks.long_tail import CAP, addition_prompts, describe, draw_lengths
+from asyncrl.benchmarks.provenance import measured_commit
 from asyncrl.benchmarks.timed_learner import Rollout, TimedLearner
 from asyncrl.configbase import Config, apply_overrides, load_yaml
 
 POLL_S = 0.02
 """Longest wait on the engine for a finished group between two looks at the learner."""
-SEEDLESS = (
-    "requests carry no seed of their own: vLLM's CPU backend (0.32) kills the engine (EngineDeadError, "
-    "'CPU Generator does not use offset') when a seeded request is prefilled in chunks, which an in-flight "
-    "swap causes by making every running request recompute its KV; lengths are fixed, so the tokens' values "
-    "do not change the work"
+SEEDS = (
+    "each group its own seed (derive_seed(seed, group index)), as a generator seeds every request; "
+    "the CPU backend runs without chunked prefill (engine.enable_chunked_prefill) so seeded requests survive "
+    "the recompute an in-flight swap causes"
 )
-"""Why ``Driver.submit`` passes no per-request seed (the engine's own seed still applies)."""
 _RUN_IDS = itertools.count(1)
 SCALING_TOKENS = 64
 """Answer length of ``engine_scaling``'s runs."""
@@ -83,7 +91,11 @@ class ModesBenchConfig(Config):
     steps: int = Field(8, ge=1)
     """Steps measured per combination."""
     training_over_generation: float = Field(1.0, gt=0)
-    """Training capacity as a multiple of the generation capacity measured before (sets the learner's step time)."""
+    """Training capacity as a multiple of the generation capacity measured before in the mode
+    ``learner_sized_to`` (sets the learner's step time)."""
+    learner_sized_to: Literal["continuous", "batch"] = "continuous"
+    """Whose generation capacity the learner is sized to: the mode the fleet runs (continuous, the
+    default). Sized to ``batch``, every combination is held to the barrier's speed."""
     s_per_token: float | None = Field(None, gt=0)
     """The learner's seconds per response token; None: from ``training_over_generation``."""
     alone_groups: int = Field(48, ge=1)
@@ -108,14 +120,14 @@ class Driver:
         self.prompts, self.lengths = prompts, lengths
 
     def submit(self, key: str, index: int, version: int) -> None:
-        from asyncrl.generators.engine import SamplingConfig
+        from asyncrl.generators.engine import SamplingConfig, derive_seed
 
         length = self.lengths[index % len(self.lengths)]
         self.stream.submit(
             key,
             self.prompts[index % len(self.prompts)],
             SamplingConfig(n=self.cfg.n, max_tokens=length),
-            seed=None,  # see SEEDLESS
+            seed=derive_seed(self.cfg.seed, index),  # see SEEDS
             min_tokens=length,
             ignore_eos=True,
         )
@@ -124,13 +136,15 @@ class Driver:
         self, mode: Literal["continuous", "batch"], learner: TimedLearner | None, groups: int | None = None
     ) -> dict:
         """Generate under ``mode`` until ``learner`` has trained all its steps (or, alone, until
-        ``groups`` groups are done); tokens generated, weight swaps and occupancy over the run."""
+        ``groups`` groups are done); tokens generated, weight swaps and occupancy over the run, and
+        alone, the steady rate: the engine's tokens from the start until the last group goes in."""
         cfg, stream, engine = self.cfg, self.stream, self.stream.engine
         run_id = next(_RUN_IDS)  # keys unique over the stream's life: an aborted group may still report
         inflight: dict[str, int] = {}
         next_index = done = tokens = swaps = 0
         swap_s = 0.0
         start, area0 = time.monotonic(), stream.load.sequence_seconds()
+        tokens0, steady = stream.load.generated_tokens, None
         thread = None
         if learner is not None:
             thread = threading.Thread(target=learner.run, name="timed-learner", daemon=True)
@@ -157,6 +171,8 @@ class Driver:
                     inflight[key := f"{run_id}-{next_index}"] = engine.version
                     self.submit(key, next_index, engine.version)
                     next_index += 1
+            if learner is None and steady is None and next_index >= groups:  # the last group went in
+                steady = (stream.load.generated_tokens - tokens0, time.monotonic() - start)
             for key, completions, _greedy in stream.finished(timeout=POLL_S):
                 submitted = inflight.pop(key)
                 index = int(key.split("-")[1])
@@ -184,6 +200,7 @@ class Driver:
             "weight_swap_s_mean": swap_s / swaps if swaps else 0.0,
             "wall_s": wall,
             "aborted_at_end": len(inflight),
+            "steady_tokens_per_s": steady[0] / steady[1] if steady and steady[1] > 0 else None,
         }
 
 
@@ -261,7 +278,7 @@ def _run_modes(cfg, out: Path) -> dict:
         driver.run("continuous", None, groups=4)  # warm-up: first-use allocations
         before = {m: driver.run(m, None, groups=cfg.alone_groups) for m in ("continuous", "batch")}
         by_running = engine_scaling(stream, str(model), cfg, prompts)
-        generation = before["continuous"]["generated_tokens_per_s"]
+        generation = capacity(before)[cfg.learner_sized_to]
         s_per_token = cfg.s_per_token or 1.0 / (cfg.training_over_generation * generation)
         combos = {}
         for timing, mode in COMBINATIONS:
@@ -277,7 +294,7 @@ def _run_modes(cfg, out: Path) -> dict:
             gen = driver.run(mode, learner)
             combos[f"{timing}-{mode}"] = {**trained_figures(learner, cfg.warmup_steps, start), "generator": gen}
             print(json.dumps({f"{timing}-{mode}": round(combos[f"{timing}-{mode}"]["trained_tokens_per_s"], 1)}))
-        after = {"continuous": driver.run("continuous", None, groups=cfg.alone_groups)}
+        after = {m: driver.run(m, None, groups=cfg.alone_groups) for m in ("continuous", "batch")}
     finally:
         stream.close()
     result = summarize(cfg, before, after, s_per_token, combos)
@@ -288,39 +305,51 @@ def _run_modes(cfg, out: Path) -> dict:
         "n": cfg.n,
         "mean_answer_tokens": sum(lengths) / len(lengths),
         "groups_drawn": groups,
-        "seeds": SEEDLESS,
+        "seeds": SEEDS,
     }
     result["config"] = cfg.model_dump()
-    result["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result["commit"] = measured_commit()
     (out / "pipeline_vllm_modes.json").write_text(json.dumps(result, indent=2))
     return result
 
 
+def capacity(alone: dict) -> dict[str, float]:
+    """Generation capacity by mode, tokens/s: the steady rate of each alone run (whole-run rate
+    when the run was too short to have one)."""
+    return {m: r["steady_tokens_per_s"] or r["generated_tokens_per_s"] for m, r in alone.items()}
+
+
 def summarize(cfg: ModesBenchConfig, before: dict, after: dict, s_per_token: float, combos: dict) -> dict:
-    """Ratios against sync · batch and the ideal, and the split of the gain."""
-    generation = before["continuous"]["generated_tokens_per_s"]
+    """Each combination's ideal (its generator mode's capacity, or training's), ratios against
+    sync · batch and the split of the gain."""
+    generation = capacity(before)
     training = 1.0 / s_per_token
-    ideal = min(generation, training)
+    ideal = {m: min(g, training) for m, g in generation.items()}
     rate = {k: v["trained_tokens_per_s"] for k, v in combos.items()}
     for k, v in combos.items():
-        v["fraction_of_ideal"] = rate[k] / ideal
+        v["ideal_tokens_per_s"] = ideal[k.split("-", 1)[1]]
+        v["fraction_of_ideal"] = rate[k] / v["ideal_tokens_per_s"]
         v["over_sync_batch"] = rate[k] / rate["sync-batch"]
     total = rate["async-continuous"] / rate["sync-batch"]
     continuous_gain = rate["sync-continuous"] / rate["sync-batch"]
     overlap_gain = rate["async-continuous"] / rate["sync-continuous"]
     return {
-        "definition": "trained response tokens/s over the steady state; ideal = min(generation capacity: the "
-        "engine alone, continuous, no learner, no swaps; training capacity: 1 / s_per_token)",
+        "definition": "trained response tokens/s over the steady state; each combination's ideal = min(generation "
+        "capacity in its generator mode: the engine alone in that mode, no learner, no swaps, steady part; training "
+        "capacity: 1 / s_per_token)",
+        "learner_sized_to": f"{cfg.training_over_generation:g} x the {cfg.learner_sized_to} generation capacity "
+        "measured before"
+        if cfg.s_per_token is None
+        else f"s_per_token {cfg.s_per_token:g} (set)",
         "generation_capacity_tokens_per_s": generation,
-        "generation_capacity_after_tokens_per_s": after["continuous"]["generated_tokens_per_s"],
-        "batch_alone_tokens_per_s": before["batch"]["generated_tokens_per_s"],
+        "generation_capacity_after_tokens_per_s": capacity(after),
         "training_capacity_tokens_per_s": training,
         "learner_s_per_token": s_per_token,
         "ideal_tokens_per_s": ideal,
         "alone": {"before": before, "after": after},
         "combinations": combos,
         "async_continuous_over_sync_batch": total,
-        "async_continuous_fraction_of_ideal": rate["async-continuous"] / ideal,
+        "async_continuous_fraction_of_ideal": combos["async-continuous"]["fraction_of_ideal"],
         "gain_split": {
             "continuous_batching": continuous_gain,
             "overlap": overlap_gain,

@@ -16,6 +16,7 @@ from asyncrl.generators.engine import Completion
 class _Load:
     def __init__(self):
         self.area = 0.0
+        self.generated_tokens = 0
 
     def sequence_seconds(self) -> float:
         return self.area
@@ -45,7 +46,7 @@ class ScriptedStream:
         return sum(g["n"] for g in self.groups.values())
 
     def submit(self, key, prompt, sampling, seed=None, min_tokens=None, ignore_eos=False):
-        assert ignore_eos and min_tokens == sampling.max_tokens and seed is None
+        assert ignore_eos and min_tokens == sampling.max_tokens and seed is not None  # seeded, as a generator's
         self.groups[key] = {
             "n": sampling.n,
             "len": sampling.max_tokens,
@@ -56,6 +57,7 @@ class ScriptedStream:
     def finished(self, timeout):
         time.sleep(0.001)  # a decode step: the learner's thread runs meanwhile, as beside a real engine
         self.load.area += self.running
+        self.load.generated_tokens += self.running
         out = []
         for key, g in list(self.groups.items()):
             g["done"] += 1
@@ -126,11 +128,17 @@ def test_learner_drops_a_group_past_eta_and_waits_for_fresh_ones():
 
 
 def test_summary_splits_the_gain_into_continuous_batching_and_overlap():
-    rates = {"async-continuous": 90.0, "async-batch": 60.0, "sync-continuous": 45.0, "sync-batch": 30.0}
+    rates = {"async-continuous": 90.0, "async-batch": 40.0, "sync-continuous": 45.0, "sync-batch": 30.0}
     combos = {k: {"trained_tokens_per_s": v} for k, v in rates.items()}
-    alone = {"continuous": {"generated_tokens_per_s": 100.0}, "batch": {"generated_tokens_per_s": 50.0}}
-    out = summarize(ModesBenchConfig(), alone, alone, 0.01, combos)
-    assert out["ideal_tokens_per_s"] == 100.0 and out["async_continuous_over_sync_batch"] == 3.0
+    alone = {
+        "continuous": {"generated_tokens_per_s": 95.0, "steady_tokens_per_s": 100.0},
+        "batch": {"generated_tokens_per_s": 50.0, "steady_tokens_per_s": 50.0},
+    }
+    out = summarize(ModesBenchConfig(), alone, alone, 0.01, combos)  # a learner of 100 tokens/s
+    assert out["ideal_tokens_per_s"] == {"continuous": 100.0, "batch": 50.0}  # each mode's own capacity
+    assert out["combinations"]["async-batch"]["fraction_of_ideal"] == 0.8  # of the barrier's 50, not of 100
+    assert out["combinations"]["async-continuous"]["fraction_of_ideal"] == 0.9
+    assert out["learner_sized_to"].startswith("1 x the continuous") and out["async_continuous_over_sync_batch"] == 3.0
     split = out["gain_split"]
     assert split["continuous_batching"] == 1.5 and split["overlap"] == 2.0
     assert split["continuous_share_of_log_gain"] + split["overlap_share_of_log_gain"] == pytest.approx(1.0)
@@ -172,3 +180,13 @@ def test_a_config_typo_names_the_key():
     assert load_modes_config("configs/bench_vllm_modes.yaml", ["steps=3"]).steps == 3
     with pytest.raises(ValueError, match="stpes"):
         load_modes_config("configs/bench_vllm_modes.yaml", ["stpes=3"])
+
+
+def test_an_alone_run_reports_its_steady_rate_until_the_last_group_goes_in():
+    cfg = ModesBenchConfig(n=2, bound=8, batch_groups=4)
+    stream = ScriptedStream()
+    run = Driver(stream, "weights", cfg, ["1+1="] * 20, [1 + (i * 7) % 6 for i in range(20)]).run(
+        "continuous", None, 20
+    )
+    assert run["steady_tokens_per_s"] > 0 and run["aborted_at_end"] == 0
+    assert stream.load.generated_tokens == run["generated_tokens"]  # every token of the 20 groups, drain included
