@@ -172,7 +172,8 @@ class Driver:
                     self.submit(key, next_index, engine.version)
                     next_index += 1
             if learner is None and steady is None and next_index >= groups:  # the last group went in
-                steady = (stream.load.generated_tokens - tokens0, time.monotonic() - start)
+                # a steady part only if groups finished before it (else all went in at once: none)
+                steady = (stream.load.generated_tokens - tokens0, time.monotonic() - start) if done else ()
             for key, completions, _greedy in stream.finished(timeout=POLL_S):
                 submitted = inflight.pop(key)
                 index = int(key.split("-")[1])

@@ -190,3 +190,9 @@ def test_an_alone_run_reports_its_steady_rate_until_the_last_group_goes_in():
     )
     assert run["steady_tokens_per_s"] > 0 and run["aborted_at_end"] == 0
     assert stream.load.generated_tokens == run["generated_tokens"]  # every token of the 20 groups, drain included
+
+
+def test_an_alone_run_whose_groups_all_fit_at_once_has_no_steady_rate():
+    cfg = ModesBenchConfig(n=2, bound=8, batch_groups=4)
+    run = Driver(ScriptedStream(), "weights", cfg, ["1+1="] * 4, [3, 4, 5, 6]).run("continuous", None, 4)
+    assert run["steady_tokens_per_s"] is None and run["generated_tokens_per_s"] > 0  # capacity() takes the latter
