@@ -86,7 +86,9 @@ class EngineConfig(Config):
     in-flight weight swap (~640-token contexts), split prefills. Off, vLLM raises its per-step
     token budget to at least ``max_model_len`` and schedules a prefill only whole, so no seeded
     request is ever split and seeds keep their meaning (dropping the seeds instead would lose
-    ``generate(seed=...)``'s reproducibility; a GPU generator rewinds, so it keeps vLLM's default)."""
+    ``generate(seed=...)``'s reproducibility; a GPU generator rewinds, so it keeps vLLM's default).
+    vLLM then logs that disabling chunked prefill is not officially supported for the model: a
+    generic warning (vLLM's CPU backend itself turns it off for MLA models and RISC-V)."""
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs one engine shards the model over (vLLM tensor parallelism); on a Ray cluster each
     generator's placement reserves that many GPUs."""
