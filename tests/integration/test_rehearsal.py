@@ -18,6 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 MIN_FREE_GIB = 3.0
 GiB = 1 << 30
+RUN_BOUND_S = 1800
+"""Seconds the whole rehearsal may take: start-up, an evaluation and two ZeRO-2 steps of a 494 M
+model on two CPU cores fit the suite's default per-test bound (900 s, sized for the tiny model) on
+a quiet machine, and overran it beside other jobs (one learner step alone took over 10 min)."""
+
+pytestmark = pytest.mark.timeout(RUN_BOUND_S + 120)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +34,7 @@ def rehearsal(tmp_path_factory):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=RUN_BOUND_S,
     )
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{(out / 'train.log').read_text()[-5000:]}"
     return json.loads(done.stdout)
