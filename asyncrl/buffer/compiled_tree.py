@@ -393,12 +393,7 @@ class CompiledSumTree(SumTree):
             raise ValueError(f"priority ({x[bad]}) must be finite and >= 0")
 
     def set_all(self, leaves: np.ndarray) -> None:
-        leaves = np.asarray(leaves, dtype=np.float64)
-        if leaves.shape != (self.capacity,):
-            raise ValueError(f"leaves shape {leaves.shape} must be ({self.capacity},)")
-        if not (np.isfinite(leaves).all() and (leaves >= 0).all()):
-            raise ValueError("leaves must be finite and >= 0")
-        self._value[0][: self.capacity] = leaves
+        self._value[0][: self.capacity] = self._checked_leaves(leaves)
         _refresh_all(self._buf, self._layout)
         self._recompute_min()
 

@@ -193,14 +193,18 @@ class SumTree:
         elif low == self._min:
             self._min_count += int(np.count_nonzero(new == low))
 
-    def set_all(self, leaves: np.ndarray) -> None:
-        """Replace every leaf at once and rebuild the tree: O(L), for restores and rescaling."""
+    def _checked_leaves(self, leaves: np.ndarray) -> np.ndarray:
+        """``leaves`` as float64, one per leaf, each finite and >= 0 (``set_all``'s argument)."""
         leaves = np.asarray(leaves, dtype=np.float64)
         if leaves.shape != (self.capacity,):
             raise ValueError(f"leaves shape {leaves.shape} must be ({self.capacity},)")
         if not (np.isfinite(leaves).all() and (leaves >= 0).all()):
             raise ValueError("leaves must be finite and >= 0")
-        self._value[0][: self.capacity] = leaves
+        return leaves
+
+    def set_all(self, leaves: np.ndarray) -> None:
+        """Replace every leaf at once and rebuild the tree: O(L), for restores and rescaling."""
+        self._value[0][: self.capacity] = self._checked_leaves(leaves)
         for level in range(len(self._sizes) - 1):
             self._refresh(level, np.arange(self._value[level + 1].size))
         self._top_cumsum = None
