@@ -43,6 +43,7 @@ from pydantic import Field, model_validator
 from safetensors import safe_open
 
 from asyncrl.configbase import Config
+from asyncrl.models.precision import resolve_engine_dtype
 
 # The sampler reports logprobs of the distribution it sampled from (see the module docstring).
 LOGPROBS_MODE = "processed_logprobs"
@@ -52,9 +53,12 @@ FINISH_REASONS = ("stop", "length")
 class EngineConfig(Config):
     """How one generator process builds its vLLM engine."""
 
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
-    """Weight and activation dtype. float32 works everywhere (the CPU backend included) and keeps
-    behaviour logprobs within ~1e-5 of a float32 learner; bfloat16 is the usual choice on GPUs."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bfloat16_if_native"] = "float32"
+    """Weight and activation dtype (auto: the checkpoint's, vLLM's rule). float32 works everywhere
+    (the CPU backend included) and keeps behaviour logprobs within ~1e-5 of a float32 learner;
+    bfloat16 is the usual choice on GPUs; bfloat16_if_native is bfloat16 where the generator's
+    device multiplies it natively (GPUs of sm_80 and later, CPUs with AVX512-BF16 or AMX) and
+    float32 elsewhere, where vLLM emulates it ~30x slower (``asyncrl.models.precision``)."""
     max_model_len: int = 64
     """Longest sequence (prompt + response) in tokens; a prompt that leaves no room is an error."""
     kv_cache_memory_bytes: int | None = 256 << 20
@@ -190,7 +194,7 @@ def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
         chunked = False
     return dict(
         model=str(model_dir),
-        dtype=cfg.dtype,
+        dtype=resolve_engine_dtype(cfg.dtype, cuda=not current_platform.is_cpu()),
         max_model_len=cfg.max_model_len,
         kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
         gpu_memory_utilization=cfg.gpu_memory_utilization,

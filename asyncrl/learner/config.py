@@ -32,10 +32,18 @@ class TrainerConfig(Config):
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW (beta1, beta2)."""
+    fused_adamw: bool = True
+    """PyTorch's fused AdamW kernel (CPU and CUDA): one pass over each parameter, no temporaries.
+    For 494 M fp32 parameters on one CPU core: 0.63 s and no memory beyond the moments a step,
+    against 7.3 s and 3.7 GiB of temporaries for the default implementation. False: the default
+    (for-each or per-tensor), whose rounding differs in the last bits."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value before each update; 0 disables clipping (the step stats report the norm before clipping and how often it was clipped)."""
-    dtype: Literal["fp32", "bf16"] = "fp32"
-    """Training precision: fp32, or bf16 weights/activations with fp32 master weights in the optimizer."""
+    dtype: Literal["fp32", "bf16", "bf16_if_native"] = "fp32"
+    """Training precision: fp32, or bf16 weights/activations with fp32 master weights in the
+    optimizer, or bf16_if_native: bf16 where the learner's device multiplies it natively (GPUs of
+    sm_80 and later, CPUs with AVX512-BF16 or AMX), fp32 elsewhere, where bf16 is emulated and
+    ~30x slower (``asyncrl.models.precision``)."""
     temperature: float = 1.0
     """Sampling temperature of the generators: logits are divided by it so pi_theta is the sampled distribution (the learner process sets it from ``sampling.temperature``)."""
     top_k: int = 0

@@ -88,7 +88,9 @@ class CriticTrainer:
         if trainer_cfg.gradient_checkpointing:
             model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(trainer_cfg.betas))
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=tuple(trainer_cfg.betas), fused=trainer_cfg.fused_adamw or None
+        )
         self.engine = deepspeed_engine(model, optimizer, trainer_cfg)
         self.device = self.engine.device
 

@@ -66,6 +66,7 @@ from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_score
 from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
+from asyncrl.models.precision import resolve_trainer_dtype
 from asyncrl.wire.schema import Group
 
 
@@ -92,6 +93,8 @@ class PolicyTrainer:
         import torch._dynamo  # noqa: F401
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        # bf16_if_native is decided here, on the hardware that trains (asyncrl.models.precision).
+        cfg = cfg.model_copy(update={"dtype": resolve_trainer_dtype(cfg.dtype)})
         self.cfg = cfg
         self.algo = algo if algo is not None else AlgorithmConfig()
         self.model_dir = Path(model_dir)
@@ -141,7 +144,11 @@ class PolicyTrainer:
         self.row_tokens = cfg.micro_batch_tokens if "flash" in (model.config._attn_implementation or "") else None
         """Token slots of a packed row (``micro_batch_tokens`` under flash-attention), else None."""
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+            model.parameters(),
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            weight_decay=cfg.weight_decay,
+            fused=cfg.fused_adamw or None,
         )
         self.engine = deepspeed_engine(model, optimizer, cfg)
         set_scheduled_lr(self.engine, cfg, self.updates)  # the first update's rate (warm-up starts below lr)

@@ -21,7 +21,15 @@ weight and activation (relative error 2^-11 for float16, 2^-8 for bfloat16), whi
 pass of many layers turns into logprob differences of ~1e-3 (float16) and ~1e-2 (bfloat16):
 the tolerances keep a factor of about five above that, and far below what a weight that did
 not load gives (differences of order 1 and more)."""
-_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "auto": "bfloat16"}
+_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "auto": "bfloat16",
+    # Decided on the device that computes, not here: the looser tolerance holds either way.
+    "bf16_if_native": "bfloat16",
+    "bfloat16_if_native": "bfloat16",
+}
 
 PROBE_PROMPT = "12+34="
 PROBE_CONTINUATION = "46"
@@ -60,8 +68,9 @@ def check_probe(engine, probe: dict, atol: float, version: int) -> float:
 
 def probe_tolerance(engine_dtype: str, trainer_dtype: str) -> float:
     """The probe's ``atol`` for an engine in ``engine_dtype`` (``float32``, ``bfloat16``,
-    ``float16``, ``auto``: the model's own, taken as bfloat16, the usual checkpoint dtype) and a
-    learner in ``trainer_dtype`` (``fp32``, ``bf16``): the looser of the two sides'.
+    ``float16``, ``auto``: the model's own, taken as bfloat16, the usual checkpoint dtype;
+    ``bfloat16_if_native``: taken as bfloat16) and a learner in ``trainer_dtype`` (``fp32``,
+    ``bf16``, ``bf16_if_native``: taken as bf16): the looser of the two sides'.
 
     >>> probe_tolerance("float32", "fp32"), probe_tolerance("bfloat16", "bf16"), probe_tolerance("float32", "bf16")
     (0.001, 0.05, 0.05)

@@ -396,6 +396,16 @@ ALGORITHMS = {
 }
 
 
+def test_bf16_if_native_trains_in_what_this_cpu_multiplies_natively(model_dir, groups):
+    from asyncrl.models.precision import native_bf16
+
+    trainer = PolicyTrainer(model_dir, config(2, dtype="bf16_if_native"))
+    want = torch.bfloat16 if native_bf16(cuda=False) else torch.float32
+    assert trainer.cfg.dtype == ("bf16" if want == torch.bfloat16 else "fp32")
+    assert next(trainer.engine.module.parameters()).dtype == want
+    assert math.isfinite(trainer.train_step(groups)["loss"])
+
+
 def plain_torch_steps(model_dir, groups, algo, steps=2):
     """``steps`` plain-torch AdamW steps of ``algo`` on the whole batch at once."""
     from transformers import AutoModelForCausalLM
