@@ -20,9 +20,10 @@ MIN_FREE_GIB = 3.0
 GiB = 1 << 30
 RUN_BOUND_S = 1800
 """Seconds the whole rehearsal may take: start-up, an evaluation and two ZeRO-2 steps of a 494 M
-model on two CPU cores took 220 s in bf16 on a CPU with native bf16 and 350 s in fp32 on an
-AVX2-only one (the recipe's ``*_if_native`` dtypes; emulated bf16 there made one step last over
-10 min). Twice the slower leaves room for a loaded machine."""
+model on two CPU cores took 220 s on a CPU with native bf16 and 561 s on an AVX2-only one (the
+learner in fp32 there, ``bf16_if_native``: in emulated bf16 one step lasted over 10 min; the
+engine's emulated bf16 makes generation the slow side). Three times the slower leaves room for a
+loaded machine."""
 
 pytestmark = pytest.mark.timeout(RUN_BOUND_S + 120)
 

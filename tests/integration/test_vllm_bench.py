@@ -29,4 +29,8 @@ def test_vllm_pipeline_overhead_is_measured_against_the_engine_alone(tmp_path):
         assert [e["calls"] for e in alone["per_engine"]] == [4] and alone["tokens_per_s"] > 0
     assert result["overhead"] == pytest.approx(1 - result["pipeline_tokens_per_s"] / result["alone_tokens_per_s"])
     assert result["alone_tokens_per_cpu_s"] > 0 and result["pipeline_tokens_per_cpu_s"] > 0
-    assert 0 <= result["overhead_in_generator_loop"] < 1
+    # Busy seconds are added when a generator call ends, so a call that spans an end of the steady
+    # window counts wholly on the side where it ends (asyncrl.benchmarks.steady_state): with the
+    # generator busy nearly all the time, its measured share may pass 1 by up to a call's share of
+    # the window (one call of ~0.5 s in a window of a few tens of seconds; 1.03 was seen).
+    assert -0.1 <= result["overhead_in_generator_loop"] < 1
