@@ -4,10 +4,11 @@ bf16 halves the memory of weights, activations and published versions, but it is
 the hardware has bf16 dot-product instructions: CUDA GPUs of compute capability 8.0 and later,
 and CPUs with AVX512-BF16 or AMX. On a CPU without them (AVX2 only, as many AMD EPYC and older
 Xeon hosts) PyTorch and vLLM emulate bf16 matmuls: a 512 × 896 × 4864 product with its backward
-took 8.8 s in bf16 against 0.28 s in fp32 on one such core (31×), which turns a one-minute
-learner step of a 0.5 B model into half an hour. ``learner.trainer.dtype: bf16_if_native`` and
-``engine.dtype: bfloat16_if_native`` pick bf16 where it is native and fp32 elsewhere, in the
-process that computes (a cluster's learner and generators may sit on different hardware).
+took 8.8 s in bf16 against 0.28 s in fp32 on one such core (31×), and a learner step of a 0.5 B
+model that takes 36 s on a CPU with native bf16 had not finished after 5 minutes.
+``learner.trainer.dtype: bf16_if_native`` and ``engine.dtype: bfloat16_if_native`` pick bf16
+where it is native and fp32 elsewhere, in the process that computes (a cluster's learner and
+generators may sit on different hardware).
 """
 
 from __future__ import annotations
