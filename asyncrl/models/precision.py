@@ -64,22 +64,22 @@ def native_bf16(cuda: bool | None = None) -> bool:
 def resolve_trainer_dtype(dtype: str, cuda: bool | None = None) -> str:
     """``learner.trainer.dtype`` as the learner trains: ``bf16_if_native`` -> ``bf16`` where bf16
     is native (``native_bf16``), else ``fp32``; ``fp32`` and ``bf16`` unchanged."""
-    if dtype != "bf16_if_native":
-        return dtype
-    cuda = on_cuda(cuda)
-    resolved = "bf16" if native_bf16(cuda) else "fp32"
-    log.info("learner.trainer.dtype bf16_if_native: %s (%s)", resolved, _why(resolved, cuda))
-    return resolved
+    return _resolve("learner.trainer.dtype", dtype, "bf16_if_native", "bf16", "fp32", cuda)
 
 
 def resolve_engine_dtype(dtype: str, cuda: bool | None = None) -> str:
     """``engine.dtype`` as vLLM is given it: ``bfloat16_if_native`` -> ``bfloat16`` where bf16 is
     native (``native_bf16``), else ``float32``; every other value unchanged."""
-    if dtype != "bfloat16_if_native":
+    return _resolve("engine.dtype", dtype, "bfloat16_if_native", "bfloat16", "float32", cuda)
+
+
+def _resolve(field: str, dtype: str, if_native: str, bf16: str, fp32: str, cuda: bool | None) -> str:
+    """``dtype``, or when it is ``if_native`` the field's own name for bf16 or fp32 on this device (logged)."""
+    if dtype != if_native:
         return dtype
     cuda = on_cuda(cuda)
-    resolved = "bfloat16" if native_bf16(cuda) else "float32"
-    log.info("engine.dtype bfloat16_if_native: %s (%s)", resolved, _why(resolved, cuda))
+    resolved = bf16 if native_bf16(cuda) else fp32
+    log.info("%s %s: %s (%s)", field, if_native, resolved, _why(resolved, cuda))
     return resolved
 
 
