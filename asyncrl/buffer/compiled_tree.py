@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from asyncrl.buffer.sumtree import SPARE_DRAWS, SumTree, _distinct
 
@@ -67,6 +70,29 @@ _let_vllm_scan_llvmlite()
 
 # Every kernel of the buffer: cached on disk, the GIL released, indices unchecked.
 jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Start loading the cache line of ``array[index]`` and return at once (LLVM's
+    ``llvm.prefetch``: a read, to be kept in every cache level); never faults, even out of bounds.
+
+    numba has no prefetch of its own; this emits the one instruction where it is called.
+    """
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
+        )
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # read, keep, data
+        return context.get_dummy_value()
+
+    return numba.types.void(array, index), codegen
+
 
 # The tree's state besides its arrays, at ``_STATE`` in its buffer, that kernels update in place:
 _MIN, _MIN_COUNT, _MIN_KNOWN, _CUM_FRESH = range(4)  # smallest leaf, leaves equal to it, flags (0/1)
@@ -130,6 +156,25 @@ def _nearest_nonempty(buf, leaf, capacity):
     return -1
 
 
+# How many draws ahead a descent prefetches the rows it will read. Measured at 10^6 leaves, the
+# batch's draw (``_sample``) took ~55 µs without; ~42 with the bounds and the leaves' whole value
+# rows 6–8 draws ahead, and ~7 % less again prefetching a leaf's one value line once its index is
+# known. Prefetching every row as soon as its parent is known gained less: the processor drops
+# prefetches while its line-fill buffers are full.
+_AHEAD = 8
+
+
+@jit
+def _fetch_bounds(buf, lay, level, parent):
+    """Prefetch the bounds of ``parent``'s children at ``level`` (32 doubles, four or five
+    cache lines)."""
+    shift, f = lay[1], lay[2]
+    row = _bound(lay, level) + (parent << shift)
+    for q in range(0, f, 8):
+        _prefetch(buf, row + q)
+    _prefetch(buf, row + f - 1)
+
+
 @jit
 def _descend(buf, lay, u, leaf, values):
     """``SumTree._descend`` for every u (overwritten): leaves and their values into ``leaf`` and
@@ -138,7 +183,9 @@ def _descend(buf, lay, u, leaf, values):
     Level by level across all draws, as the numpy descent, and without branches on the data: the
     draws' memory reads (a random row per level, far apart in a large tree) are independent, so
     the processor overlaps their cache misses; a draw at a time, branching on each comparison,
-    waits for each miss in turn (measured: slower than numpy at 10^6 leaves). The child's index
+    waits for each miss in turn (measured: slower than numpy at 10^6 leaves). The bisection's
+    reads within a row depend on one another, though, so each draw also prefetches the rows of the
+    draw ``_AHEAD`` after it, whose misses are then overlapped with its own work. The child's index
     is how many of its row's bounds are <= u, found by bisection (the last is +inf): rows are
     non-decreasing (sums of non-negative numbers, left to right), so that is the first bound
     above u, as numpy finds it.
@@ -172,7 +219,11 @@ def _descend(buf, lay, u, leaf, values):
         u[i] = x - buf[cum + node]
     for level in range(levels - 1, -1, -1):
         b, p = _bound(lay, level), _prefix(lay, level)
+        for i in range(min(_AHEAD, m)):
+            _fetch_bounds(buf, lay, level, leaf[i])
         for i in range(m):
+            if i + _AHEAD < m:
+                _fetch_bounds(buf, lay, level, leaf[i + _AHEAD])
             row = b + (leaf[i] << shift)
             x = u[i]
             c, half = 0, f >> 1
@@ -183,6 +234,8 @@ def _descend(buf, lay, u, leaf, values):
             leaf[i] = node
             if level:
                 u[i] = x - buf[p + node]
+            else:
+                _prefetch(buf, node)  # its value, read after the last draw's descent
     for i in range(m):
         j = leaf[i]
         v = buf[j]
