@@ -6,7 +6,7 @@
 For each size, a Qwen2-shaped state dict of random fp32 tensors (an embedding, then decoder
 layers of q/k/v/o, gate/up/down and norms, hidden 1024, intermediate 2816) is published in
 ``--bucket-mb`` buckets to 1, 2 and 4 local subscriber *processes*, and timed from the start of
-``publish`` until the last subscriber holds verified tensors (every bucket's checksum checked: sum64 for shm, xxh3 for zmq):
+``publish`` until the last subscriber holds verified tensors (every bucket's checksum checked: sum64 for shm, fletcher64 for zmq):
 ``shm_s``, ``zmq_s``. For shared memory, ``shm_delivery_s`` stops earlier, when the last
 subscriber has the announcement: from then on the tensors are there to map, and what follows
 (mapping, every subscriber reading every byte for its checksum) is per-subscriber work.
@@ -66,7 +66,7 @@ import zmq  # noqa: E402
 from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
 from asyncrl.weights.buckets import state_dict_buckets  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
-from asyncrl.weights.stream import FRAME_BYTES, ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
+from asyncrl.weights.stream import FRAME_BYTES, MESSAGE_BYTES, ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
 from asyncrl.wire import security  # noqa: E402
 
 MB = 1_000_000
@@ -254,6 +254,12 @@ def main() -> None:
         "--frame-mb", type=float, default=FRAME_BYTES / MiB, help="ZeroMQ frame size of the stream and of raw ZeroMQ"
     )
     ap.add_argument(
+        "--message-mb",
+        type=float,
+        default=MESSAGE_BYTES / MiB,
+        help="most tensor bytes in one message of the stream (a bucket is cut into such messages)",
+    )
+    ap.add_argument(
         "--repeats",
         type=int,
         default=7,
@@ -267,6 +273,7 @@ def main() -> None:
         "commit": measured_commit(),
         "bucket_mb": args.bucket_mb,
         "frame_mb": args.frame_mb,
+        "message_mb": args.message_mb,
         "cpu_count": os.cpu_count(),
         "cases": [],
     }
@@ -274,7 +281,13 @@ def main() -> None:
     version = 0
     for n in args.subscribers:
         shm_pub = ShmWeightPublisher("tcp://127.0.0.1:0", name="bench.shm", max_versions=2)
-        zmq_pub = ZmqWeightPublisher("tcp://127.0.0.1:0", name="bench.zmq", frame_bytes=frame, send_timeout_s=120)
+        zmq_pub = ZmqWeightPublisher(
+            "tcp://127.0.0.1:0",
+            name="bench.zmq",
+            frame_bytes=frame,
+            send_timeout_s=120,
+            message_bytes=int(args.message_mb * MiB),
+        )
         raw = zmq.Context.instance().socket(zmq.PUB)
         raw.setsockopt(zmq.SNDHWM, 0)
         raw_port = raw.bind_to_random_port("tcp://127.0.0.1")

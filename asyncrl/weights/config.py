@@ -27,11 +27,12 @@ class WeightSyncConfig(Config):
     bucket_mb: float = Field(64.0, gt=0)
     """Size cap of one bucket in MiB: under ZeRO-3 the learner gathers, sends and frees one
     bucket at a time, so its extra memory is about two buckets, not the model."""
-    checksum: Literal["xxh3", "sum64", "crc32"] = "sum64"
-    """Per-bucket checksum checked on arrival: xxh3 or a 64-bit word sum (both memory speed), or
-    CRC-32 (~2 GB/s); see ``asyncrl.weights.buckets.HASHES``. Left unset, ``xxh3`` with the zmq
-    transport (order-sensitive, taken frame by frame) and ``sum64`` with the others (shm sums
-    tensors apart on a second thread, nccl on the GPU: both need a sum's additivity)."""
+    checksum: Literal["fletcher64", "xxh3", "sum64", "crc32"] = "sum64"
+    """Per-bucket checksum checked on arrival: Fletcher-64, xxh3 or a 64-bit word sum (all memory
+    speed), or CRC-32 (~2 GB/s); see ``asyncrl.weights.buckets.HASHES``. Left unset,
+    ``fletcher64`` with the zmq transport (order-sensitive, summed frame by frame in the pass
+    that copies each frame to its place) and ``sum64`` with the others (shm sums tensors apart
+    on a second thread, nccl on the GPU: both need a sum's additivity)."""
     frame_mb: float = Field(1.0, gt=0)
     """Size of one ZeroMQ frame in MiB (zmq transport)."""
     schedule: Literal["every_k", "every_s", "staleness"] = "every_k"
@@ -62,7 +63,7 @@ class WeightSyncConfig(Config):
     @classmethod
     def default_checksum(cls, data):
         if isinstance(data, dict) and "checksum" not in data and data.get("transport") == "zmq":
-            data = {**data, "checksum": "xxh3"}
+            data = {**data, "checksum": "fletcher64"}
         return data
 
     @model_validator(mode="after")

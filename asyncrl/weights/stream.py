@@ -1,24 +1,26 @@
 """Weight broadcast as a ZeroMQ stream of ~1 MiB frames, to any number of subscribers on any host.
 
-One PUB socket carries, per version: a ``weights_begin`` message, then one multipart message
-per bucket — a header frame ``{policy_version, index, crc, hash, nbytes, tensors}`` followed by
-each tensor's bytes cut into ``frame_bytes`` slices (a frame never spans two tensors) sent with
-``copy=False`` — then ``weights_end {num_buckets, bytes}``. Each subscriber checks the order,
-every bucket's checksum, and the count at the end.
+One PUB socket carries, per version: a ``weights_begin`` message, then the learner's buckets
+cut at tensor boundaries into multipart messages of at most ``MESSAGE_BYTES`` (8 MiB) — a header
+frame ``{policy_version, index, crc, hash, nbytes, tensors}`` followed by each tensor's bytes cut
+into ``frame_bytes`` slices (a frame never spans two tensors) sent with ``copy=False`` — then
+``weights_end {num_buckets, bytes}``. Each subscriber checks the order, every message's
+checksum, and the count at the end. Below, a *bucket* is one such message: the index, the
+checksum and the receive buffer are its own.
 
 Copies: none on the learner when a bucket's tensors are on the CPU, contiguous and stay put
 until the next bucket is asked for (a plain model, a state dict): the frames are views of the
 tensors and libzmq fans the same memory out to every subscriber. A bucket on the GPU, or
 gathered under ZeRO-3 (``Bucket.transient``: freed at the next ``next()``), is packed once into
-a host buffer. A subscriber takes each frame out of libzmq without a copy (``copy=False``), adds it
-to the checksum where libzmq put it (frame by frame: a whole tensor, up to tens of MB, is out of
-cache by its end; summing per tensor cost ~25 % more CPU per version), and copies it once into
-its place in the bucket's buffer, or not at all when the frame holds a whole tensor: that
-tensor is then a view of the frame (each frame is read once by the checksum and once by the
-copy, nothing more). The checksum is over the tensors' bytes in order (padding excluded), taken frame by
-frame (``Digest``): ``xxh3`` (the default: memory speed, and order-sensitive) and ``crc32`` run
-across them as over one string; ``sum64`` is the sum of their 8-byte words (each tensor, and
-each frame within it, starts 8-aligned, so they sum independently).
+a host buffer. A subscriber takes each frame out of libzmq without a copy (``copy=False``) and,
+in one pass, adds it to the checksum and copies it to its place in the bucket's buffer
+(``Digest.copy``: each word read once, where libzmq put it, still in cache, and written past
+the cache to the buffer, ``asyncrl.weights.fletcher``), or only sums it when the frame holds a
+whole tensor: that tensor is then a view of the frame. The checksum is over the tensors' bytes
+in order (padding excluded), taken frame by frame (``Digest``): ``fletcher64`` (the default:
+order-sensitive, and fused with the copy), ``sum64`` and ``xxh3`` or ``crc32`` (a sum, then a
+copy). Each tensor, and each frame within it, starts 8-aligned, so the word sums see the same
+words whether a tensor is summed whole (the learner) or frame by frame (a subscriber).
 
 Memory: frames that are views of the model's own tensors cost nothing while queued, so up to
 ``WINDOW`` such buckets go out back to back (libzmq always has the next one when a bucket has
@@ -67,6 +69,12 @@ from asyncrl.wire.messages import Message, WeightsBegin, WeightsBucket, WeightsE
 log = logging.getLogger(__name__)
 
 FRAME_BYTES = 1 << 20
+MESSAGE_BYTES = 8 << 20
+"""Most bytes of tensors in one bucket message: a learner's bucket (``weights.bucket_mb``, 64 MiB
+by default) is cut at tensor boundaries into messages of at most this much (a larger tensor
+goes alone). ZeroMQ hands a multipart message over only once all its frames are in, so with
+whole 64 MiB buckets a subscriber could not start copying a bucket before its last frame, nor
+the learner send one before summing all of it: at 100 MB that was ~half the time."""
 WINDOW = 4
 """Buckets of tensor views queued at once (plus a version's begin and end: within SNDHWM, 16)."""
 
@@ -82,7 +90,8 @@ class ZmqWeightPublisher:
         name: str = "learner.weights.stream",
         frame_bytes: int = FRAME_BYTES,
         send_timeout_s: float = 60.0,
-        hash: str = "xxh3",
+        hash: str = "fletcher64",
+        message_bytes: int = MESSAGE_BYTES,
     ):
         if frame_bytes < 64:
             raise ValueError(f"frame_bytes ({frame_bytes}) must be >= 64")
@@ -93,6 +102,9 @@ class ZmqWeightPublisher:
         self.name = name
         self.hash = hash
         self.frame_bytes = frame_bytes // 64 * 64  # whole cache lines
+        if message_bytes < self.frame_bytes:
+            raise ValueError(f"message_bytes ({message_bytes}) must be >= frame_bytes ({self.frame_bytes})")
+        self.message_bytes = message_bytes
         self.send_timeout_s = send_timeout_s
         self.sock = zmq.Context.instance().socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 1000)
@@ -113,15 +125,16 @@ class ZmqWeightPublisher:
     def publish(
         self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int, meta: dict | None = None
     ) -> dict:
-        """Stream every bucket (consumed one at a time); returns {bytes, buckets, seconds, extra_bytes}."""
+        """Stream every bucket (consumed one at a time, each as one or more messages of at most
+        ``message_bytes``); returns {bytes, buckets (messages sent), seconds, extra_bytes}."""
         start = time.perf_counter()
         self.peak_buffer_bytes = self.buffer_bytes
         self.sock.send(wire.encode(WeightsBegin.from_map({"policy_version": version, **(meta or {})})))
         in_flight: deque[tuple[int, list[zmq.MessageTracker], torch.Tensor | None, list]] = deque()
-        total = count = 0
-        for index, named in enumerate(buckets):
+        total = index = 0
+        for named in _messages(buckets, self.message_bytes):
             specs, size = layout(named)
-            if _zero_copy(named):
+            if named.zero_copy:
                 buf, views = None, [_flat(t) for _, t in named]
             else:  # on a GPU, or freed at the next bucket (ZeRO-3): packed once into host memory
                 while len(in_flight) > 1:  # one bucket in flight while packing: two buffers at most
@@ -160,13 +173,13 @@ class ZmqWeightPublisher:
             trackers = [self.sock.send(parts[-1], 0, copy=False, track=True)] if parts else []
             in_flight.append((index, trackers, buf, views))
             total += max(size, 1)
-            count += 1
+            index += 1
         while in_flight:
             self._finish(version, in_flight.popleft())
-        self.sock.send(wire.encode(WeightsEnd(policy_version=version, num_buckets=count, bytes=total)))
+        self.sock.send(wire.encode(WeightsEnd(policy_version=version, num_buckets=index, bytes=total)))
         return {
             "bytes": total,
-            "buckets": count,
+            "buckets": index,
             "seconds": time.perf_counter() - start,
             "extra_bytes": self.peak_buffer_bytes,
         }
@@ -233,6 +246,32 @@ class ZmqWeightPublisher:
         self.sock.close()
 
 
+class _Message(list):
+    """The tensors of one bucket message, and whether its frames may be views of them."""
+
+    zero_copy: bool = False
+
+
+def _messages(buckets: Iterable[list[tuple[str, torch.Tensor]]], cap: int) -> Iterable[_Message]:
+    """Each bucket cut at tensor boundaries into runs of at most ``cap`` bytes (a larger tensor
+    alone), in order; all of a bucket's messages are sent before the next bucket is asked for
+    (a ZeRO-3 gather lives until then)."""
+    for named in buckets:
+        zero_copy = _zero_copy(named)
+        message, size = _Message(), 0
+        for name, t in named:
+            nbytes = t.numel() * t.element_size()
+            if message and size + nbytes > cap:
+                yield message
+                message, size = _Message(), 0
+            message.append((name, t))
+            message.zero_copy = zero_copy
+            size += nbytes
+        if message or not named:
+            message.zero_copy = zero_copy
+            yield message
+
+
 def _zero_copy(named) -> bool:
     """Frames can be views of the tensors themselves: on the CPU, contiguous, and alive until
     the next bucket is asked for (not a ZeRO-3 gather, which ``iter_buckets`` marks transient)."""
@@ -245,7 +284,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8)
 
 
-def tensors_checksum(views, algo: str = "xxh3") -> int:
+def tensors_checksum(views, algo: str = "fletcher64") -> int:
     """The bucket checksum of the stream: over each tensor's bytes in order (see the module docstring)."""
     digest = Digest(algo)
     for v in views:
@@ -393,11 +432,11 @@ class ZmqWeightSubscriber:
                     n = len(frame)
                     if n > end - offset:
                         raise WeightSyncError(f"{what}: a frame of {n} bytes overruns tensor {spec.name}")
-                    digest.update(frame)
                     if n == spec.nbytes and _aligned(frame, spec):
+                        digest.update(frame)
                         in_place = frame  # the whole tensor in one frame: used where it lies
                     else:
-                        view[offset : offset + n] = frame
+                        digest.copy(frame, view[offset : offset + n])
                     offset += n
                 if in_place is not None:
                     tensors.append((spec.name, _as_tensor(torch.frombuffer(in_place, dtype=torch.uint8), spec)))

@@ -132,7 +132,7 @@ def test_the_kernel_is_chosen_by_name():
 @pytest.mark.slow  # imports vLLM (~10 s)
 def test_vllm_can_still_start_an_engine_after_numba_compiled_in_the_process():
     # vLLM's CPU platform scans every module attribute when it starts an engine; llvmlite's
-    # library wrapper failed that scan (asyncrl.buffer.compiled_tree._let_vllm_scan_llvmlite).
+    # library wrapper failed that scan (asyncrl.compiled._let_vllm_scan_llvmlite).
     # The scan itself, with no kernel to rebind: what failed before the engine could start.
     from vllm.triton_utils.dispatcher import _rebind_kernels
 

@@ -92,7 +92,7 @@ def test_state_dict_buckets_cap():
     assert [len(b) for b in state_dict_buckets(sd, 2048)] == [2, 2, 1]
 
 
-@pytest.mark.parametrize("algo", ["xxh3", "sum64", "crc32"])
+@pytest.mark.parametrize("algo", ["fletcher64", "xxh3", "sum64", "crc32"])
 def test_each_checksum_catches_a_zeroed_frame_and_truncation(algo):
     data = torch.arange(1 << 16, dtype=torch.int32).view(torch.uint8).numpy().copy()
     crc = checksum(data, algo)
@@ -105,11 +105,12 @@ def test_each_checksum_catches_a_zeroed_frame_and_truncation(algo):
         checksum(data, "md5")
 
 
-def test_only_xxh3_and_crc32_catch_two_words_swapped():
+def test_all_but_sum64_catch_two_words_swapped():
     data = torch.arange(1 << 12, dtype=torch.int64).view(torch.uint8).numpy().copy()
     swapped = data.copy()
     swapped[0:8], swapped[8:16] = data[8:16], data[0:8]
-    assert checksum(swapped, "sum64") == checksum(data, "sum64")  # why the stream defaults to xxh3
+    assert checksum(swapped, "sum64") == checksum(data, "sum64")  # why the stream uses another
+    assert checksum(swapped, "fletcher64") != checksum(data, "fletcher64")
     assert checksum(swapped, "xxh3") != checksum(data, "xxh3")
     assert checksum(swapped, "crc32") != checksum(data, "crc32")
 
@@ -124,11 +125,12 @@ def test_a_digest_taken_piece_by_piece_equals_the_checksum_of_the_whole(algo, cu
     assert digest.value() == checksum(data, algo)
 
 
-def test_a_sum64_digest_adds_up_its_pieces():
+@pytest.mark.parametrize("algo", ["sum64", "fletcher64"])
+def test_a_word_digest_taken_in_8_aligned_pieces_equals_the_checksum_of_the_whole(algo):
     data = torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy()
-    digest = Digest("sum64")
+    digest = Digest(algo)
     for start in range(0, len(data), 1024):  # 8-aligned pieces
         digest.update(data[start : start + 1024])
-    assert digest.value() == checksum(data, "sum64")
+    assert digest.value() == checksum(data, algo)
     with pytest.raises(ValueError, match=r"checksum algo \('md5'\) must be one of"):
         Digest("md5")

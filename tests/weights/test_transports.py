@@ -109,10 +109,11 @@ def test_zmq_checksum_catches_a_corrupted_bucket():
     sub.close()
 
 
+@pytest.mark.parametrize("algo", ["fletcher64", "xxh3"])
 @pytest.mark.parametrize("corrupt", ["flipped byte", "words swapped"])
-def test_zmq_xxh3_catches_a_frame_corrupted_in_transit(corrupt):
+def test_the_zmq_stream_catches_a_frame_corrupted_in_transit(corrupt, algo):
     data = torch.arange(64, dtype=torch.int64).view(torch.uint8).numpy().copy()  # one tensor, 512 bytes
-    crc = tensors_checksum([torch.from_numpy(data)], "xxh3")
+    crc = tensors_checksum([torch.from_numpy(data)], algo)
     bad = data.copy()
     if corrupt == "flipped byte":
         bad[100] ^= 0x01
@@ -123,7 +124,7 @@ def test_zmq_xxh3_catches_a_frame_corrupted_in_transit(corrupt):
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ZmqWeightSubscriber(f"tcp://127.0.0.1:{port}", name="g0", timeout_s=2)
     stream_subscribed(pub, [sub])
-    header = {"policy_version": 1, "index": 0, "crc": crc, "hash": "xxh3", "nbytes": 512}
+    header = {"policy_version": 1, "index": 0, "crc": crc, "hash": algo, "nbytes": 512}
     header["tensors"] = [["w", "int64", [64], 0, 512]]
     for version, payload in ((1, data), (2, bad)):
         pub.send(wire.encode_map("weights_begin", {"policy_version": version}))
@@ -135,7 +136,7 @@ def test_zmq_xxh3_catches_a_frame_corrupted_in_transit(corrupt):
             update = receive_version(sub)
             assert torch.equal(dict(update.tensors)["w"], torch.arange(64))
             update.done()
-    with pytest.raises(WeightSyncError, match="version 2 bucket 0: xxh3 checksum mismatch"):
+    with pytest.raises(WeightSyncError, match=f"version 2 bucket 0: {algo} checksum mismatch"):
         receive_version(sub, served=1)
     pub.close()
     sub.close()
@@ -228,6 +229,29 @@ def test_zmq_copies_a_transient_bucket_into_at_most_two_packing_buffers():
     sub.close()
 
 
+@pytest.mark.parametrize("transient", [False, True])
+def test_zmq_cuts_a_bucket_into_messages_at_tensor_boundaries(transient):
+    """A 1 MiB bucket goes out as messages of at most 256 KiB (a larger tensor alone), so a
+    subscriber starts on the first while the rest are on the wire; the version arrives whole."""
+    from asyncrl.weights.buckets import Bucket
+
+    pub = ZmqWeightPublisher("tcp://127.0.0.1:0", frame_bytes=1 << 16, message_bytes=1 << 18)
+    sub = ZmqWeightSubscriber(pub.address, name="g0", timeout_s=10)
+    stream_subscribed(pub.sock, [sub])
+    sizes = [1 << 15] * 6 + [1 << 17] + [1 << 15] * 2  # floats: 128 KiB x6, 512 KiB (alone), 128 KiB x2
+    sd = {f"w{i}": torch.full((n,), float(i)) for i, n in enumerate(sizes)}
+    bucket = Bucket(list(sd.items()))
+    bucket.transient = transient
+    stats = pub.publish([bucket], 1)
+    update = receive_version(sub)
+    got = dict(update.tensors)
+    assert list(got) == list(sd) and all(torch.equal(got[k], v) for k, v in sd.items())
+    assert stats["buckets"] == 5  # [w0 w1] [w2 w3] [w4 w5] [w6] [w7 w8]
+    update.done()
+    pub.close()
+    sub.close()
+
+
 def test_zmq_tensors_of_one_frame_are_used_where_they_arrive_and_the_rest_copied_once():
     """A tensor that fills one frame is a view of that frame (no copy), one cut into frames is
     copied into the bucket's buffer, both checked, in one bucket; every dtype arrives bit-identical
@@ -293,10 +317,10 @@ def test_a_state_dict_on_the_gpu_arrives_bit_identical(transport):
     sub.close()
 
 
-def test_the_zmq_stream_defaults_to_xxh3_and_the_summing_transports_to_sum64():
+def test_the_zmq_stream_defaults_to_fletcher64_and_the_summing_transports_to_sum64():
     from asyncrl.weights.config import WeightSyncConfig
 
-    assert WeightSyncConfig(transport="zmq").checksum == "xxh3"
+    assert WeightSyncConfig(transport="zmq").checksum == "fletcher64"
     assert WeightSyncConfig(transport="zmq", checksum="crc32").checksum == "crc32"
     assert WeightSyncConfig(transport="shm").checksum == "sum64"
     assert WeightSyncConfig().checksum == "sum64"
