@@ -61,6 +61,7 @@ import zmq
 
 from asyncrl import wire
 from asyncrl.observability.metrics import REJECTED_FRAMES, WEIGHT_FAILURES
+from asyncrl.weights import fletcher
 from asyncrl.weights.buckets import HASHES, Digest, layout, pack_into, specs_from_wire, specs_to_wire
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 from asyncrl.wire import security, socketwatch
@@ -99,6 +100,8 @@ class ZmqWeightPublisher:
             raise ValueError(f"send_timeout_s ({send_timeout_s}) must be > 0")
         if hash not in HASHES:
             raise ValueError(f"hash ({hash!r}) must be one of {HASHES}")
+        if hash == "fletcher64":
+            fletcher.warm()
         self.name = name
         self.hash = hash
         self.frame_bytes = frame_bytes // 64 * 64  # whole cache lines
@@ -331,6 +334,7 @@ class ZmqWeightSubscriber:
         socketwatch.watch(self.sock, name, curve, True, self._reject, connects=True)  # before connect: nothing unseen
         self.sock.connect(address)
         self._spare: list[bytearray] = []  # receive buffers of versions applied: reused, warm
+        fletcher.warm()  # compiled now, not on the first version's first frame
 
     def _recv_header(self, timeout: float, what: str) -> tuple[str, Message]:
         """The first frame of the next message (its other frames stay queued: ``RCVMORE``)."""
