@@ -102,7 +102,7 @@ HASHES = ("fletcher64", "xxh3", "sum64", "crc32")
 """Bucket checksums, all read at memory speed but CRC-32. ``fletcher64`` (the zmq stream's
 default; ``asyncrl.weights.fletcher``) is Fletcher's two running sums of the 8-byte words,
 mixed by XXH3 into 64 bits: order-sensitive, and summed in the same pass that copies a frame to
-its place (``Digest.copy``), which makes a subscriber's check nearly free. ``xxh3`` (xxHash's
+its place (``Digest.copy``), so a subscriber's check costs little beyond the copy it makes anyway. ``xxh3`` (xxHash's
 XXH3, 64 bits) runs at ~60 GB/s in cache and ~29 GB/s from memory here, as fast as the
 sum, and catches any change of the bytes, reordering included, short of an adversary.
 ``sum64`` is the sum mod 2^64 of the bucket's 8-byte words (~29 GB/s from memory): it catches

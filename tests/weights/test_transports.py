@@ -9,7 +9,7 @@ import torch
 import zmq
 
 from asyncrl import wire
-from asyncrl.weights.buckets import state_dict_buckets
+from asyncrl.weights.buckets import HASHES, state_dict_buckets
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber, tensors_checksum
 from asyncrl.weights.update import WeightSyncError
@@ -29,10 +29,11 @@ def _state(seed=0, big=1000):
     }
 
 
+@pytest.mark.parametrize("hash", HASHES)
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-def test_round_trip_is_bit_identical_to_every_subscriber(transport):
+def test_round_trip_is_bit_identical_to_every_subscriber(transport, hash):
     Pub, Sub = TRANSPORTS[transport]
-    pub = Pub("tcp://127.0.0.1:0")
+    pub = Pub("tcp://127.0.0.1:0", hash=hash)
     subs = [Sub(pub.address, name=f"g{i}") for i in range(2)]
     if transport == "zmq":  # shared memory repeats its announcement instead (in _receive)
         stream_subscribed(pub.sock, subs)
