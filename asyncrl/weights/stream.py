@@ -252,7 +252,9 @@ class ZmqWeightPublisher:
 class _Message(list):
     """The tensors of one bucket message, and whether its frames may be views of them."""
 
-    zero_copy: bool = False
+    def __init__(self, zero_copy: bool):
+        super().__init__()
+        self.zero_copy = zero_copy
 
 
 def _messages(buckets: Iterable[list[tuple[str, torch.Tensor]]], cap: int) -> Iterable[_Message]:
@@ -261,17 +263,15 @@ def _messages(buckets: Iterable[list[tuple[str, torch.Tensor]]], cap: int) -> It
     (a ZeRO-3 gather lives until then)."""
     for named in buckets:
         zero_copy = _zero_copy(named)
-        message, size = _Message(), 0
+        message, size = _Message(zero_copy), 0
         for name, t in named:
             nbytes = t.numel() * t.element_size()
             if message and size + nbytes > cap:
                 yield message
-                message, size = _Message(), 0
+                message, size = _Message(zero_copy), 0
             message.append((name, t))
-            message.zero_copy = zero_copy
             size += nbytes
         if message or not named:
-            message.zero_copy = zero_copy
             yield message
 
 
