@@ -181,6 +181,8 @@ class CriticConfig(Config):
 
     lr: float = Field(1e-4, gt=0)
     """AdamW learning rate of the critic."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay of the critic (0 by default, as the policy's ``trainer.weight_decay``)."""
     value_clip: float | None = 0.2
     """Clip the new value to old +- value_clip in the value loss (PPO's value clipping); None: off."""
     gamma: float = Field(1.0, ge=0, le=1)

@@ -89,7 +89,11 @@ class CriticTrainer:
             model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=tuple(trainer_cfg.betas), fused=trainer_cfg.fused_adamw or None
+            model.parameters(),
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,  # torch's own default is 0.01
+            betas=tuple(trainer_cfg.betas),
+            fused=trainer_cfg.fused_adamw or None,
         )
         self.engine = deepspeed_engine(model, optimizer, trainer_cfg)
         self.device = self.engine.device

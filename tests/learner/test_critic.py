@@ -82,6 +82,14 @@ def test_first_critic_step_gives_discounted_outcome_advantages(model_dir):
     assert stats2["value_mean"] != 0.0 and stats2["value_loss"] < stats["value_loss"]
 
 
+@pytest.mark.parametrize("weight_decay", [None, 0.05])
+def test_the_critic_decays_its_weights_as_configured(model_dir, weight_decay):
+    # None: the default, no decay (torch's AdamW alone would apply 0.01)
+    cfg = CriticConfig() if weight_decay is None else CriticConfig(weight_decay=weight_decay)
+    critic = CriticTrainer(model_dir, cfg, TrainerConfig(micro_batch_size=4))
+    assert [g["weight_decay"] for g in critic.engine.optimizer.param_groups] == [weight_decay or 0.0]
+
+
 @pytest.mark.parametrize("targets", ["gae", "vtrace"])
 def test_ppo_with_a_critic_trains(model_dir, targets):
     algo = AlgorithmConfig(
