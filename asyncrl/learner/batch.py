@@ -101,39 +101,41 @@ def collate(
 
     B = len(rows)
     L = max(max(len(p) + len(r) for p, r, *_ in rows), 2)  # >= 2 so that L - 1 >= 1
-    input_ids = torch.full((B, L), pad_id, dtype=torch.int64)
-    attention_mask = torch.zeros((B, L), dtype=torch.int64)
-    response_mask = torch.zeros((B, L - 1), dtype=torch.float32)
-    behaviour_logprobs = torch.zeros((B, L - 1), dtype=torch.float32)
-    advantage_rows = torch.zeros((B, L - 1), dtype=torch.float32)
-    behaviour_version = torch.zeros((B, L - 1), dtype=torch.int64)
-    policy_version = torch.zeros(B, dtype=torch.int64)
-    group_index = torch.zeros(B, dtype=torch.int64)
+    # Filled as numpy arrays: the rows may be read-only views of wire frames, which numpy copies
+    # from as from any array (torch.from_numpy of a read-only array warns and may not be written).
+    input_ids = np.full((B, L), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((B, L), dtype=np.int64)
+    response_mask = np.zeros((B, L - 1), dtype=np.float32)
+    behaviour_logprobs = np.zeros((B, L - 1), dtype=np.float32)
+    advantage_rows = np.zeros((B, L - 1), dtype=np.float32)
+    behaviour_version = np.zeros((B, L - 1), dtype=np.int64)
+    policy_version = np.zeros(B, dtype=np.int64)
+    group_index = np.zeros(B, dtype=np.int64)
     for b, (prompt, response, logprobs, adv, versions, trained_from, g_index) in enumerate(rows):
         P, T = len(prompt), len(response)
-        input_ids[b, :P] = torch.from_numpy(np.asarray(prompt, dtype=np.int64))
-        input_ids[b, P : P + T] = torch.from_numpy(np.asarray(response, dtype=np.int64))
+        input_ids[b, :P] = prompt
+        input_ids[b, P : P + T] = response
         attention_mask[b, : P + T] = 1
         # Response token j sits at position P + j and is predicted from position P + j - 1;
         # tokens before trained_from stay as context, out of the loss.
         response_mask[b, P - 1 + trained_from : P - 1 + T] = 1.0
-        behaviour_logprobs[b, P - 1 : P - 1 + T] = torch.from_numpy(np.asarray(logprobs, dtype=np.float32))
+        behaviour_logprobs[b, P - 1 : P - 1 + T] = logprobs
         advantage_rows[b, :] = adv
         trained = versions[trained_from:] if trained_from < T else versions
         oldest = int(trained.min()) if T else groups[g_index].policy_version
         behaviour_version[b, :] = oldest
-        behaviour_version[b, P - 1 : P - 1 + T] = torch.from_numpy(versions)
+        behaviour_version[b, P - 1 : P - 1 + T] = versions
         policy_version[b] = oldest
         group_index[b] = g_index
     return TrainBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        response_mask=response_mask,
-        behaviour_logprobs=behaviour_logprobs,
-        advantages=advantage_rows,
-        behaviour_version=behaviour_version,
-        policy_version=policy_version,
-        group_index=group_index,
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        response_mask=torch.from_numpy(response_mask),
+        behaviour_logprobs=torch.from_numpy(behaviour_logprobs),
+        advantages=torch.from_numpy(advantage_rows),
+        behaviour_version=torch.from_numpy(behaviour_version),
+        policy_version=torch.from_numpy(policy_version),
+        group_index=torch.from_numpy(group_index),
     )
 
 
