@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from asyncrl.buffer.sumtree import SPARE_DRAWS, SumTree, _distinct
+from asyncrl.buffer.sumtree import SPARE_DRAWS, SumTree, _distinct, _one_per_leaf
 from asyncrl.compiled import jit
 
 _INF = np.inf
@@ -396,15 +396,11 @@ class CompiledSumTree(SumTree):
     # -- the compiled operations ---------------------------------------------------------------
 
     def update(self, idx: np.ndarray, values: np.ndarray) -> None:
-        idx, values = np.asarray(idx, dtype=np.int64), np.asarray(values, dtype=np.float64)
-        if idx.shape != values.shape:
-            raise ValueError(f"{values.size} values given for {idx.size} leaves; there must be one per leaf")
+        idx, values = _one_per_leaf(idx, values)
         _update(self._buf, self._layout, idx, values)
 
     def update_powered(self, idx: np.ndarray, x: np.ndarray, floor: float, alpha: float) -> None:
-        idx, x = np.asarray(idx, dtype=np.int64), np.asarray(x, dtype=np.float64)
-        if idx.shape != x.shape:
-            raise ValueError(f"{x.size} values given for {idx.size} leaves; there must be one per leaf")
+        idx, x = _one_per_leaf(idx, x)
         bad = _update_powered(self._buf, self._layout, idx, x, floor, alpha)
         if bad >= 0:
             raise ValueError(f"priority ({x[bad]}) must be finite and >= 0")

@@ -140,8 +140,7 @@ class SumTree:
         Cost: per level, one gather, one (rows, 32) @ (32, 32) product and two scatters over the
         distinct parents of the written nodes.
         """
-        idx = np.asarray(idx, dtype=np.int64)
-        values = np.asarray(values, dtype=np.float64)
+        idx, values = _one_per_leaf(idx, values)  # numpy's put would repeat or drop values without a word
         leaves = self._value[0]
         self._track_min(leaves.take(idx), values)
         leaves.put(idx, values)
@@ -282,6 +281,14 @@ class SumTree:
         u[:k].sort()
         u *= total
         return self._descend(u)
+
+
+def _one_per_leaf(idx, values) -> tuple[np.ndarray, np.ndarray]:
+    """``idx`` as int64 and ``values`` as float64; raises unless there is one value per leaf."""
+    idx, values = np.asarray(idx, dtype=np.int64), np.asarray(values, dtype=np.float64)
+    if idx.shape != values.shape:
+        raise ValueError(f"{values.size} values given for {idx.size} leaves; there must be one per leaf")
+    return idx, values
 
 
 def powered(x: np.ndarray, floor: float, alpha: float) -> np.ndarray:

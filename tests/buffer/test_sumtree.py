@@ -92,3 +92,12 @@ def test_set_all_and_bad_input():
         SumTree(0)
     with pytest.raises(ValueError, match="all 0"):
         SumTree(2).sample(1, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("values", [[1.0], [1.0, 2.0, 3.0]])
+def test_update_refuses_a_number_of_values_other_than_one_per_leaf(values):
+    tree = SumTree(4)
+    tree.set_all(np.array([1.0, 2.0, 0.0, 4.0]))
+    with pytest.raises(ValueError, match=f"{len(values)} values given for 2 leaves; there must be one per leaf"):
+        tree.update(np.array([0, 3]), np.array(values))
+    assert tree.values().tolist() == [1.0, 2.0, 0.0, 4.0] and tree.total == 7.0
