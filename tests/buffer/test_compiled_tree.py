@@ -60,8 +60,11 @@ def test_numba_and_numpy_samplers_draw_the_same_batches_and_weights(capacity, k)
             s.remove(gone)
             s.add(back, np.full(back.size, 0.5), removed=np.setdiff1d(gone, back)[:1])
     assert numba_side.tree.total == pytest.approx(numpy_side.tree.total, rel=1e-12)
-    assert numba_side.tree.min == numpy_side.tree.min
-    assert np.array_equal(numba_side.tree.values(), numpy_side.tree.values())
+    # A leaf is max(p, floor)^alpha: numba calls the C library's pow, numpy's power has SIMD code
+    # of its own on AVX-512 CPUs, and there ~6 % of such powers differ in their last bit (the
+    # draws above stayed the same: a draw moves to another leaf only within ~1e-16 of a bound).
+    assert numba_side.tree.min == pytest.approx(numpy_side.tree.min, rel=1e-15)
+    np.testing.assert_array_max_ulp(numba_side.tree.values(), numpy_side.tree.values(), maxulp=1)
 
 
 @pytest.mark.parametrize(
