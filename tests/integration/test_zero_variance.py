@@ -61,6 +61,11 @@ def test_zero_variance_groups_are_dropped_refilled_counted_and_count_on_after_a_
     assert zero_variance_metric(run_dir) == second["zero_variance"]["groups"]
     assert second["ledger"]["lost"] == 0 and second["ledger"]["trained_twice"] == 0
     assert second["ledger"]["restores"] == 1
-    assert second["ledger"]["dropped"]["zero_variance"] > first["ledger"]["dropped"]["zero_variance"] * 1.5
+    # The ledger counts on across the resume, by id: more than the first run left in it, and more
+    # than the resumed run dropped itself (a ledger begun anew would hold those alone). How many
+    # the resumed run drops depends on how many groups the checkpoint's buffer held, so no ratio.
+    kept = second["ledger"]["dropped"]["zero_variance"]
+    assert kept > first["ledger"]["dropped"]["zero_variance"]
+    assert kept > 8 * (second["zero_variance"]["groups"] - held["groups"])
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == list(range(1, 13))
