@@ -14,6 +14,7 @@ from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.process import Controller
 from asyncrl.rundir import ledger_replay
+from asyncrl.rundir.ledger import iter_lines, segments_by_source
 from tests.integration.kills import kill_at_steps
 
 pytestmark = pytest.mark.slow  # whole runs of real processes, killed and restarted (~80 s)
@@ -46,9 +47,25 @@ def test_killed_generator_reward_worker_buffer_and_learner_lose_nothing(tmp_path
     assert ledger["lost"] == 0 and ledger["trained_twice"] == 0, ledger
     assert ledger["restores"] == 1
     assert summary["checkpoints"][-1] == 40 and 20 in summary["checkpoints"]
-    folder = controller.run_dir / "ledger"
-    assert (folder / ledger_replay.COMPACTED).exists()
-    assert not (folder / "dispatcher.1.jsonl").exists()  # compacted, then removed
+    # Compaction removed every closed segment wholly before its last cut. A segment's index is
+    # the next free one (the highest left, plus one), so once the old ones are gone a new segment
+    # may be named ``dispatcher.1.jsonl`` again: the check is by the lines, not by the names.
+    assert (controller.run_dir / "ledger" / ledger_replay.COMPACTED).exists()
+    _state, cut = ledger_replay.load_compacted(controller.run_dir)
+    assert cut > float("-inf")
+    restored_at = min(
+        line["t"]
+        for _index, path in segments_by_source(controller.run_dir)["controller"]
+        for line in iter_lines(path, "controller")
+        if line["event"] == "restore"
+    )
+    for source, segments in segments_by_source(controller.run_dir).items():
+        for index, path in segments:
+            times = [line["t"] for line in iter_lines(path, source)]
+            if index is not None:
+                assert max(times) >= cut, f"{path.name}: wholly before the cut, yet not removed"
+            if source == "dispatcher" and times:  # the open segment may be new, still empty
+                assert min(times) >= restored_at, f"{path.name}: a line from before the restore is left"
 
 
 def test_resume_continues_from_the_checkpoint_and_trains_each_group_once(tmp_path, capsys):
