@@ -58,6 +58,10 @@ def run_measured(cfg: RunConfig) -> dict:
     tokens = summary["trained_tokens"] * trained / max(summary["trained"], 1)  # response tokens in the window
     hist = {int(k): v for k, v in summary["staleness_hist"].items()}
     cpu, busy = window["cpu_s_by_role"], window["busy_s_by_role"]
+    # Busy seconds over the time between the same process's two scrapes (the steps' window when
+    # a role was not scraped at both ends): both span the same interval.
+    span = window["busy_window_s_by_role"]
+    generator_span = span.get("generator") or wall
     per_sample_us = {role: 1e6 * cpu.get(role, 0.0) / trained for role in (*CONTROL_PLANE, "generator")}
     groups = trained / cfg.sampling.n
     auto = {}
@@ -70,8 +74,11 @@ def run_measured(cfg: RunConfig) -> dict:
         **auto,
         "samples_per_s": trained / wall,
         "tokens_per_s": tokens / wall,
-        "generator_busy_fraction": busy.get("generator", 0.0) / (cfg.run.num_generators * wall),
-        "learner_busy_fraction": busy.get("learner", 0.0) / wall,
+        "generator_busy_fraction": busy.get("generator", 0.0) / (cfg.run.num_generators * generator_span),
+        # A call that spans the window's start counts wholly inside it: the fraction above may pass
+        # 1 by up to this (the longest call, bounded by its histogram bucket, over the window).
+        "generator_busy_fraction_error": window["longest_rollout_s_bound"] / generator_span,
+        "learner_busy_fraction": busy.get("learner", 0.0) / (span.get("learner") or wall),
         "busy_fractions_whole_run": {
             "generator": summary["generator_busy_fraction"],
             "learner": summary["learner_busy_fraction"],

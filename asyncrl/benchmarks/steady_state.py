@@ -12,7 +12,11 @@ poll, and the two scrapes a millisecond or so per process.
 
 A process adds its busy seconds when a unit of work ends (a generator call, an optimizer step),
 so a call that spans an end of the window counts wholly on the side where it ends; over a window
-of many calls the two ends roughly cancel.
+of many calls the two ends roughly cancel. Busy seconds are divided by the time between the two
+scrapes of the same process (``busy_window_s_by_role``), not by the steps' window, which the
+monitor sees only at its next poll: both then span the same interval, and what is left is that
+one call. ``longest_rollout_s_bound`` bounds it: the upper edge of the highest non-empty bucket of
+the generators' rollout histogram, so a generator's busy share passes 1 by at most that ÷ window.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _BUSY = re.compile(r"^asyncrl_busy_seconds_total(?:\{[^}]*\})? (\S+)$", re.M)
+_ROLLOUT_BUCKET = re.compile(r'^asyncrl_rollout_latency_seconds_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\} (\S+)$', re.M)
 
 
 def cpu_seconds(stat_path: str | Path) -> float | None:
@@ -41,6 +46,17 @@ def cpu_seconds(stat_path: str | Path) -> float | None:
 def busy_seconds(exposition: str) -> float:
     """Sum of ``asyncrl_busy_seconds_total`` over its label sets in a Prometheus exposition."""
     return sum(float(v) for v in _BUSY.findall(exposition))
+
+
+def longest_rollout_bound(exposition: str) -> float:
+    """An upper bound on the longest rollout in a Prometheus exposition: the upper edge of the
+    lowest bucket of ``asyncrl_rollout_latency_seconds`` that holds every observation (0.0 with
+    none; inf when one passed the last finite edge)."""
+    buckets = sorted((float(le), float(count)) for le, count in _ROLLOUT_BUCKET.findall(exposition))
+    total = buckets[-1][1] if buckets else 0.0
+    if total == 0:
+        return 0.0
+    return next(le for le, count in buckets if count >= total)
 
 
 class SteadyStateMonitor:
@@ -61,8 +77,8 @@ class SteadyStateMonitor:
         self.last: dict[str, float] = {}  # name -> CPU seconds last read (kept after it exits)
         self.cpu_go: dict[str, float] | None = None
         self.cpu_done: dict[str, float] | None = None
-        self.busy_go: dict[str, float] = {}
-        self.busy_done: dict[str, float] = {}
+        self.busy_go: dict[str, tuple[float, str]] = {}  # name -> (when it was read, its exposition)
+        self.busy_done: dict[str, tuple[float, str]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="steady-state-monitor", daemon=True)
 
@@ -81,15 +97,18 @@ class SteadyStateMonitor:
         if value is not None:
             self.last["controller"] = value
 
-    def _read_busy(self) -> dict[str, float]:
+    def _read_busy(self) -> dict[str, tuple[float, str]]:
+        """Each live process's exposition, with the middle of the time its scrape took."""
         out = {}
         for port_file in sorted((self.controller.run_dir / "metrics").glob("*.port")):
             url = f"http://127.0.0.1:{port_file.read_text().strip()}/metrics"
+            asked = time.monotonic()
             try:
                 with urllib.request.urlopen(url, timeout=2) as reply:
-                    out[port_file.stem] = busy_seconds(reply.read().decode())
+                    text = reply.read().decode()
             except OSError:
                 continue  # a process that has gone: the window misses nothing it did after
+            out[port_file.stem] = ((asked + time.monotonic()) / 2, text)
         return out
 
     def _run(self) -> None:
@@ -112,12 +131,22 @@ class SteadyStateMonitor:
         roles = dict(getattr(getattr(self.controller, "fleet", None), "roles", {}))
         roles["controller"] = "controller"
         cpu = {n: end[n] - start.get(n, 0.0) for n in end}
-        busy = {n: self.busy_done[n] - self.busy_go.get(n, 0.0) for n in self.busy_done}
+        # A process first scraped at the end (started inside the window) counts from zero.
+        busy = {
+            n: busy_seconds(text) - busy_seconds(self.busy_go.get(n, (0.0, ""))[1])
+            for n, (_t, text) in self.busy_done.items()
+        }
+        spans = {n: t - self.busy_go[n][0] for n, (t, _text) in self.busy_done.items() if n in self.busy_go}
+        span_sums, counts = by_role(spans, roles), by_role(dict.fromkeys(spans, 1.0), roles)
         return {
             "cpu_s_by_process": cpu,
             "cpu_s_by_role": by_role(cpu, roles),
             "busy_s_by_process": busy,
             "busy_s_by_role": by_role(busy, roles),
+            "busy_window_s_by_role": {role: span_sums[role] / counts[role] for role in span_sums},
+            "longest_rollout_s_bound": max(
+                (longest_rollout_bound(text) for _t, text in self.busy_done.values()), default=0.0
+            ),
         }
 
 

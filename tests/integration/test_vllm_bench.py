@@ -17,20 +17,22 @@ def test_vllm_pipeline_overhead_is_measured_against_the_engine_alone(tmp_path):
             "vllm",
             "--out",
             str(tmp_path),
-            "learner.total_steps=4",
+            "learner.total_steps=8",
             "sampling.max_tokens=8",
             "run.console=quiet",
         ]
     )
     assert json.loads((tmp_path / "pipeline_vllm.json").read_text())["overhead"] == result["overhead"]
-    assert result["pipeline"]["generator_versions"] == {"generator-0": 4}  # every broadcast was loaded
+    assert result["pipeline"]["generator_versions"] == {"generator-0": 8}  # every broadcast was loaded
     assert result["pipeline"]["counters_reconcile"] and result["pipeline"]["tokens_per_s"] > 0
     for alone in (result["alone_before"], result["alone_after"]):
-        assert [e["calls"] for e in alone["per_engine"]] == [4] and alone["tokens_per_s"] > 0
+        assert [e["calls"] for e in alone["per_engine"]] == [8] and alone["tokens_per_s"] > 0
     assert result["overhead"] == pytest.approx(1 - result["pipeline_tokens_per_s"] / result["alone_tokens_per_s"])
     assert result["alone_tokens_per_cpu_s"] > 0 and result["pipeline_tokens_per_cpu_s"] > 0
-    # Busy seconds are added when a generator call ends, so a call that spans an end of the steady
-    # window counts wholly on the side where it ends (asyncrl.benchmarks.steady_state): with the
-    # generator busy nearly all the time, its measured share may pass 1 by up to a call's share of
-    # the window (one call of ~0.5 s in a window of a few tens of seconds; 1.03 was seen).
-    assert -0.1 <= result["overhead_in_generator_loop"] < 1
+    # Busy seconds are added when a generator call ends, so a call that spans the start of the
+    # steady window counts wholly inside it (asyncrl.benchmarks.steady_state): with the generator
+    # busy nearly all the time, its measured share may pass 1 by up to the longest call's share
+    # of the window, which the benchmark bounds (0.2 and more in this short run).
+    error = result["pipeline"]["generator_busy_fraction_error"]
+    assert 0 < error < float("inf")
+    assert -error <= result["overhead_in_generator_loop"] < 1
