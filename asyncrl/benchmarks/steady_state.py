@@ -124,7 +124,8 @@ class SteadyStateMonitor:
             time.sleep(self.poll_s)
 
     def stop(self) -> dict:
-        """Stop polling; CPU and busy seconds over the window, by process and summed by role."""
+        """Stop polling; CPU and busy seconds over the window, by process and summed by role, the
+        mean time between each role's two scrapes, and the bound on the longest rollout."""
         self._stop.set()
         self._thread.join(10)
         start, end = self.cpu_go or {}, self.cpu_done or self.last

@@ -53,13 +53,14 @@ def test_killed_generator_reward_worker_buffer_and_learner_lose_nothing(tmp_path
     assert (controller.run_dir / "ledger" / ledger_replay.COMPACTED).exists()
     _state, cut = ledger_replay.load_compacted(controller.run_dir)
     assert cut > float("-inf")
+    by_source = segments_by_source(controller.run_dir)
     restored_at = min(
         line["t"]
-        for _index, path in segments_by_source(controller.run_dir)["controller"]
+        for _index, path in by_source["controller"]
         for line in iter_lines(path, "controller")
         if line["event"] == "restore"
     )
-    for source, segments in segments_by_source(controller.run_dir).items():
+    for source, segments in by_source.items():
         for index, path in segments:
             times = [line["t"] for line in iter_lines(path, source)]
             if index is not None:
