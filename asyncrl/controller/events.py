@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import msgspec
+
 from asyncrl.controller.checkpointing import CheckpointCoordinator
 from asyncrl.controller.commands import CommandSender
 from asyncrl.controller.errors import RunError
@@ -126,6 +128,10 @@ class EventRouter:
             self.progress.generator_versions[ev.source] = ev.version
             observe_served(self.timeline.on_served(ev.as_map()))
             log.info("%s now serves policy version %d (applied in %.0f ms)", ev.source, ev.version, 1000 * ev.apply_s)
+            if ev.probe is not None:  # one line per (version, generator): the probe's statistics
+                record = {"version": ev.version, "generator": ev.source, **msgspec.structs.asdict(ev.probe)}
+                with open(self.run_dir / "probes.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
         elif isinstance(ev, StepEvent):
             record = self.progress.on_step(ev)
             self.evaluations.on_step(ev.version)

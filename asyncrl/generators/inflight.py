@@ -8,7 +8,7 @@ recorded are emitted from there (the controller's event socket belongs to the ma
 and a failure the applier met is raised there, so it is never swallowed and the generator
 stops sampling with weights it cannot vouch for.
 
->>> applier = InFlightApplier(engine, subscriber, probe_atol=1e-3)  # doctest: +SKIP
+>>> applier = InFlightApplier(engine, subscriber, ProbeCheck(atol=1e-3))  # doctest: +SKIP
 >>> while running: applier.drain(ctx); engine.generate(...)  # doctest: +SKIP
 """
 
@@ -19,6 +19,7 @@ import threading
 
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.generators.weights_apply import apply_newest_weights
+from asyncrl.weights.probe import ProbeCheck
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +27,12 @@ log = logging.getLogger(__name__)
 class InFlightApplier:
     """Applies announced weights to ``engine`` from a background thread (see the module docstring)."""
 
-    def __init__(self, engine, weights, probe_atol: float | None, poll_s: float = 0.05, name: str = "generator"):
+    def __init__(self, engine, weights, probe: ProbeCheck | None, poll_s: float = 0.05, name: str = "generator"):
         if poll_s <= 0:
             raise ValueError(f"poll_s ({poll_s}) must be > 0")
         self.engine = engine
         self.weights = weights
-        self.probe_atol = probe_atol
+        self.probe = probe
         self.poll_s = poll_s
         self.name = name
         self.error: BaseException | None = None
@@ -44,7 +45,7 @@ class InFlightApplier:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                apply_newest_weights(self.engine, self.weights, self, self.probe_atol)
+                apply_newest_weights(self.engine, self.weights, self, self.probe)
             except BaseException as e:  # handed to the main thread by drain(): never swallowed
                 log.error("%s: applying weights in flight failed: %s: %s", self.name, type(e).__name__, e)
                 self.error = e

@@ -35,6 +35,7 @@ from asyncrl.generators.groups import build_groups, refuse_too_long
 from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import BUSY_SECONDS, GENERATED_TOKENS, POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
 from asyncrl.weights import make_subscriber
+from asyncrl.weights.probe import ProbeCheck
 from asyncrl.wire.messages import PromptRow
 from asyncrl.wire.schema import Group, WireError, validate_group
 from asyncrl.wire.sockets import EvalRequestReceiver
@@ -97,14 +98,12 @@ class Generator:
             f"{ctx.name}.weights",
             rank=self.gen_index + 1,
         )
-        self.probe_atol = cfg.weights.probe_atol if cfg.weights.probe else None
+        self.probe = ProbeCheck(cfg.weights.probe_atol, cfg.weights.probe_noise_factor) if cfg.weights.probe else None
         self.applier = None  # in_flight: a background thread swaps weights while requests run
         if cfg.weights.apply_mode == "in_flight":
             from asyncrl.generators.inflight import InFlightApplier
 
-            self.applier = InFlightApplier(
-                self.engine, self.weights, self.probe_atol, cfg.weights.poll_s, name=ctx.name
-            )
+            self.applier = InFlightApplier(self.engine, self.weights, self.probe, cfg.weights.poll_s, name=ctx.name)
         self.evals = None  # held-out evaluation requests from the controller (asyncrl.tasks.heldout)
         if getattr(ctx.endpoints, "evals", None) and cfg.eval.engine == "generators":
             receiver = EvalRequestReceiver(ctx.endpoints.evals, name=f"{ctx.name}.evals")
@@ -136,7 +135,7 @@ class Generator:
         if self.applier is not None:
             self.applier.drain(self.ctx)  # report what was swapped in flight; raise what failed
         else:
-            apply_newest_weights(self.engine, self.weights, self.ctx, self.probe_atol)
+            apply_newest_weights(self.engine, self.weights, self.ctx, self.probe)
 
     def refuse_too_long(self, rows: list[PromptRow]) -> list[PromptRow]:
         """The rows the engine takes; the others are dropped, reason ``prompt_too_long``."""

@@ -10,15 +10,16 @@ import time
 
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.observability.metrics import POLICY_VERSION, WEIGHT_APPLY_SECONDS, WEIGHT_BYTES, WEIGHT_FAILURES
-from asyncrl.weights.probe import check_probe
+from asyncrl.weights.probe import ProbeCheck
 
 
-def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe_atol: float | None = None) -> None:
+def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe: ProbeCheck | None = None) -> None:
     """Load the newest published version if it is newer than the one served; check it; report it.
 
     ``weights`` is a subscriber of ``asyncrl.weights`` (its ``newest`` verifies each bucket's
-    checksum). With ``probe_atol`` and a probe sent along, the engine then scores the probe text
-    and must match the learner's logprobs. Any failure (checksum, missing weights, probe) is
+    checksum). With a ``probe`` check and a probe sent along, the engine then scores the probe
+    text and must match the learner's logprobs (``asyncrl.weights.probe.ProbeCheck``: calibrated
+    before the first load on the weights both sides share). Any failure (checksum, missing weights, probe) is
     counted, reported back to the learner where the transport can, and raised: a generator must
     never go on sampling with weights it cannot vouch for.
     """
@@ -31,17 +32,22 @@ def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe_atol: flo
     if update is None:
         return
     try:
+        sent = update.meta.get("probe")
+        checked = probe is not None and sent is not None and hasattr(engine, "score")
+        probe_start = time.perf_counter()
+        if checked:
+            probe.before_load(engine, sent)
+        calibrate_s = time.perf_counter() - probe_start
         weights_in = update.path if update.path is not None else update.tensors
         if update.shm is not None and getattr(engine, "maps_shm", False):  # the engine process maps them itself
             load_s = engine.load_weights(weights_in, update.version, shm=update.shm)
         else:
             load_s = engine.load_weights(weights_in, update.version)
-        probe = update.meta.get("probe")
-        probe_diff = None
+        result = None
         probe_start = time.perf_counter()
-        if probe_atol is not None and probe is not None and hasattr(engine, "score"):
-            probe_diff = check_probe(engine, probe, probe_atol, update.version)
-        probe_s = time.perf_counter() - probe_start
+        if checked:
+            result = probe.check(engine, sent, update.version)
+        probe_s = time.perf_counter() - probe_start + calibrate_s
     except Exception as e:
         WEIGHT_FAILURES.labels("apply").inc()
         update.done(error=f"{type(e).__name__}: {e}")
@@ -61,5 +67,6 @@ def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe_atol: flo
         ready_at=update.ready_at,
         served_at=time.time(),  # wall clock, joined with the learner's published_at (asyncrl.weights.timeline)
         bytes=update.nbytes,
-        probe_diff=probe_diff,
+        probe_diff=None if result is None else result.mean_diff,
+        probe=result,
     )

@@ -119,7 +119,7 @@ class MockTrainer:
 
         return state_dict_buckets(self.full_state_dict(), bucket_bytes)
 
-    def probe(self) -> None:
+    def probe(self, max_len: int | None = None) -> None:
         """A simulated learner has no model to probe."""
         return None
 

@@ -45,7 +45,7 @@ from asyncrl.learner.rank_orders import Order, OrderReceiver, OrderSender
 from asyncrl.learner.staleness_control import AutoStaleness
 from asyncrl.learner.step_report import record_step_metrics, report_step
 from asyncrl.learner.totals import Counters, Reservoir, latency_summary
-from asyncrl.learner.weights_out import WeightsOut, take_part_in_publication
+from asyncrl.learner.weights_out import WeightsOut, take_part_in_initial_probe, take_part_in_publication
 from asyncrl.rundir.checkpoints import staging_dir
 from asyncrl.rundir.ledger import GroupIdSet
 from asyncrl.wire.sockets import RequestClient
@@ -73,6 +73,8 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         batches.max_staleness = auto.bound
         weights.schedule.set_max_staleness(auto.bound)
     latencies = Reservoir(10_000)  # seconds from the start of sampling to the end of training, per sample
+    if trainer.version == 0:  # what the generators start from: they calibrate the probe on it
+        weights.probe_initial(trainer)
     ctx.emit("ready", version=trainer.version)
     if trainer.version > 0:  # generators start from the initial weights: bring them to this version
         orders.send(Order("publish", trainer.version))
@@ -139,6 +141,8 @@ def run_other_rank(ctx: LearnerContext, trainer) -> None:
     orders = OrderReceiver(trainer.dp)
     if ctx.resume_dir is not None:
         trainer.load_state(ctx.resume_dir / "learner")
+    if trainer.version == 0:
+        take_part_in_initial_probe(trainer, ctx.cfg.weights, ctx.cfg.engine.max_model_len)
     ctx.emit("ready", version=trainer.version)
     start = time.monotonic()
     while True:
@@ -146,7 +150,7 @@ def run_other_rank(ctx: LearnerContext, trainer) -> None:
         if order.kind == "train":
             trainer.train_step(order.groups, weights=order.is_weights)
         elif order.kind == "publish":
-            take_part_in_publication(trainer, ctx.cfg.weights)
+            take_part_in_publication(trainer, ctx.cfg.weights, ctx.cfg.engine.max_model_len)
         elif order.kind == "checkpoint":
             trainer.save_state(staging_dir(ctx.run_dir, trainer.version) / "learner")
         elif order.kind == "finish":

@@ -286,16 +286,17 @@ class PolicyTrainer:
 
         return iter_buckets(self.engine.module, bucket_bytes)
 
-    def probe(self) -> dict:
-        """The learner's logprobs of the fixed probe text (``asyncrl.weights.probe``), sent with
-        each version so the generators can check what they serve. Collective under ZeRO-3."""
+    def probe(self, max_len: int | None = None) -> dict:
+        """The learner's logprobs of the fixed probe text (``asyncrl.weights.probe``), cut to fit
+        ``max_len`` tokens (the engine's ``max_model_len``), sent with each version so the
+        generators can check what they serve. Collective under ZeRO-3."""
         from transformers import AutoTokenizer
 
         from asyncrl.weights.probe import learner_probe
 
         if getattr(self, "_tokenizer", None) is None:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        return learner_probe(self.engine.module, self._tokenizer)
+        return learner_probe(self.engine.module, self._tokenizer, max_len=max_len)
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write a Hugging Face model dir (config, fp32 ``model.safetensors``, tokenizer files;

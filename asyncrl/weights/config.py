@@ -45,12 +45,17 @@ class WeightSyncConfig(Config):
     """``staleness`` schedule: publish when the generators' version would be this many steps
     short of falling outside ``buffer.max_staleness`` (room for samples still in flight)."""
     probe: bool = True
-    """After applying a version, the generator scores a fixed prompt and continuation and
-    compares with the learner's logprobs sent along; a mismatch is an error."""
+    """After applying a version, the generator scores a fixed text (dozens of tokens) and compares
+    with the learner's logprobs sent along; a mismatch beyond numerics is an error
+    (``asyncrl.weights.probe``)."""
     probe_atol: float | None = Field(None, gt=0)
-    """Largest absolute logprob difference the probe accepts; None derives it from the engine's and
-    the trainer's dtypes (``asyncrl.weights.probe.probe_tolerance``: 1e-3 when both are float32,
-    which agree to ~1e-5; 1e-2 with float16; 5e-2 with bfloat16 or an engine dtype of auto)."""
+    """Bound on the probe's mean |logprob difference| until it is calibrated, and a tenth of the
+    most a calibration may measure; None derives it from the engine's and the trainer's dtypes
+    (``asyncrl.weights.probe.probe_tolerance``: 1e-3 when both are float32; 1e-2 with float16;
+    5e-2 with bfloat16 or an engine dtype of auto)."""
+    probe_noise_factor: float = Field(5.0, ge=1)
+    """Once calibrated (at the first update, on the weights both sides share), the probe's bound is
+    this many times the mean mismatch measured there: the bound scales with the model's numerics."""
     timeout_s: float = Field(60.0, gt=0)
     """Seconds a generator waits for the next message of a version being streamed, and the
     learner for a bucket to leave for every subscriber; past it the wait is reported by name."""

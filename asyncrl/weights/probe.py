@@ -1,26 +1,55 @@
 """The probe: after a weight update, the generator's logprobs of a fixed text must match the learner's.
 
-The learner scores a fixed prompt + continuation with the weights it just published
-(``learner_probe``) and sends ``{"prompt", "continuation_ids", "logprobs"}`` along with the
-version. The generator, once it has applied the version, scores the same tokens with its engine
-(``VLLMEngine.score``: temperature-1 prompt logprobs) and ``check_probe`` raises
-``WeightSyncError`` when any position differs by more than ``atol``: weights that did not load,
-loaded into the wrong tensors, or stale KV from the prefix cache all show up here.
+The learner scores a fixed prompt + continuation (dozens of tokens) with the weights it just
+published (``learner_probe``) and sends them along with the version (``Probe``), together with
+its logprobs of the same text at the version it published before. The generator, once it has
+applied the version, scores the same tokens with its engine (``VLLMEngine.score``: temperature-1
+prompt logprobs) and ``ProbeCheck`` decides whether it serves the published weights.
+
+Why calibrated, not a fixed tolerance: an engine and a learner never agree exactly. Their
+kernels sum in other orders, and a 16-bit side rounds every weight and activation; over 30
+layers of a pretrained model the per-token gap at identical weights is ~3e-3 in float32 and
+~5e-2 in bfloat16 (SmolLM2-135M), well above what a two-layer toy shows (~1e-6). A tolerance
+fixed by dtype and held against the largest of two tokens failed healthy updates of a real model
+(and a failure that repeats at each restart became a restart loop). So the check:
+
+1. **learns the mismatch at identical weights**: at the first update whose previous version is
+   the one the engine serves (at start: the initial weights on both sides), the engine scores the
+   text *before* loading and compares with the learner's logprobs of that previous version:
+   ``noise = mean_t |Δ_t|``. The bound is then ``tol = max(noise_factor × noise, MIN_ATOL)``;
+   until a calibration, ``atol`` (by dtype, ``probe_tolerance``) is the bound;
+2. **tests a mean over the whole text**, not the largest of a few tokens (a mean over dozens of
+   tokens moves far less between two healthy versions than any single position does);
+3. **tells a failed load from numerics**: an update passes when ``mean|G − L_new| ≤ tol``, or when
+   the served logprobs are at least ``SEPARATION`` times closer to the new version's than to the
+   previous version's (they clearly moved to the new weights). Weights that did not load sit at
+   the previous version (``mean|G − L_prev|`` ≈ noise); weights in the wrong tensors or corrupted
+   give differences of order 1 and more, far from both.
+
+When the new and previous versions are closer to each other than ``tol`` (a tiny learning rate),
+no probe can tell them apart: the update passes and ``separation`` in its statistics says so.
+
+Statistics of every check (``asyncrl.wire.messages.ProbeStats``) go out with the generator's ``version`` event: mean
+and max |Δ| against the new version, the same against the previous one, the bound and the
+calibrated noise. The per-token mismatch KL on sampled tokens is the learner's ``mismatch_kl``
+step statistic (``asyncrl.learner.step_stats``), measured on real answers at staleness 0.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import numpy as np
 
 from asyncrl.weights.update import WeightSyncError
+from asyncrl.wire.messages import ProbeStats
 
 PROBE_TOLERANCES = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
-"""Probe tolerance by the coarser dtype of the two sides. A float32 engine and learner agree to
-~1e-5 (1e-3 leaves room for kernels that sum in another order). A 16-bit side rounds every
-weight and activation (relative error 2^-11 for float16, 2^-8 for bfloat16), which a forward
-pass of many layers turns into logprob differences of ~1e-3 (float16) and ~1e-2 (bfloat16):
-the tolerances keep a factor of about five above that, and far below what a weight that did
-not load gives (differences of order 1 and more)."""
+"""Probe bound before calibration, on the mean |Δ| over the probe text, by the coarser dtype of
+the two sides. A float32 engine and learner agree to ~1e-5 on a small model and ~3e-3 on a
+30-layer one; a 16-bit side rounds every weight and activation (relative error 2^-11 for float16,
+2^-8 for bfloat16), which a forward pass of many layers turns into mean differences of ~1e-3
+(float16) and ~1e-2 (bfloat16). Far below what a weight that did not load gives (order 1)."""
 _ALIASES = {
     "fp32": "float32",
     "fp16": "float16",
@@ -31,16 +60,81 @@ _ALIASES = {
     "bfloat16_if_native": "bfloat16",
 }
 
+MIN_ATOL = 1e-4
+"""Lowest calibrated bound: two sides that agree to the last bit at identical weights would
+otherwise give a bound of 0, which a reordered sum after an update breaks."""
+SEPARATION = 4.0
+"""An update also passes when the served logprobs are this many times closer (mean |Δ|) to the
+new version's than to the previous version's: clearly moved to the new weights."""
+CALIBRATION_LIMIT = 10.0
+"""At identical weights the mismatch may be at most this many times the dtype bound (``atol``):
+more is not numerics but two different models (the engine loaded another folder)."""
+
 PROBE_PROMPT = "12+34="
-PROBE_CONTINUATION = "46"
+PROBE_CONTINUATION = (
+    "46\n27+58=85\n63+19=82\nThe sum of 40 and 45 is 85, and 7 times 8 is 56.\n"
+    "Question: Tom has 3 apples and buys 9 more. How many apples does he have?\nAnswer: 3 + 9 = 12. #### 12\n"
+)
+"""Arithmetic and a short word problem: every character is in the tiny models' character
+vocabulary, and a pretrained BPE model reads it as ordinary text (~45 tokens for SmolLM2's
+tokenizer). ``learner_probe`` cuts it to fit the engine's ``max_model_len``."""
 
 
-def learner_probe(model, tokenizer, prompt: str = PROBE_PROMPT, continuation: str = PROBE_CONTINUATION) -> dict:
-    """Temperature-1 logprobs the (full, unpartitioned) ``model`` gives ``continuation`` after ``prompt``."""
+@dataclass
+class Probe:
+    """What the learner sends with a version (``WeightsAnnouncement.probe``, as ``to_wire()``):
+    the probe text's token ids and the learner's logprobs of them at ``version``, and at the
+    version it published before (``previous_version``; None for the first publication of a
+    resumed learner, which no longer has those weights)."""
+
+    prompt: str
+    continuation_ids: list[int]
+    logprobs: list[float]
+    version: int | None = None
+    previous_version: int | None = None
+    previous_logprobs: list[float] | None = None
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, body: dict) -> Probe:
+        """A probe as received; a malformed one is a ``WeightSyncError`` naming the field."""
+        try:
+            probe = cls(**body)
+        except TypeError as e:
+            raise WeightSyncError(f"probe ({sorted(body)}): not a probe: {e}") from None
+        n = len(probe.continuation_ids)
+        for name in ("logprobs", "previous_logprobs"):
+            values = getattr(probe, name)
+            if values is not None and len(values) != n:
+                raise WeightSyncError(f"probe {name} has {len(values)} values for {n} continuation tokens")
+        return probe
+
+    def after(self, version: int, logprobs: list[float]) -> Probe:
+        """The probe of the next publication: this one's logprobs become its previous ones."""
+        return Probe(self.prompt, self.continuation_ids, logprobs, version, self.version, self.logprobs)
+
+
+def learner_probe(
+    model,
+    tokenizer,
+    prompt: str = PROBE_PROMPT,
+    continuation: str = PROBE_CONTINUATION,
+    max_len: int | None = None,
+) -> dict:
+    """Temperature-1 logprobs the (full, unpartitioned) ``model`` gives ``continuation`` after
+    ``prompt``, the continuation cut so that prompt + continuation stay below ``max_len`` tokens
+    (the engine's ``max_model_len``; it scores them as one prompt)."""
     import torch
 
     prompt_ids = list(tokenizer.encode(prompt))
     cont_ids = list(tokenizer.encode(continuation, add_special_tokens=False))
+    if max_len is not None:
+        room = max_len - 1 - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"probe prompt ({len(prompt_ids)} tokens) must be shorter than max_len ({max_len}) - 1")
+        cont_ids = cont_ids[:room]
     ids = torch.tensor([prompt_ids + cont_ids], device=next(model.parameters()).device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()[0]  # (P+C, V)
@@ -53,24 +147,103 @@ def learner_probe(model, tokenizer, prompt: str = PROBE_PROMPT, continuation: st
     }
 
 
-def check_probe(engine, probe: dict, atol: float, version: int) -> float:
-    """Score ``probe`` on ``engine``; return the largest |difference|, raise past ``atol``."""
-    got = np.asarray(engine.score(probe["prompt"], list(probe["continuation_ids"])), dtype=np.float64)
-    want = np.asarray(probe["logprobs"], dtype=np.float64)
-    diff = float(np.max(np.abs(got - want))) if len(want) else 0.0
-    if got.shape != want.shape or not diff <= atol:
-        raise WeightSyncError(
-            f"probe after applying version {version}: generator logprobs {np.round(got, 5).tolist()} differ from the "
-            f"learner's {np.round(want, 5).tolist()} by {diff:.3g} > atol {atol}: the served weights are not the published ones"
+class ProbeCheck:
+    """A generator's probe: calibrates once at identical weights, then checks every update.
+
+    >>> check = ProbeCheck(atol=1e-2)
+    >>> check.tol
+    0.01
+    >>> check.calibrate(np.array([-1.0, -2.0]), np.array([-1.01, -2.03]))
+    0.02
+    >>> round(check.tol, 6)  # 5 x the mean mismatch at identical weights
+    0.1
+    """
+
+    def __init__(self, atol: float, noise_factor: float = 5.0):
+        if not atol > 0:
+            raise ValueError(f"atol ({atol}) must be > 0")
+        if not noise_factor >= 1:
+            raise ValueError(f"noise_factor ({noise_factor}) must be >= 1")
+        self.atol = atol
+        self.noise_factor = noise_factor
+        self.noise: float | None = None
+
+    @property
+    def tol(self) -> float:
+        """The bound on the mean |Δ|: ``atol`` until calibrated, then the calibrated one."""
+        if self.noise is None:
+            return self.atol
+        return max(self.noise_factor * self.noise, MIN_ATOL)
+
+    def calibrate(self, engine_logprobs: np.ndarray, learner_logprobs: np.ndarray) -> float:
+        """Learn the mismatch from both sides' logprobs of the same text at the same weights."""
+        noise = float(np.mean(np.abs(np.asarray(engine_logprobs, np.float64) - np.asarray(learner_logprobs))))
+        if not noise <= CALIBRATION_LIMIT * self.atol:
+            raise WeightSyncError(
+                f"probe at identical weights: the engine's logprobs differ from the learner's by {noise:.3g} on average, "
+                f"more than {CALIBRATION_LIMIT:g} x the dtype bound {self.atol:g}: the engine and the learner do not run "
+                "the same model (check model.path and the engine's dtype)"
+            )
+        self.noise = noise
+        return round(noise, 6)
+
+    def before_load(self, engine, body: dict) -> None:
+        """Before loading a version: calibrate, once, if the engine serves the probe's previous version."""
+        probe = Probe.from_wire(body)
+        if self.noise is not None or probe.previous_logprobs is None or probe.previous_version != engine.version:
+            return
+        got = engine.score(probe.prompt, list(probe.continuation_ids))
+        self.calibrate(got, np.asarray(probe.previous_logprobs, np.float64))
+
+    def check(self, engine, body: dict, version: int) -> ProbeStats:
+        """Score the probe on ``engine`` after loading ``version``; raise if it does not serve it."""
+        probe = Probe.from_wire(body)
+        got = np.asarray(engine.score(probe.prompt, list(probe.continuation_ids)), dtype=np.float64)
+        want = np.asarray(probe.logprobs, dtype=np.float64)
+        if got.shape != want.shape or not len(want):
+            raise WeightSyncError(
+                f"probe after applying version {version}: {got.shape} logprobs for {want.shape} tokens"
+            )
+        diff = np.abs(got - want)
+        prev = None if probe.previous_logprobs is None else np.asarray(probe.previous_logprobs, np.float64)
+        result = ProbeStats(
+            mean_diff=float(diff.mean()),
+            max_diff=float(diff.max()),
+            tol=self.tol,
+            noise=self.noise,
+            previous_diff=None if prev is None else float(np.abs(got - prev).mean()),
+            separation=None if prev is None else float(np.abs(want - prev).mean()),
+            tokens=len(want),
         )
-    return diff
+        moved = result.previous_diff is not None and result.mean_diff * SEPARATION <= result.previous_diff
+        if not (result.mean_diff <= result.tol or moved):
+            raise WeightSyncError(self._failure(result, version, probe.previous_version))
+        return result
+
+    def _failure(self, r: ProbeStats, version: int, previous_version: int | None) -> str:
+        bound = (
+            f"{self.noise_factor:g} x the mismatch at identical weights ({r.noise:.3g})"
+            if r.noise is not None
+            else "weights.probe_atol (not calibrated yet)"
+        )
+        what = "the served weights are not the published ones"
+        if r.previous_diff is not None and r.previous_diff <= r.tol:
+            what = f"the engine still serves version {previous_version}'s weights: the update did not load"
+        elif r.previous_diff is not None:
+            what = "the served weights are neither the published version's nor the previous one's"
+        return (
+            f"probe after applying version {version}: generator logprobs differ from the learner's by "
+            f"{r.mean_diff:.3g} on average over {r.tokens} tokens (max {r.max_diff:.3g}) > {r.tol:.3g}, "
+            f"{bound}: {what}"
+        )
 
 
 def probe_tolerance(engine_dtype: str, trainer_dtype: str) -> float:
-    """The probe's ``atol`` for an engine in ``engine_dtype`` (``float32``, ``bfloat16``,
-    ``float16``, ``auto``: the model's own, taken as bfloat16, the usual checkpoint dtype;
-    ``bfloat16_if_native``: taken as bfloat16) and a learner in ``trainer_dtype`` (``fp32``,
-    ``bf16``, ``bf16_if_native``: taken as bf16): the looser of the two sides'.
+    """The probe's bound before calibration (on the mean |Δ|) for an engine in ``engine_dtype``
+    (``float32``, ``bfloat16``, ``float16``, ``auto``: the model's own, taken as bfloat16, the
+    usual checkpoint dtype; ``bfloat16_if_native``: taken as bfloat16) and a learner in
+    ``trainer_dtype`` (``fp32``, ``bf16``, ``bf16_if_native``: taken as bf16): the looser of the
+    two sides'.
 
     >>> probe_tolerance("float32", "fp32"), probe_tolerance("bfloat16", "bf16"), probe_tolerance("float32", "bf16")
     (0.001, 0.05, 0.05)

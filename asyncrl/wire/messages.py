@@ -513,6 +513,24 @@ class BroadcastEvent(Event, kw_only=True, tag="broadcast"):
     """Peak bytes of buffers the transport held beside the weights (stream transport)."""
 
 
+class ProbeStats(msgspec.Struct, kw_only=True):
+    """One probe check of a weight update on a generator (``asyncrl.weights.probe.ProbeCheck``)."""
+
+    mean_diff: float
+    """mean_t |G_t − L_t| against the published version's logprobs."""
+    max_diff: float
+    """max_t |G_t − L_t|."""
+    tol: float
+    """The bound ``mean_diff`` was held to."""
+    noise: float | None = None
+    """The mismatch measured at identical weights (None: not calibrated yet)."""
+    previous_diff: float | None = None
+    """mean_t |G_t − L^prev_t| against the previous version's logprobs (None: not sent)."""
+    separation: float | None = None
+    """mean_t |L_t − L^prev_t|: how far apart the two versions are on the probe text."""
+    tokens: int
+
+
 class VersionEvent(Event, kw_only=True, tag="version"):
     """A generator now serves ``version``, and how long each stage of getting there took."""
 
@@ -526,6 +544,9 @@ class VersionEvent(Event, kw_only=True, tag="version"):
     """Wall clock, joined with the learner's ``published_at`` (``asyncrl.weights.timeline``)."""
     bytes: int
     probe_diff: float | None = None
+    """The probe's mean |Δ| (``probe.mean_diff``)."""
+    probe: ProbeStats | None = None
+    """The probe check's statistics (None: no probe)."""
 
 
 class HeartbeatEvent(Event, kw_only=True, tag="heartbeat"):

@@ -22,7 +22,7 @@ from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
 from asyncrl.generators.groups import build_groups  # noqa: E402
 from asyncrl.generators.inflight import InFlightApplier  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402
-from asyncrl.weights.probe import learner_probe  # noqa: E402
+from asyncrl.weights.probe import ProbeCheck, learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.wire import decode, encode_group  # noqa: E402
 from tests.factories import RecordingContext, two_tiny_models  # noqa: E402
@@ -124,11 +124,11 @@ def test_shm_update_applied_in_flight_by_the_applier_passes_the_probe(engine, hf
     from transformers import AutoTokenizer
 
     model = hf["a"]  # back to the first weights: the probe tells them apart from the engine's
-    probe = learner_probe(model, AutoTokenizer.from_pretrained(models["a"]))
+    probe = learner_probe(model, AutoTokenizer.from_pretrained(models["a"]), max_len=64)
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
     version = engine.version + 1
-    applier = InFlightApplier(engine, sub, probe_atol=1e-3, poll_s=0.01, name="gen-0")
+    applier = InFlightApplier(engine, sub, probe=ProbeCheck(atol=1e-3), poll_s=0.01, name="gen-0")
     ctx = RecordingContext()
     try:
         completions = _sample_while(
@@ -157,7 +157,7 @@ def test_a_failed_swap_in_flight_is_raised_by_drain(engine):
         def newest(self, served_version, timeout=0.0):
             raise TimeoutError("gen-0.weights: waited 1.0 s for bucket 0 of version 9")
 
-    applier = InFlightApplier(engine, Broken(), probe_atol=None, poll_s=0.01, name="gen-0")
+    applier = InFlightApplier(engine, Broken(), probe=None, poll_s=0.01, name="gen-0")
     wait_until(lambda: applier.error is not None, "the applier to keep the subscriber's error")
     with pytest.raises(TimeoutError, match="bucket 0 of version 9"):
         applier.drain(RecordingContext())

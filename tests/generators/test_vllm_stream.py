@@ -79,17 +79,17 @@ def test_weights_swapped_while_a_group_runs_pass_the_probe_and_split_its_segment
 
     from asyncrl.generators.inflight import InFlightApplier
     from asyncrl.weights.buckets import iter_buckets
-    from asyncrl.weights.probe import learner_probe
+    from asyncrl.weights.probe import ProbeCheck, learner_probe
     from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
     from tests.factories import RecordingContext
 
     path = build_tiny_model(TinyModelConfig(seed=2, max_position_embeddings=256), tmp_path / "b")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    probe = learner_probe(model, AutoTokenizer.from_pretrained(path))
+    probe = learner_probe(model, AutoTokenizer.from_pretrained(path), max_len=256)
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
     engine, version = stream.engine, stream.engine.version + 1
-    applier = InFlightApplier(engine, sub, probe_atol=1e-3, poll_s=0.01, name="gen-0")
+    applier = InFlightApplier(engine, sub, probe=ProbeCheck(atol=1e-3), poll_s=0.01, name="gen-0")
     ctx = RecordingContext()
     try:
         before = stream.load.generated_tokens

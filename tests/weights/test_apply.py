@@ -7,6 +7,7 @@ import torch
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
 from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import REGISTRY
+from asyncrl.weights.probe import ProbeCheck
 from asyncrl.weights.update import WeightSyncError, WeightUpdate
 from tests.factories import RecordingContext
 
@@ -31,7 +32,7 @@ def _failures(stage):
 def test_an_applied_update_is_reported_with_its_version_and_acked():
     engine, ctx = MockEngine(MockEngineConfig(load_weights_s=0)), RecordingContext()
     sub = OneUpdate(WeightUpdate(3, [("w", torch.zeros(2))], nbytes=8))
-    apply_newest_weights(engine, sub, ctx, probe_atol=1e-3)
+    apply_newest_weights(engine, sub, ctx, probe=ProbeCheck(atol=1e-3))
     assert engine.version == 3 and sub.reports == [None]
     ((kind, ev),) = ctx.events
     assert kind == "version" and ev["version"] == 3 and ev["bytes"] == 8

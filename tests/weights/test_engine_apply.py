@@ -17,7 +17,7 @@ import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, noth
 
 from asyncrl.generators.weights_apply import apply_newest_weights  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402
-from asyncrl.weights.probe import learner_probe  # noqa: E402
+from asyncrl.weights.probe import ProbeCheck, learner_probe  # noqa: E402
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber  # noqa: E402
 from asyncrl.weights.stream import ZmqWeightPublisher, ZmqWeightSubscriber  # noqa: E402
 from asyncrl.weights.update import WeightSyncError  # noqa: E402
@@ -56,7 +56,7 @@ def _apply(engine, sub, pub, ctx):
     version = engine.version
 
     def applied():
-        apply_newest_weights(engine, sub, ctx, probe_atol=1e-3)
+        apply_newest_weights(engine, sub, ctx, probe=ProbeCheck(atol=1e-3))
         return engine.version != version
 
     wait_until(applied, f"{sub.name} to apply a version above {version}", interval=0.05, tick=pub.announce)
@@ -70,7 +70,7 @@ def test_apply_between_requests_serves_the_published_weights(engine, learner, tr
     sub = Sub(pub.address, name="gen-0.weights")
     if transport == "zmq":  # shared memory repeats its announcement instead (in _apply)
         stream_subscribed(pub.sock, [sub])
-    probe = learner_probe(model, tok)
+    probe = learner_probe(model, tok, max_len=engine.cfg.max_model_len)
     before = engine.score(probe["prompt"], probe["continuation_ids"])
     version = engine.version + 1
     pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
@@ -87,7 +87,7 @@ def test_probe_catches_a_deliberately_corrupted_bucket(engine, learner):
     model, tok = learner
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
-    probe = learner_probe(model, tok)
+    probe = learner_probe(model, tok, max_len=engine.cfg.max_model_len)
 
     def corrupted():  # a learner-side bug: right checksum, wrong numbers
         for i, bucket in enumerate(iter_buckets(model, 64 << 10)):
@@ -95,7 +95,7 @@ def test_probe_catches_a_deliberately_corrupted_bucket(engine, learner):
 
     version = engine.version + 1
     pub.publish(corrupted(), version, meta={"probe": probe})
-    with pytest.raises(WeightSyncError, match=f"probe after applying version {version}: .* > atol 0.001"):
+    with pytest.raises(WeightSyncError, match=f"probe after applying version {version}: .* > 0.001"):
         _apply(engine, sub, pub, RecordingContext())
     wait_until(lambda: pub.errors, "the subscriber's error report", tick=pub.announce)
     assert pub.errors and pub.errors[0].subscriber == "gen-0.weights" and "probe" in pub.errors[0].error
