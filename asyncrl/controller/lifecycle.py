@@ -83,12 +83,19 @@ class Lifecycle:
         self.ledger = ledger
         self.stopper = Stopper(fleet, commands, pump, reports, watch)
         self.gpu_envs = gpu_envs(cfg)  # checked and logged before anything starts; a restore reuses it
+        self.starts = 0
+        """Calls of ``start_all`` so far (a restore during one starts another)."""
 
     def start_all(self, checkpoint: Path | None, evaluate_first: bool = False) -> None:
         """Start every component (from ``checkpoint`` when given) and say go once all are ready;
         with ``evaluate_first``, the generators first score the held-out set with the weights
         they serve (``eval_before``)."""
         cfg, fleet = self.cfg, self.fleet
+        # Supervised from here: a death while starting or evaluating is handled as in training. A
+        # restore during this start starts everything again itself; this call then has no more to do.
+        self.supervisor.supervising = True
+        self.starts += 1
+        start = self.starts
         env = {"ASYNCRL_RESUME": str(checkpoint) if checkpoint is not None else ""}
         for r in run_roles(cfg):  # asyncrl.roles: the start order
             names = process_names(cfg, r.name)
@@ -101,12 +108,16 @@ class Lifecycle:
         deadline = time.monotonic() + startup_bound(cfg, fleet.model_dir)
         while len(ready) < len(fleet.procs):
             ev = self.pump.next(deadline, "every process to report ready")
+            if self.starts != start:
+                return
             if isinstance(ev, ReadyEvent):
                 ready.add(ev.source)
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
         write_scrape_config(self.run_dir)
         if evaluate_first:
             record = self.evaluations.run_round("before", 0, self.pump.next)
+            if self.starts != start:
+                return
             self.evaluations.before = record["exact_match"]
         for _ in range(GO_REPEATS):
             self.commands.broadcast(GoCommand())
@@ -139,7 +150,7 @@ class Lifecycle:
             if time.monotonic() - last_go > GO_EVERY_S:
                 self.commands.broadcast(GoCommand())
                 last_go = time.monotonic()
-        self.supervisor.training = False
+        self.supervisor.training = self.supervisor.supervising = False
 
     def stop_in_order(self) -> None:
         """Stop stage by stage in dataflow order, each one's final reports in before the next."""

@@ -5,13 +5,18 @@ A process that joined by address (``asyncrl.fleet.join``) is not this controller
 or watch by PID: its silence past ``supervision.joined_timeout_s`` (it sends heartbeats) is taken
 for its death, what it held is handed out again, and the death is reported like any other.
 
-Supervision acts only while the run trains (``training``); a death during start-up or the stop
-is an error, and so is one past ``supervision.max_restarts``.
+Supervision acts from the first start of the processes to the learner's last step
+(``supervising``): a death during start-up or the evaluation before RL is handled as one during
+training. A death during the stop is an error, and so is one past ``supervision.max_restarts``,
+and one whose reported error is the same as that of the same process's death before it (after a
+restart): a deterministic failure (a bad config, weights that never pass the probe) stops the run
+with its reason instead of looping through restarts.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,8 +49,14 @@ class Supervisor:
         self.reports = reports
         self.progress = progress
         self.backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)
+        self.supervising = False
+        """True from the first start to the learner's last step: supervision acts; otherwise a death is an error."""
         self.training = False
-        """True from go to the learner's last step: supervision acts; otherwise a death is an error."""
+        """True from go to the learner's last step."""
+        self.errors: dict[str, str] = {}
+        """Name -> the error it reported last, since its last death (``error_shape``)."""
+        self.death_errors: dict[str, str | None] = {}
+        """Name -> the error it reported before its last death that reported one."""
         self.restart_due: dict[str, float] = {}
         """Name -> monotonic time of its scheduled restart."""
         self.deaths: list[dict] = []
@@ -62,7 +73,11 @@ class Supervisor:
             self.deaths.append(
                 {"name": name, "role": role, "exit_code": rc, "t": time.monotonic() - self.progress.go_at}
             )
-            if not self.training or not self.cfg.restart:
+            error = self.errors.pop(name, None)
+            self.refuse_repeat(name, error, self.death_errors.get(name))
+            if error is not None:  # else kept: an error reported late is held against the one before
+                self.death_errors[name] = error
+            if not self.supervising or not self.cfg.restart:
                 raise RunError(f"process {name} died (exit code {rc}); see {self.run_dir / 'logs' / (name + '.log')}")
             if self.backoff.count(name) >= self.cfg.max_restarts:
                 raise RunError(
@@ -98,7 +113,7 @@ class Supervisor:
         for name in [n for n in self.silent if now - reports.last_event_at.get(n, 0.0) < self.cfg.joined_timeout_s]:
             self.silent.discard(name)
             log.warning("%s, taken for dead, is heard from again", name)
-        if not self.training:
+        if not self.supervising:
             return
         for name, role in list(reports.joined.items()):
             silent_s = now - reports.last_event_at.get(name, now)
@@ -120,13 +135,33 @@ class Supervisor:
                 )
 
     def on_error(self, ev: ErrorEvent) -> None:
-        """A process reported a failure: while supervision acts, its exit is what counts;
-        otherwise the run stops."""
-        if not (self.training and self.cfg.restart):
+        """A process reported a failure: while supervision acts, its exit is what counts (unless
+        it failed the same way before its last restart); otherwise the run stops."""
+        if not (self.supervising and self.cfg.restart):
             raise RunError(f"{ev.source} failed: {ev.error}")
         log.error("%s failed: %s", ev.source, ev.error)
+        self.errors[ev.source] = error_shape(ev.error)
+        self.refuse_repeat(ev.source, self.errors[ev.source], self.death_errors.get(ev.source), ev.error)
+
+    def refuse_repeat(self, name: str, error: str | None, before: str | None, said: str | None = None) -> None:
+        """Stop the run if ``name`` failed with the error it failed with before its last restart."""
+        if error is not None and error == before:
+            raise RunError(
+                f"{name} failed again after a restart with the same error, so another restart will not help: "
+                f"{said or error}; see {self.run_dir / 'logs' / (name + '.log')}"
+            )
 
     def on_restore(self) -> None:
         """The whole run restarts from a checkpoint: no restart is due any more."""
         self.restores += 1
         self.restart_due.clear()
+
+
+def error_shape(error: str) -> str:
+    """An error message with its numbers masked: the same failure at another version, after
+    another number of seconds or with other figures is the same failure.
+
+    >>> error_shape("WeightSyncError: probe after applying version 2: differ by 0.0732 > 0.05")
+    'WeightSyncError: probe after applying version #: differ by # > #'
+    """
+    return re.sub(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "#", error)

@@ -1,5 +1,6 @@
 """What the controller does when a process dies: restart it after its backoff and requeue what it
-held, restore the whole run for the learner or the dispatcher, stop the run outside training."""
+held, restore the whole run for the learner or the dispatcher, stop the run outside supervision
+and when a restarted process fails again with the same error."""
 
 import pytest
 
@@ -33,7 +34,7 @@ class Control:
 def supervisor(tmp_path, **cfg):
     progress = TrainingProgress(generator_versions={"generator-1": 3})
     s = Supervisor(SupervisionConfig(backoff_initial_s=0, **cfg), tmp_path, ProcessReports(), progress)
-    s.training = True
+    s.supervising = s.training = True
     return s, CommandSender(Control())
 
 
@@ -56,9 +57,9 @@ def test_a_dead_learner_asks_for_a_restore(tmp_path):
     assert s.check(fleet, commands) == "learner died (exit code 1)"
 
 
-def test_a_death_outside_training_or_past_the_restarts_stops_the_run(tmp_path):
+def test_a_death_outside_supervision_or_past_the_restarts_stops_the_run(tmp_path):
     s, commands = supervisor(tmp_path)
-    s.training = False
+    s.supervising = s.training = False
     fleet = Fleet({"reward-0": "reward"})
     fleet.died["reward-0"] = 1
     with pytest.raises(RunError, match="process reward-0 died \\(exit code 1\\)"):
@@ -90,3 +91,50 @@ def test_a_joined_process_silent_past_the_timeout_is_taken_for_dead_and_its_work
     reports.record(HeartbeatEvent(source="gen-hot-1", role="generator"), started_here=False)  # it was only slow
     s.check_joined(reports, commands, now=reports.last_event_at["gen-hot-1"] + 1)
     assert "gen-hot-1" in reports.joined and "gen-hot-1" not in s.silent and len(s.deaths) == 2
+
+
+def test_a_death_during_start_up_is_handled_as_in_training(tmp_path):
+    s, commands = supervisor(tmp_path)
+    s.training = False  # started, not yet told go (or evaluating before RL)
+    fleet = Fleet({"generator-0": "generator"})
+    fleet.died["generator-0"] = -9
+    assert s.check(fleet, commands) is None and fleet.restarted == ["generator-0"]
+
+
+def _failed(s, fleet, commands, error):
+    from asyncrl.wire.messages import ErrorEvent
+
+    s.on_error(ErrorEvent(source="generator-0", role="generator", error=error))
+    fleet.died["generator-0"] = 1
+    return s.check(fleet, commands)
+
+
+def test_the_same_failure_after_a_restart_stops_the_run_with_its_reason(tmp_path):
+    s, commands = supervisor(tmp_path)
+    fleet = Fleet({"generator-0": "generator"})
+    probe = "WeightSyncError: probe after applying version {}: differ by {} on average > 0.05"
+    _failed(s, fleet, commands, probe.format(2, 0.0732))
+    assert fleet.restarted == ["generator-0"]
+    with pytest.raises(RunError, match="failed again after a restart with the same error.*version 3: differ by 0.0741"):
+        _failed(s, fleet, commands, probe.format(3, 0.0741))  # other figures, the same failure
+
+
+def test_a_different_failure_after_a_restart_is_restarted_again(tmp_path):
+    s, commands = supervisor(tmp_path)
+    fleet = Fleet({"generator-0": "generator"})
+    _failed(s, fleet, commands, "TimeoutError: waited 60 s for bucket 2 of version 5")
+    _failed(s, fleet, commands, "WeightSyncError: checksum mismatch")
+    assert fleet.restarted == ["generator-0", "generator-0"]
+
+
+def test_the_error_reported_after_the_death_is_seen_was_the_same(tmp_path):
+    """The error event and the exit travel apart: the repeat is caught whichever comes first."""
+    from asyncrl.wire.messages import ErrorEvent
+
+    s, commands = supervisor(tmp_path)
+    fleet = Fleet({"generator-0": "generator"})
+    _failed(s, fleet, commands, "ValueError: bad 1")
+    fleet.died["generator-0"] = 1  # died again; its error arrives later
+    s.check(fleet, commands)
+    with pytest.raises(RunError, match="same error"):
+        s.on_error(ErrorEvent(source="generator-0", role="generator", error="ValueError: bad 2"))
