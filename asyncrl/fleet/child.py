@@ -3,6 +3,11 @@
 The controller starts one of these per component; the role picks the loop to run (its entry in
 ``asyncrl.roles.ROLES``), imported here by its dotted path: each process imports only its own
 role, and heavy libraries (vLLM, DeepSpeed) only inside the loops that use them.
+
+Before anything else a component process starts its watches (``asyncrl.fleet.process_tree``): it ends its
+process group when the controller that started it is gone, and every child it starts (vLLM's
+engine core) ends the group when the component is gone. A child that ``multiprocessing`` spawns
+(vLLM on a GPU) imports this module as ``__mp_main__``: its watch is armed at the end of this file.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from asyncrl.fleet import malloc_trim
+from asyncrl.fleet import malloc_trim, process_tree
 from asyncrl.fleet.context import ProcessContext, configure_process
 from asyncrl.observability import heapwatch
 from asyncrl.roles import ROLE_NAMES, Role, role
@@ -61,4 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    process_tree.guard_component()  # here, not in main(): a test may call main() in its own process
     sys.exit(main())
+elif __name__ == "__mp_main__":  # a child multiprocessing spawned from a component (vLLM's engine core)
+    process_tree.watch_parent()
+    process_tree.arm_children()

@@ -2,6 +2,15 @@
 and supervises one child process (``python -m asyncrl.fleet.child ...``), see ``asyncrl.fleet.ray_cluster``.
 
 ``ActorLost`` is the exit status the fleet reports for a component whose actor is gone.
+
+No orphans under Ray either (``asyncrl.fleet.process_tree``). The component leads a process group
+of its own, so a kill reaches what it started (vLLM's engine core) and not the actor; ``wait``
+kills what is left of the group once the component exits, before reaping it. If the actor dies,
+``PR_SET_PDEATHSIG`` SIGKILLs the component and the component's children end its group (their
+parent watch). Ray 2.60 has a clean-up of its own: each worker leads its own process group
+(``RAY_process_group_cleanup_enabled``; a worker's pgid equals its PID in a local Ray 2.60) which
+the raylet kills when the worker exits; a component, in a session of its own, is outside it on
+purpose (a kill of the component must not kill the actor), hence the mechanisms above.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from pathlib import Path
 
 import ray
 
+from asyncrl.fleet import process_tree
 from asyncrl.wire.endpoints import free_ports
 
 
@@ -68,7 +78,7 @@ class ComponentActor:
 
     def start(self, cmd: list[str], settings: dict[str, str], cwd: str, log_path: str, append: bool) -> int:
         """Start the component (``cmd`` with this node's Python) and return its PID on this node."""
-        env = {**os.environ, **settings}
+        env = {**os.environ, **settings, process_tree.PARENT_ENV: str(os.getpid())}
         # The controller's machine may have no GPU while this node has: decide here.
         env["DS_ACCELERATOR"] = "cuda" if ray.get_gpu_ids() else "cpu"
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -80,13 +90,23 @@ class ComponentActor:
                 env=env,
                 cwd=cwd if os.path.isdir(cwd) else None,
                 preexec_fn=_die_with_parent,
+                **process_tree.popen_kwargs(),
             )
         return self.proc.pid
 
     def wait(self) -> int:
-        """Block until the child exits; its exit code (negative: the signal that ended it)."""
+        """Block until the child exits, kill what is left of its process group, and return its exit
+        code (negative: the signal that ended it)."""
+        os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+        process_tree.kill_group(self.proc.pid)
         return self.proc.wait()
 
     def signal(self, signum: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """Send ``signum`` to the child; SIGKILL goes to its whole process group. Signal 0 only
+        checks that this actor answers."""
+        if self.proc is None or signum == 0 or process_tree.exited_unreaped(self.proc.pid):
+            return
+        if signum == signal.SIGKILL:
+            process_tree.kill_group(self.proc.pid)
+        else:
             self.proc.send_signal(signum)
