@@ -15,6 +15,15 @@ at the end.
 Prints JSON: ``generated`` (uids dispatched), ``trained``, ``trained_twice``, ``dropped`` by
 reason, ``held``, ``lost`` (no outcome), ``hangs`` (the run stalled past its timeout), the kills
 with their times, restarts and restores. Expected: lost = trained_twice = hangs = 0.
+
+And no orphans (``asyncrl.fleet.process_tree``): each kill records the killed component's process
+tree (its PID and every descendant, e.g. vLLM's engine core) and how many of them still live
+``ORPHAN_WAIT_S`` later (``survivors``); ``survivors_after_kill`` sums them. At the end,
+``survivors_at_end`` lists every process the run started that still lives: the descendants of
+this process, every process seen in a component's tree (sampled each second, matched by PID and
+start time, so a PID reused by someone else is not counted), and every member of a component's
+process group; ``orphans_at_end`` those of them re-parented to init. Expected: both empty, and
+the benchmark fails (exit 1) otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from asyncrl.fleet import process_tree  # noqa: E402 (after the path above)
+
 TARGETS = ("generator", "reward", "buffer", "learner")
 """Roles whose processes are killed in turn (any of the role's processes)."""
 
@@ -43,8 +54,83 @@ def targets(cfg) -> tuple[str, ...]:
     return TARGETS + (("learner-1",) if cfg.learner.ranks > 1 else ())
 
 
-def killer(controller, kills: int, seed: int, gap_s: tuple[float, float], log: list, stop: threading.Event) -> None:
-    """Kill ``kills`` components at seeded random moments, each after the run recovered."""
+ORPHAN_WAIT_S = 10.0
+"""Seconds a killed component's tree is given to be gone (its children's watch looks every 0.5 s)."""
+
+
+def start_time(pid: int) -> int | None:
+    """``pid``'s start time (clock ticks after boot, /proc/PID/stat field 22): with the PID, who it is."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[19])
+
+
+def describe(pid: int) -> dict | None:
+    """PID, parent PID and command line of a live process (None once it is gone)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+    return {"pid": pid, "ppid": ppid, "cmd": cmd[:160]}
+
+
+class ProcessLedger:
+    """Every process the run's components are seen to start: component PIDs (hence their process
+    groups) and their descendants, each with its start time."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int] = {}  # pid -> start time
+        self.groups: set[int] = set()  # component PIDs: the groups they lead
+        self.lock = threading.Lock()
+
+    def tree(self, pid: int) -> list[int]:
+        """``pid`` and its live descendants, recorded as seen."""
+        pids = [pid, *process_tree.descendants(pid)]
+        with self.lock:
+            self.groups.add(pid)
+            for p in pids:
+                if (t := start_time(p)) is not None:
+                    self.seen.setdefault(p, t)
+        return pids
+
+    def sample(self, fleet) -> None:
+        for name in list(fleet.procs):
+            self.tree(fleet.pid(name))
+
+    def survivors(self) -> list[dict]:
+        """Every process of the run that still lives (this process's own threads' helpers aside)."""
+        with self.lock:
+            pids = {p for p, t in self.seen.items() if start_time(p) == t}
+            for pgid in self.groups:
+                pids.update(process_tree.group_members(pgid))
+        pids.update(process_tree.descendants(os.getpid()))
+        return [d for p in sorted(pids) if p != os.getpid() and (d := describe(p)) is not None]
+
+
+def sampler(controller, ledger: ProcessLedger, stop: threading.Event) -> None:
+    """Record the components' trees every second (local processes only: a Ray fleet's are remote)."""
+    from asyncrl.fleet.local import ProcessFleet
+
+    while not stop.wait(1.0):
+        fleet = getattr(controller, "fleet", None)
+        if isinstance(fleet, ProcessFleet):
+            ledger.sample(fleet)
+
+
+def killer(
+    controller,
+    kills: int,
+    seed: int,
+    gap_s: tuple[float, float],
+    log: list,
+    stop: threading.Event,
+    ledger: ProcessLedger,
+) -> None:
+    """Kill ``kills`` components at seeded random moments, each after the run recovered; record
+    which processes of the killed component's tree outlived it."""
     rng = random.Random(seed)
     rotation = targets(controller.cfg)
     while len(log) < kills and not stop.is_set():
@@ -63,11 +149,18 @@ def killer(controller, kills: int, seed: int, gap_s: tuple[float, float], log: l
             continue
         name = rng.choice(names)
         steps_before = controller.progress.steps_seen
+        pid = fleet.pid(name)
+        tree = ledger.tree(pid)
         try:
-            os.kill(fleet.pid(name), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue
-        log.append({"name": name, "t": round(time.monotonic() - controller.progress.go_at, 2), "step": steps_before})
+        entry = {"name": name, "t": round(time.monotonic() - controller.progress.go_at, 2), "step": steps_before}
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        while process_tree.alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        entry.update(tree=len(tree), survivors=[d for p in process_tree.alive(tree) if (d := describe(p))])
+        log.append(entry)
         # Recovered: the learner stepped again after the kill and nothing waits for a restart.
         deadline = time.monotonic() + 600
         while not stop.is_set() and time.monotonic() < deadline:
@@ -116,10 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     controller = Controller(cfg)
     kills: list[dict] = []
     stop = threading.Event()
+    ledger = ProcessLedger()
     thread = threading.Thread(
-        target=killer, args=(controller, args.kills, args.seed, tuple(args.gap), kills, stop), daemon=True
+        target=killer, args=(controller, args.kills, args.seed, tuple(args.gap), kills, stop, ledger), daemon=True
     )
     thread.start()
+    watcher = threading.Thread(target=sampler, args=(controller, ledger, stop), daemon=True)
+    watcher.start()
     start = time.monotonic()
     hangs, error, summary = 0, None, {}
     try:
@@ -129,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         hangs = int("timed out" in error)
     finally:
         stop.set()
-        thread.join(timeout=5)
+        thread.join(timeout=ORPHAN_WAIT_S + 5)
+        watcher.join(timeout=5)
+    survivors = ledger.survivors()
     from asyncrl.rundir.ledger_replay import reconcile_ledger
 
     ledger = reconcile_ledger(controller.run_dir, cfg.sampling.n)
@@ -149,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         "error": error,
         "kills": kills,
         "num_kills": len(kills),
+        "survivors_after_kill": sum(len(k["survivors"]) for k in kills),
+        "survivors_at_end": survivors,
+        "orphans_at_end": [d for d in survivors if d["ppid"] == 1],
+        "processes_seen": len(ledger.seen),
         "restarts": len(controller.supervisor.deaths) - controller.supervisor.restores,
         "restores": controller.supervisor.restores,
         "checkpoints": controller.checkpoints.committed if controller.checkpoints is not None else [],
@@ -167,7 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
-    ok = not error and result["lost"] == 0 and result["trained_twice"] == 0 and len(kills) >= min(args.kills, 10)
+    ok = (
+        not error
+        and result["lost"] == 0
+        and result["trained_twice"] == 0
+        and len(kills) >= min(args.kills, 10)
+        and result["survivors_after_kill"] == 0
+        and not survivors
+    )
     return 0 if ok else 1
 
 

@@ -11,8 +11,9 @@ same process as on one machine: its own environment (one math thread, DeepSpeed'
 vLLM's settings) instead of a Ray worker's, its own ``__main__`` (vLLM spawns engine workers), an
 exit code instead of a raised exception, and a SIGTERM that drains it the way the local launcher
 does. The actor sees its node's GPUs (Ray sets ``CUDA_VISIBLE_DEVICES``) and the child inherits
-them; the child is killed with the actor (``PR_SET_PDEATHSIG``), so a lost node or a killed actor
-leaves no orphan.
+them; the child leads a process group of its own and is killed with the actor
+(``PR_SET_PDEATHSIG``), its own children ending the group when it is gone
+(``asyncrl.fleet.process_tree``), so a lost node or a killed actor leaves no orphan.
 
 **Addresses.** Roles that bind addresses (``endpoints.BOUND_BY``: buffer, owner reward worker,
 dispatcher, learner, reference) are placed when the fleet is built, before anything starts; with
