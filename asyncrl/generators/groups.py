@@ -45,6 +45,7 @@ def build_groups(
                 samples=samples,
                 rollout_s=rollout_s,
                 meta={"sampled_at": sampled_at},  # wall clock, for end-to-end latency
+                columns=row.get("columns"),
             )
         )
     return groups

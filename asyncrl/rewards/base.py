@@ -28,7 +28,7 @@ and asks a reward that scores samples independently (``per_sample = True``: the 
 one request per sample) only for the samples it has not scored yet. Other rewards score the whole
 group again, since their results may depend on the group as a whole.
 
-The kinds of reward (``rules``, ``judge``, ``model``) implement this interface; which kinds exist
+The kinds of reward (``rules``, ``judge``, ``model``, ``function``) implement this interface; which kinds exist
 and how a config entry builds one is ``asyncrl.rewards.registry``, so this module imports none.
 """
 
@@ -37,22 +37,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from asyncrl.observability.metrics import REWARD_LATENCY, REWARD_UNSCORED
+from asyncrl.rewards.unscored import Unscored
 from asyncrl.wire.schema import Group, Sample
-
-
-@dataclass(frozen=True)
-class Unscored:
-    """A sample a reward could not score; ``reason`` is a short label (``http_429``, ``timeout``)."""
-
-    reason: str
-    detail: str = ""
-
 
 RewardResult = float | np.ndarray | Unscored
 

@@ -15,14 +15,15 @@ from pydantic import Field, model_validator
 from asyncrl.configbase import Config
 from asyncrl.rewards.base import Reward
 
-RewardKind = Literal["exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model"]
+RewardKind = Literal["exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model", "python"]
 
 
 class RewardSpec(Config):
     """One reward of the run: its kind, weight and options (validated by the kind's options class)."""
 
     kind: RewardKind = "exact_match"
-    """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF)."""
+    """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF),
+    python (a function you write: ``options.function: module:function``)."""
     name: str | None = None
     """Name in metrics and ``Sample.reward_parts``; defaults to the kind."""
     weight: float = 1.0
@@ -41,6 +42,11 @@ class RewardSpec(Config):
             from asyncrl.rewards.model import RewardModelConfig
 
             RewardModelConfig(**self.options)
+        elif self.kind == "python":
+            from asyncrl.rewards.function import PythonRewardConfig
+
+            # The function is imported now; a file's path is kept absolute in the resolved config.
+            self.options["function"] = PythonRewardConfig(**self.options).function
         return self
 
     @property
@@ -48,8 +54,9 @@ class RewardSpec(Config):
         return self.name or self.kind
 
 
-def build_reward(spec: RewardSpec) -> Reward:
-    """The reward object a spec describes (imports only what that kind needs)."""
+def build_reward(spec: RewardSpec, task_metadata: dict[str, dict] | None = None) -> Reward:
+    """The reward object a spec describes (imports only what that kind needs). ``task_metadata``:
+    each task's ``metadata`` by name, for the kinds that hand it on (``python``)."""
     if spec.kind in ("exact_match", "format", "math_verify"):
         from asyncrl.rewards import rules
 
@@ -71,4 +78,8 @@ def build_reward(spec: RewardSpec) -> Reward:
         from asyncrl.rewards.model import RewardModel, RewardModelConfig
 
         return RewardModel(spec.label, RewardModelConfig(**spec.options))
+    if spec.kind == "python":
+        from asyncrl.rewards.function import PythonReward, PythonRewardConfig
+
+        return PythonReward(spec.label, PythonRewardConfig(**spec.options), task_metadata)
     raise ValueError(f"kind ({spec.kind!r}) must be one of {RewardKind.__args__}")

@@ -35,7 +35,7 @@ data plane's, declared in ``asyncrl.wire.schema``.
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, ClassVar, TypedDict
+from typing import Annotated, Any, ClassVar, NotRequired, TypedDict
 
 import msgspec
 import numpy as np
@@ -136,6 +136,8 @@ class PromptRow(TypedDict):
     text: str
     answer: str
     task: str
+    columns: NotRequired[dict[str, Any]]
+    """The dataset row's columns (JSON values), passed on in the group for the rewards; absent: none."""
 
 
 class WantPrompts(Exchange, tag="want_prompts"):

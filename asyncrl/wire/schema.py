@@ -14,7 +14,8 @@ by producing and consuming these maps:
 - Once scored, a sample carries its combined ``reward`` (or None: unscored, and then the group's
   ``meta['unscored_reason']`` says why), optionally ``token_rewards`` (a (T,) float32 array of
   per-token rewards), and ``reward_parts`` / ``reward_seconds``: per reward name, its value and the
-  seconds it took. These three keys are optional on the wire (older senders omit them).
+  seconds it took. These three keys are optional on the wire (older senders omit them), as is a
+  group's ``columns`` (the dataset row the prompt came from, for rewards that read its fields).
 
 Decoding validates (``codec.decode``): a frame that is not msgpack, has another schema, an unknown
 kind, wrongly typed or shaped fields, or non-finite logprobs raises ``WireError`` with the reason,
@@ -123,6 +124,9 @@ class Group:
     """Seconds spent scoring the group (0 until scored)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form annotations (msgpack-able scalars/strings only)."""
+    columns: dict[str, Any] | None = None
+    """The dataset row the prompt came from, every column (JSON values), for the rewards that
+    read them (a ``python`` reward's ``row``). None: no row (a generated task). Optional on the wire."""
 
     @property
     def scored(self) -> bool:
@@ -155,6 +159,8 @@ def validate_group(g: Group) -> None:
     for name in _GROUP_STRINGS:
         if not isinstance(getattr(g, name), str):
             raise WireError("bad_fields", f"group: {name} ({getattr(g, name)!r:.80}) must be a string")
+    if g.columns is not None and not isinstance(g.columns, dict):
+        raise WireError("bad_fields", f"group {g.group_id}: columns must be a map or absent")
     if not isinstance(g.meta, dict) or not isinstance(g.samples, list):
         raise WireError("bad_fields", f"group {g.group_id}: meta must be a map and samples a list")
     if not isinstance(g.policy_version, int) or g.policy_version < 0:
