@@ -169,7 +169,9 @@ class AsyncVLLMEngine:
     async def _many(self, prompts, params) -> list:
         return await asyncio.gather(*(self._one(p, sp) for p, sp in zip(prompts, params)))
 
-    def generate(self, prompts: list[str], sampling: SamplingConfig, seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[str], sampling: SamplingConfig, seed: int | list[int] | None = None
+    ) -> list[list[Completion]]:
         """Sample ``sampling.n`` answers per prompt (see ``VLLMEngine.generate``); a sample that
         spans a weight update carries its ``version_segments``."""
         from vllm.sampling_params import RequestOutputKind

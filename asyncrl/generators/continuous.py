@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from asyncrl.generators.groups import build_groups
 from asyncrl.generators.interrupt import StaleResumer, record_resumed, resume_bound
+from asyncrl.generators.sampling import request_seed
 from asyncrl.observability.metrics import BUSY_SECONDS, ROLLOUT_SECONDS
 from asyncrl.wire.messages import PromptRow
 
@@ -269,7 +270,7 @@ class ContinuousLoop:
         gen, cfg = self.gen, self.cfg
         greedy_tokens = cfg.sampling.max_tokens if cfg.generator.greedy_baseline else None
         for row in gen.refuse_too_long(rows):
-            seed = hash((cfg.run.seed, gen.gen_index, self.submitted)) & 0x7FFFFFFF
+            seed = request_seed(cfg.run.seed, row["group_id"])  # reproducible per group
             self.stream.submit(row["group_id"], row["text"], cfg.sampling, seed, greedy_tokens)
             self.submitted += 1
             self.inflight[row["group_id"]] = _InFlight(row, time.monotonic(), time.time())

@@ -43,6 +43,8 @@ from pydantic import Field, model_validator
 from safetensors import safe_open
 
 from asyncrl.configbase import Config
+from asyncrl.generators.sampling import SamplingConfig, greedy_params, sampling_params
+from asyncrl.generators.sampling import derive_seed as derive_seed  # re-exported
 from asyncrl.models.precision import resolve_engine_dtype
 
 # The sampler reports logprobs of the distribution it sampled from (see the module docstring).
@@ -109,35 +111,6 @@ class EngineConfig(Config):
             raise ValueError(f"block_size ({self.block_size}) must be >= 1 or None")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be >= 1")
-        return self
-
-
-class SamplingConfig(Config):
-    """How each group is sampled."""
-
-    n: int = 8
-    """Samples per prompt (the group size)."""
-    temperature: float = 1.0
-    """Softmax temperature; must be > 0 (use ``VLLMEngine.greedy`` for argmax decoding)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 turns it off. Computed on the tempered distribution."""
-    top_k: int = 0
-    """Keep only the k most likely tokens; 0 turns it off."""
-    max_tokens: int = 4
-    """Most tokens per answer (EOS included)."""
-
-    @model_validator(mode="after")
-    def check_ranges(self) -> SamplingConfig:
-        if self.n < 1:
-            raise ValueError(f"n ({self.n}) must be >= 1")
-        if not self.temperature > 0.0:
-            raise ValueError(f"temperature ({self.temperature}) must be > 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p ({self.top_p}) must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k ({self.top_k}) must be >= 0 (0 = off)")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 1")
         return self
 
 
@@ -226,11 +199,14 @@ class VLLMEngine:
     # -----------------------------------------------------------------------------------------
     # sampling
 
-    def generate(self, prompts: list[str], sampling: SamplingConfig, seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[str], sampling: SamplingConfig, seed: int | list[int] | None = None
+    ) -> list[list[Completion]]:
         """Sample ``sampling.n`` answers per prompt: one list of n completions per prompt, in order.
 
-        With a ``seed`` the result is reproducible; each prompt gets its own seed derived from
-        ``(seed, prompt index)`` because vLLM gives a prompt's n children ``seed + child index``,
+        With a ``seed`` the result is reproducible: a list gives each prompt its own (the generator
+        passes ``sampling.request_seed`` of each group); an int gives each prompt one derived from
+        ``(seed, prompt index)``, because vLLM gives a prompt's n children ``seed + child index``,
         so a shared seed would make every prompt's samples use the same noise.
         """
         requests = self.tokenize_prompts(prompts)
@@ -323,36 +299,6 @@ def check_prompts(prompts: list[str]) -> None:
             raise ValueError(f"prompts[{index}] ({prompt!r}) must be a non-empty str")
 
 
-def sampling_params(sampling: SamplingConfig, num_prompts: int, seed: int | None, **extra) -> list:
-    """One vLLM ``SamplingParams`` per prompt: ``sampling``'s settings, the sampled token's logprob
-    only, and a seed per prompt derived from ``seed`` (None: unseeded). ``extra`` goes to every
-    one (the async engine asks for ``output_kind``)."""
-    from vllm import SamplingParams
-
-    return [
-        SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=sampling.max_tokens,
-            logprobs=0,  # only the sampled token's logprob
-            seed=None if seed is None else derive_seed(seed, index),
-            **extra,
-        )
-        for index in range(num_prompts)
-    ]
-
-
-def greedy_params(max_tokens: int, **extra):
-    """vLLM ``SamplingParams`` of argmax decoding up to ``max_tokens`` (for evaluation)."""
-    from vllm import SamplingParams
-
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
-    return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, **extra)
-
-
 class ScoreRequest:
     """The probe's request: the temperature-1 logprobs an engine gives ``continuation_ids`` after
     ``prompt``, checked to fit before anything runs (a ValueError naming the rule)."""
@@ -386,11 +332,6 @@ class ScoreRequest:
         """(len(continuation_ids),) float32 logprobs out of the engine's ``RequestOutput``."""
         per_position = output.prompt_logprobs[len(self.prompt_ids) :]
         return np.array([lp[t].logprob for t, lp in zip(self.continuation_ids, per_position)], dtype=np.float32)
-
-
-def derive_seed(seed: int, index: int) -> int:
-    """An independent 31-bit seed per (seed, prompt index); vLLM adds the child index to it."""
-    return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint32)[0] >> 1)
 
 
 def to_completions(output, finish_reasons: tuple[str, ...] = FINISH_REASONS) -> list[Completion]:

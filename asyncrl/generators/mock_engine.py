@@ -90,7 +90,9 @@ class MockEngine:
         decode = len(steps) * self.cfg.decode_step_s + self.cfg.decode_s_per_seq * float(active.sum())
         return self.cfg.overhead_s + self.cfg.prefill_s_per_token * prompt_tokens + decode
 
-    def generate(self, prompts: list[str], sampling: SamplingConfig, seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[str], sampling: SamplingConfig, seed: int | list[int] | None = None
+    ) -> list[list[Completion]]:
         check_prompts(prompts)
         start = time.perf_counter()
         n = sampling.n

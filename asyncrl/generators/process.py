@@ -32,6 +32,7 @@ from asyncrl.generators.channels import GroupSink, PromptSource
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.generators.evaluation import EvalCounters, HeldForVersion, answer_eval_request
 from asyncrl.generators.groups import build_groups, refuse_too_long
+from asyncrl.generators.sampling import request_seed
 from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import BUSY_SECONDS, GENERATED_TOKENS, POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
 from asyncrl.weights import make_subscriber
@@ -164,8 +165,8 @@ class Generator:
         start = time.monotonic()
         sampled_at = time.time()
         prompts = [r["text"] for r in rows]
-        seed = hash((cfg.run.seed, self.gen_index, counts.batches)) & 0x7FFFFFFF
-        completions = engine.generate(prompts, cfg.sampling, seed=seed)
+        seeds = [request_seed(cfg.run.seed, r["group_id"]) for r in rows]  # reproducible per group
+        completions = engine.generate(prompts, cfg.sampling, seed=seeds)
         # ReMax's baseline, by the same weights as the samples (no update runs between the calls).
         greedy = engine.greedy(prompts, cfg.sampling.max_tokens) if cfg.generator.greedy_baseline else None
         rollout_s = time.monotonic() - start
