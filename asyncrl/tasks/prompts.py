@@ -10,10 +10,16 @@ Two tasks:
   ``####``), by default the copy shipped in ``data/gsm8k`` (7,473 train / 1,319 test rows, MIT),
   read by the same reader as any other file (its checksums checked).
 
-The task's name picks the scoring rule (addition: the exact string; gsm8k: the number). Either
-task can take its prompts from elsewhere (``task.data``: JSONL, Parquet, a Hugging Face dataset
-saved on disk or named on the Hub, with configurable keys, a prompt template and an optional
-chat template; see ``asyncrl.tasks.sources``).
+The task's name picks the scoring rule of ``exact_match`` (addition: the exact string; gsm8k: the
+number; see ``asyncrl.tasks.answers``). Either task can take its prompts from elsewhere
+(``task.data``: JSONL, Parquet, a Hugging Face dataset saved on disk or named on the Hub, with
+configurable keys, a prompt template and an optional chat template; see ``asyncrl.tasks.sources``).
+
+Any other name is a task of the user's: ``task.data`` says where its rows are, which column is the
+prompt and which (if any) the reference answer. Every row's columns travel with its prompt to the
+reward worker (``Prompt.columns``), so a reward function reads whatever fields it needs, and
+``task.metadata`` is handed to it too. Several sources mix by weight with ``task.sources``
+(``asyncrl.tasks.mixture``).
 
 ``score_answer`` is a pure function so the reward worker can call it on any process.
 """
@@ -23,13 +29,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
 from asyncrl.tasks.answers import extract_gsm8k_answer
 from asyncrl.tasks.formatting import TOKENIZER_FILES, PromptFormatter, load_tokenizer
+from asyncrl.tasks.mixture import PRESETS, SourceConfig, check_task_name, interleave
 from asyncrl.tasks.prompt_length import fit_prompts
 from asyncrl.tasks.sources import (
     HF_PREFIX,
@@ -39,6 +46,7 @@ from asyncrl.tasks.sources import (
     read_hf_rows,
     read_rows,
     resolve_path,
+    row_columns,
     row_fields,
     source_stem,
 )
@@ -52,19 +60,22 @@ GSM8K_FILES = {"train": "data/gsm8k/train.jsonl.gz", "test": "data/gsm8k/test.js
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: a stable id, the text the model sees, and the reference answer."""
+    """One prompt: a stable id, the text the model sees, the reference answer ("" when the task
+    has none), its task, and the columns of the row it came from (None: a generated prompt)."""
 
     prompt_uid: str
     text: str
     answer: str
     task: str
+    columns: dict[str, Any] | None = None
 
 
 class TaskConfig(Config):
     """Which task to train and evaluate on, and how its splits are made."""
 
-    name: Literal["addition", "gsm8k"] = "addition"
-    """Task: 'addition' (two-digit sums, generated) or 'gsm8k' (word problems; by default the copy shipped in data/gsm8k)."""
+    name: str = "addition"
+    """Task: 'addition' (two-digit sums, generated), 'gsm8k' (word problems; by default the copy
+    shipped in data/gsm8k), or any name for prompts of your own (``data.train`` then required)."""
     test_size: int = 500
     """Held-out prompts: addition's seeded test split size; for files, the first test_size rows of the test source."""
     seed: int = 0
@@ -77,6 +88,16 @@ class TaskConfig(Config):
     row ids) or 'truncate' (cut the question from its start, keeping its end and the template)."""
     data: DataConfig = DataConfig()
     """Prompts from files or the Hub (JSONL, Parquet, saved or hf:// datasets), their keys and templates."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Anything the task's rewards should know (a python reward receives it as ``metadata``)."""
+    sources: list[SourceConfig] = Field(default_factory=list)
+    """Several sources mixed by weight, each a task of its own with its own rewards
+    (``reward.by_task``) and held-out score; empty: the one task above."""
+
+    @field_validator("name")
+    @classmethod
+    def check_name(cls, value: str) -> str:
+        return check_task_name(value)
 
     @field_validator("test_size")
     @classmethod
@@ -95,9 +116,47 @@ class TaskConfig(Config):
     @model_validator(mode="after")
     def check_addition_split(self) -> TaskConfig:
         # Train must keep at least one prompt.
-        if self.name == "addition" and self.test_size >= ADDITION_SIZE:
+        if "addition" in self.task_names() and self.test_size >= ADDITION_SIZE:
             raise ValueError(f"test_size ({self.test_size}) must be < {ADDITION_SIZE} for the addition task")
         return self
+
+    @model_validator(mode="after")
+    def check_data(self) -> TaskConfig:
+        """A task of the user's needs its rows; a mix takes its rows from its sources only."""
+        if not self.sources:
+            if self.name not in PRESETS and self.data.train is None:
+                raise ValueError(
+                    f"task.name ({self.name!r}) is not built in ({', '.join(PRESETS)}): set task.data.train to its prompts"
+                )
+            return self
+        if self.data.train is not None or self.data.test is not None:
+            raise ValueError("task.data.train/test must be unset with task.sources: give each source its data")
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task.sources names ({names}) must be distinct: prompts are routed by them")
+        for source in self.sources:
+            if source.name not in PRESETS and source.data.train is None:
+                raise ValueError(
+                    f"task.sources {source.name!r} is not built in ({', '.join(PRESETS)}): set its data.train"
+                )
+        return self
+
+    def task_names(self) -> list[str]:
+        """The task names prompts of this run carry: the sources' names, or ``name``."""
+        return [s.name for s in self.sources] if self.sources else [self.name]
+
+    def metadata_by_task(self) -> dict[str, dict]:
+        """Each task's ``metadata``, by name."""
+        if self.sources:
+            return {s.name: dict(s.metadata) for s in self.sources}
+        return {self.name: dict(self.metadata)}
+
+    def source_tasks(self) -> list[TaskConfig]:
+        """Each source as a task of its own (its name, data and metadata; the rest of this one)."""
+        return [
+            self.model_copy(update={"name": s.name, "data": s.data, "metadata": s.metadata, "sources": []})
+            for s in self.sources
+        ]
 
 
 def load_prompts(
@@ -114,6 +173,17 @@ def load_prompts(
         raise ValueError(f"split ({split!r}) must be 'train' or 'test'")
     if max_prompt_tokens is not None and tokenizer is None:
         raise ValueError(f"max_prompt_tokens ({max_prompt_tokens}) needs the tokenizer that measures prompts")
+    if cfg.sources:
+        # A mix: each source's prompts under ids that name it; train in source order (the
+        # dispatcher draws from each by weight), test interleaved so any prefix holds every source.
+        parts = [
+            [
+                p if p.prompt_uid.startswith(f"{task.name}/") else replace(p, prompt_uid=f"{task.name}/{p.prompt_uid}")
+                for p in load_prompts(task, split, tokenizer, max_prompt_tokens)
+            ]
+            for task in cfg.source_tasks()
+        ]
+        return interleave(parts) if split == "test" else [p for part in parts for p in part]
     data = cfg.data
     source = data.train if split == "train" else (data.test or data.train)
     if source is not None:
@@ -188,7 +258,9 @@ def file_questions(
         question, answer = row_fields(row, where, index, data.question_key, data.answer_key)
         if cfg.name == "gsm8k" and "####" in answer and extract_gsm8k_answer(answer) is None:
             raise ValueError(f"{where} row {index}: answer {answer[-40:]!r} has no number after '####'")
-        questions.append(Prompt(f"{uid_prefix or name}/{split}/{index}", question, answer_of(answer), cfg.name))
+        columns = row_columns(row, where, index, data.row_keys)
+        uid = f"{uid_prefix or name}/{split}/{index}"
+        questions.append(Prompt(uid, question, answer_of(answer) if answer else "", cfg.name, columns))
     return questions
 
 

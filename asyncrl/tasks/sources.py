@@ -56,8 +56,12 @@ class DataConfig(Config):
     """File format; 'auto' goes by the suffix (.jsonl/.json, optionally .gz; .parquet) and treats a folder as a saved dataset."""
     question_key: str = "question"
     """Column (key) of each row holding the question."""
-    answer_key: str = "answer"
-    """Column (key) of each row holding the reference answer."""
+    answer_key: str | None = "answer"
+    """Column (key) of each row holding the reference answer; None: the rows have none (a task
+    whose rewards need no reference, e.g. a python reward that reads other columns)."""
+    row_keys: list[str] | None = None
+    """Columns of each row passed on with its prompt to the rewards (a python reward's ``row``);
+    None: every column. Their values must be JSON values (text, numbers, lists, maps)."""
     prompt_template: str | None = None
     """Prompt text with ``{question}`` in it, e.g. 'Question: {question}\\nAnswer:' (None: the task's own; plain question for files)."""
     chat_template: str | None = None
@@ -75,8 +79,8 @@ class DataConfig(Config):
 
     @field_validator("question_key", "answer_key")
     @classmethod
-    def check_key(cls, value: str) -> str:
-        if not value:
+    def check_key(cls, value: str | None) -> str | None:
+        if value is not None and not value:
             raise ValueError(f"a column key ({value!r}) must be a non-empty string")
         return value
 
@@ -258,27 +262,59 @@ def answer_of(raw) -> str:
     return text.strip()
 
 
-def row_fields(row, where: str, index: int, question_key: str, answer_key: str) -> tuple[str, str]:
+def row_fields(row, where: str, index: int, question_key: str, answer_key: str | None) -> tuple[str, str]:
     """(question, answer text) of one row, or an error naming the source, the row and what is wrong:
     a row that is not a mapping, a missing column, a question that is not a non-empty string, an
-    answer that is not a non-empty string or a number."""
+    answer that is not a non-empty string or a number. ``answer_key`` None: no answer ("")."""
     if not isinstance(row, dict):
         raise ValueError(f"{where} row {index}: a row must be a mapping of columns, got {type(row).__name__}")
-    missing = [k for k in (question_key, answer_key) if k not in row]
+    missing = [k for k in (question_key, answer_key) if k is not None and k not in row]
     if missing:
         raise KeyError(
             f"{where} row {index}: no column {missing} (it has {sorted(row)}); set task.data.question_key/answer_key"
         )
-    question, answer = row[question_key], row[answer_key]
+    question = row[question_key]
     if not isinstance(question, str) or not question.strip():
         raise ValueError(
             f"{where} row {index}: question {question_key!r} ({question!r:.60}) must be a non-empty string"
         )
+    if answer_key is None:
+        return question, ""
+    answer = row[answer_key]
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
         raise ValueError(
             f"{where} row {index}: answer {answer_key!r} ({answer!r:.60}) must be a non-empty string or a number"
         )
     return question, str(answer)
+
+
+def _is_json(value, depth: int = 0) -> bool:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if depth > 32:
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_is_json(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def row_columns(row: dict, where: str, index: int, keys: list[str] | None) -> dict:
+    """The columns of a row that travel with its prompt (``keys``; None: all), checked to be JSON
+    values: they go in messages and in the dispatcher's checkpoint."""
+    if keys is None:
+        keys = list(row)
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise KeyError(f"{where} row {index}: no column {missing} (it has {sorted(row)}); set task.data.row_keys")
+    for key in keys:
+        if not _is_json(row[key]):
+            raise ValueError(
+                f"{where} row {index}: column {key!r} holds a {type(row[key]).__name__}, not a JSON value "
+                f"(text, number, list, map): set task.data.row_keys to the columns the rewards read"
+            )
+    return {k: list(row[k]) if isinstance(row[k], tuple) else row[k] for k in keys}
 
 
 # ---------------------------------------------------------------------------------------------
