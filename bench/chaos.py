@@ -77,7 +77,7 @@ def describe(pid: int) -> dict | None:
     return {"pid": pid, "ppid": ppid, "cmd": cmd[:160]}
 
 
-class ProcessLedger:
+class SeenProcesses:
     """Every process the run's components are seen to start: component PIDs (hence their process
     groups) and their descendants, each with its start time."""
 
@@ -110,14 +110,14 @@ class ProcessLedger:
         return [d for p in sorted(pids) if p != os.getpid() and (d := describe(p)) is not None]
 
 
-def sampler(controller, ledger: ProcessLedger, stop: threading.Event) -> None:
+def sampler(controller, processes: SeenProcesses, stop: threading.Event) -> None:
     """Record the components' trees every second (local processes only: a Ray fleet's are remote)."""
     from asyncrl.fleet.local import ProcessFleet
 
     while not stop.wait(1.0):
         fleet = getattr(controller, "fleet", None)
         if isinstance(fleet, ProcessFleet):
-            ledger.sample(fleet)
+            processes.sample(fleet)
 
 
 def killer(
@@ -127,7 +127,7 @@ def killer(
     gap_s: tuple[float, float],
     log: list,
     stop: threading.Event,
-    ledger: ProcessLedger,
+    processes: SeenProcesses,
 ) -> None:
     """Kill ``kills`` components at seeded random moments, each after the run recovered; record
     which processes of the killed component's tree outlived it."""
@@ -150,7 +150,7 @@ def killer(
         name = rng.choice(names)
         steps_before = controller.progress.steps_seen
         pid = fleet.pid(name)
-        tree = ledger.tree(pid)
+        tree = processes.tree(pid)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -209,12 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     controller = Controller(cfg)
     kills: list[dict] = []
     stop = threading.Event()
-    ledger = ProcessLedger()
+    processes = SeenProcesses()
     thread = threading.Thread(
-        target=killer, args=(controller, args.kills, args.seed, tuple(args.gap), kills, stop, ledger), daemon=True
+        target=killer, args=(controller, args.kills, args.seed, tuple(args.gap), kills, stop, processes), daemon=True
     )
     thread.start()
-    watcher = threading.Thread(target=sampler, args=(controller, ledger, stop), daemon=True)
+    watcher = threading.Thread(target=sampler, args=(controller, processes, stop), daemon=True)
     watcher.start()
     start = time.monotonic()
     hangs, error, summary = 0, None, {}
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         thread.join(timeout=ORPHAN_WAIT_S + 5)
         watcher.join(timeout=5)
-    survivors = ledger.survivors()
+    survivors = processes.survivors()
     from asyncrl.rundir.ledger_replay import reconcile_ledger
 
     ledger = reconcile_ledger(controller.run_dir, cfg.sampling.n)
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "survivors_after_kill": sum(len(k["survivors"]) for k in kills),
         "survivors_at_end": survivors,
         "orphans_at_end": [d for d in survivors if d["ppid"] == 1],
-        "processes_seen": len(ledger.seen),
+        "processes_seen": len(processes.seen),
         "restarts": len(controller.supervisor.deaths) - controller.supervisor.restores,
         "restores": controller.supervisor.restores,
         "checkpoints": controller.checkpoints.committed if controller.checkpoints is not None else [],
