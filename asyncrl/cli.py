@@ -19,6 +19,7 @@ asyncrl bench pipeline --engine vllm [--workload long-tail]
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
 asyncrl export RUN_DIR [--step N] OUT_DIR          the policy as a Hugging Face model directory
 asyncrl inspect RUN_DIR [--json]                   health, versions and counters of a live run's processes
+asyncrl inspect RUN_DIR --samples [N]              the last N answers trained on: prompt, text, reward, versions
 asyncrl keys KEYS_DIR [--clients NAME ...]         CURVE key pairs for security.curve (server, clients, authorized/)
 
 Every command explains its options with --help. Configs are YAML recipes (configs/*.yaml) plus
@@ -87,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     insp = sub.add_parser("inspect", help="the state of a live run: health, versions and counters of each process")
     insp.add_argument("run_dir", help="the run directory (runs/NAME) of a live or finished run")
     insp.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    insp.add_argument(
+        "--samples",
+        nargs="?",
+        type=int,
+        const=8,
+        metavar="N",
+        help="instead, the last N answers the learner trained on (default 8): prompt, answer, reward, versions "
+        "(RUN_DIR/samples.jsonl, logging.samples_per_step)",
+    )
     keys = sub.add_parser("keys", help="write CURVE key pairs for security.curve (secret files mode 0600)")
     keys.add_argument("keys_dir", help="folder to write the key pairs into")
     keys.add_argument("--clients", nargs="+", default=["client"], help="names of the client key pairs to write")
@@ -205,7 +215,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.command == "inspect":
         from asyncrl.observability.inspect_run import main as inspect_main
 
-        inspect_main(args.run_dir, args.json)
+        inspect_main(args.run_dir, args.json, samples=args.samples)
         return 0
     if args.command == "plot":
         from asyncrl.observability.plot import plot_run

@@ -6,7 +6,7 @@ it concerns.
 they run however long a phase waits; every read is bounded (``wait``) and every phase that
 loops on it has a deadline or a watchdog. ``EventRouter`` hands each event to its owners: the
 checkpoint coordinator, the supervisor, the training progress, the weight-publication timeline
-and its metrics, ``steps.jsonl``, and the console.
+and its metrics, ``steps.jsonl``, the console, and (``samples`` events) ``samples.jsonl``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from asyncrl.wire.messages import (
     HeartbeatEvent,
     ReadyEvent,
     RequeuedEvent,
+    SamplesEvent,
     StepEvent,
     VersionEvent,
 )
@@ -138,6 +139,9 @@ class EventRouter:
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
                 f.write(json.dumps(record) + "\n")
             self.console.update(record)
+            return
+        elif isinstance(ev, SamplesEvent):
+            self.console.samples(ev.version, ev.as_map()["samples"])  # samples.jsonl, TensorBoard text
             return
         elif isinstance(ev, ReadyEvent) and ev.role == "generator":
             self.progress.generator_versions[ev.source] = ev.version or 0

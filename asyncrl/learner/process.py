@@ -42,6 +42,7 @@ from asyncrl.learner.build_trainer import build_trainer
 from asyncrl.learner.checkpoint_io import checkpoint_due, checkpoint_if_due, load_learner_part
 from asyncrl.learner.context import LearnerContext
 from asyncrl.learner.rank_orders import Order, OrderReceiver, OrderSender
+from asyncrl.learner.sample_report import report_samples
 from asyncrl.learner.staleness_control import AutoStaleness
 from asyncrl.learner.step_report import record_step_metrics, report_step
 from asyncrl.learner.totals import Counters, Reservoir, latency_summary
@@ -102,6 +103,7 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
             orders.send(Order("checkpoint", trainer.version))
             checkpoint_if_due(ctx, trainer, counters, trained_ids, auto)
         report_step(ctx, trainer.version, batch, stats)
+        report_samples(ctx, trainer.version, batch.groups)
     wall = time.monotonic() - loop_start
     orders.send(Order("finish", trainer.version))
     trainer.save_pretrained(ctx.run_dir / "final")

@@ -6,7 +6,8 @@ its sample counters by outcome and drops by reason, the buffer's size, and reque
 ``--json`` prints the same as one JSON object, for scripts. A process that has exited shows as
 down with the values it last exported (``NAME.prom``), when it wrote them. A first row, ``run``,
 gives the last learner step (``steps.jsonl``: version, reward, accuracy, staleness, seconds since
-it) and whether the run has finished (``summary.json``).
+it) and whether the run has finished (``summary.json``). ``--samples N`` prints instead the last N
+answers the learner trained on, with their prompts, rewards and versions (``samples.jsonl``).
 """
 
 from __future__ import annotations
@@ -131,7 +132,22 @@ def _fmt(value) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
 
 
-def main(run_dir: str, as_json: bool) -> None:
+def main(run_dir: str, as_json: bool, samples: int | None = None) -> None:
+    """Print the run's state, or with ``samples`` its last that many trained answers
+    (``asyncrl.observability.samples``; JSON lines with ``as_json``)."""
+    if samples is not None:
+        from asyncrl.observability.samples import FILE, format_samples, read_last
+
+        if samples < 1:
+            raise SystemExit(f"--samples ({samples}) must be >= 1")
+        records = read_last(Path(run_dir), samples)
+        if not records:
+            print(f"{Path(run_dir) / FILE}: no samples yet (logging.samples_per_step writes them each learner step)")
+        elif as_json:
+            print("\n".join(json.dumps(r, ensure_ascii=False) for r in records))
+        else:
+            print(format_samples(records))
+        return
     state = inspect_run(run_dir)
     if as_json:
         print(json.dumps(state, indent=2))

@@ -8,7 +8,8 @@ grows, so curves of two runs line up step for step. For W&B this is declared wit
 must never repeat (a held-out eval logged at the final version would be dropped).
 
 Logged per step: every number of the event (reward, loss, staleness, clip fraction, KL...)
-under ``train/``, and the throughput the console shows under ``perf/``; at the end, held-out
+under ``train/``, the throughput the console shows under ``perf/``, and the step's share of
+trained answers as text under ``samples`` (``asyncrl.observability.samples``); at the end, held-out
 exact match under ``eval/`` (before RL at version 0, after at the last version) and the run's
 summary numbers under ``summary/``.
 """
@@ -19,6 +20,8 @@ import importlib
 import logging
 from pathlib import Path
 from typing import Literal
+
+from pydantic import Field
 
 from asyncrl.configbase import Config
 
@@ -41,6 +44,15 @@ class LoggingConfig(Config):
     """W&B entity (team or user); None: wandb's default."""
     wandb_mode: Literal["online", "offline"] | None = None
     """W&B mode; None: wandb's default (the WANDB_MODE variable, else online)."""
+    samples_per_step: int = Field(1, ge=0)
+    """Groups of each learner step's batch (each prompt with all its answers, rewards, reward parts,
+    versions and staleness), picked at random, written to RUN_DIR/samples.jsonl (one line per
+    answer) and TensorBoard's text tab; 0: none (``asyncrl inspect RUN --samples``)."""
+    samples_max_chars: int = Field(2000, ge=16)
+    """Longest prompt or answer text kept in a sample line; longer ones are cut, marked with '…'."""
+    samples_max_bytes: int = Field(64 << 20, ge=1 << 16)
+    """Size at which samples.jsonl is moved to samples.1.jsonl (replacing it) and started afresh:
+    at most twice this on disk however long the run."""
 
 
 def step_scalars(ev: dict) -> dict[str, float]:
@@ -61,6 +73,9 @@ class TensorBoardLogger:
     def log(self, scalars: dict[str, float], version: int) -> None:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, global_step=version)
+
+    def log_text(self, tag: str, markdown: str, version: int) -> None:
+        self.writer.add_text(tag, markdown, global_step=version)
 
     def close(self) -> None:
         self.writer.close()
@@ -139,6 +154,12 @@ class StepLoggers:
         if summary.get("eval_after") is not None:
             numbers["eval/exact_match"] = float(summary["eval_after"])
         self._log(numbers, last)
+
+    def log_text(self, tag: str, markdown: str, version: int) -> None:
+        """Text (Markdown) at ``version``: TensorBoard's text tab (W&B: not logged)."""
+        for logger in self.loggers:
+            if hasattr(logger, "log_text"):
+                logger.log_text(tag, markdown, version)
 
     def _log(self, scalars: dict[str, float], version: int) -> None:
         for logger in self.loggers:

@@ -2,8 +2,9 @@
 
 ``RunProgress(cfg, run_dir)`` builds the console (``run.console``) and the step loggers
 (``logging``: TensorBoard, W&B); the controller calls ``watch(fleet)`` once its processes exist,
-``update(ev)`` for every event it receives (after it has stamped step events with ``t``), and
-``close(summary)`` at the end (also on failure, with no summary).
+``update(ev)`` for every event it receives (after it has stamped step events with ``t``),
+``samples(version, samples)`` for each step's share of answers, and ``close(summary)`` at the
+end (also on failure, with no summary).
 
 The controller is a process like the others: it serves ``/metrics`` and ``/health`` too
 (``RUN_DIR/metrics/controller.port``, in the scrape config), with the last learner version it
@@ -24,6 +25,7 @@ from asyncrl.observability.metrics import (
     stop_metrics,
     write_metrics_snapshot,
 )
+from asyncrl.observability.samples import SamplesLog, samples_markdown
 
 
 class RunProgress:
@@ -31,6 +33,7 @@ class RunProgress:
         self.console = RunConsole(cfg.run.console, cfg.learner.total_steps, cfg.run.name, out=out)
         self.run_dir = Path(run_dir)
         self.loggers = StepLoggers(cfg.logging, self.run_dir, cfg.run.name, cfg.model_dump(mode="json"))
+        self.samples_log = SamplesLog(self.run_dir, cfg.logging.samples_max_bytes)
         self.metrics_port = serve_metrics(self.run_dir, "controller")
         self.closed = False
 
@@ -51,6 +54,14 @@ class RunProgress:
             perf = {f"perf/{k}": row[k] for k in ("tokens_per_s", "samples_per_s") if row.get(k) is not None}
             self.loggers.log_step(ev, perf)
 
+    def samples(self, version: int, samples: list[dict]) -> None:
+        """A learner step's share of answers (a ``samples`` event): one line each in
+        ``samples.jsonl``, the step's text on TensorBoard (``asyncrl.observability.samples``)."""
+        records = [{"version": version, **s} for s in samples]
+        self.samples_log.write(records)
+        if records:
+            self.loggers.log_text("samples", samples_markdown(records), version)
+
     def eval(self, record: dict) -> None:
         """An evaluation finished (``asyncrl.tasks.heldout``): the console's before/after, TensorBoard's
         ``eval/exact_match`` at the version it was asked at, the controller's Prometheus gauges."""
@@ -65,6 +76,9 @@ class RunProgress:
         EVAL_VERSION.set(record["version"])
         if record["label"] not in ("before", "after"):  # those two: with the summary (log_summary)
             self.loggers.log_scalars({"eval/exact_match": score}, record["version"])
+        by_task = {f"eval/exact_match/{t}": v for t, v in (record.get("by_task") or {}).items() if v is not None}
+        if by_task:  # a mix of sources: each one's score, at every round (the summary has only the total)
+            self.loggers.log_scalars(by_task, record["version"])
 
     def close(self, summary: dict | None = None) -> None:
         if self.closed:

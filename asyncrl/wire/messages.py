@@ -493,6 +493,41 @@ class StepEvent(Event, kw_only=True, tag="step"):
     """Under auto, on the steps that changed the bound: why (the signal and its limit)."""
 
 
+class SampleText(msgspec.Struct, kw_only=True):
+    """One trained answer as a person reads it (``SamplesEvent``): its text cut to
+    ``logging.samples_max_chars``, its reward and where it came from."""
+
+    uid: str
+    group_id: str
+    prompt_uid: str
+    task: str
+    prompt: str
+    answer: str
+    """The reference answer the rule rewards compare with."""
+    completion: str
+    reward: float | None
+    reward_parts: dict[str, float] = {}
+    """Reward name -> the value it gave (before weights)."""
+    finish_reason: str
+    tokens: int
+    """Response tokens (the text may be cut; the tokens are counted whole)."""
+    policy_version: int
+    """The version of the answer's oldest token (its group's, or its first segment's)."""
+    version_segments: list[list[int]] | None = None
+    staleness: int
+    """The learner's version before the step that trained it, minus ``policy_version``."""
+    generator: str
+
+
+class SamplesEvent(Event, kw_only=True, tag="samples"):
+    """A share of the answers the learner step that produced ``version`` trained on, with their
+    text, rewards and versions (``logging.samples_per_step`` groups, whole): the controller appends
+    them to ``samples.jsonl`` and TensorBoard's text."""
+
+    version: int
+    samples: list[SampleText]
+
+
 class DoneEvent(Event, kw_only=True, tag="done"):
     """The learner took its last step, reaching ``version``."""
 
@@ -622,6 +657,7 @@ EVENTS: dict[str, type[Event]] = {
         CheckpointPartEvent,
         RequeuedEvent,
         StepEvent,
+        SamplesEvent,
         DoneEvent,
         BroadcastEvent,
         VersionEvent,

@@ -29,6 +29,7 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
             "learner.total_steps=8",
             "sampling.max_tokens=128",
             "buffer.max_staleness=2",
+            "logging.samples_per_step=2",
         ],
     )
     summary = Controller(cfg).run()
@@ -100,6 +101,15 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     events.Reload()
     assert [e.step for e in events.Scalars("train/reward")] == list(range(1, 9))
     assert main(["plot", str(run_dir)]) == 0 and (run_dir / "plots.png").stat().st_size > 10_000
+
+    # Two whole groups of every step's batch, one line per answer, with text, reward and versions;
+    # on TensorBoard's text tab too, and printed by inspect --samples.
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    n = cfg.sampling.n
+    assert sorted({r["version"] for r in samples}) == list(range(1, 9)) and len(samples) == 8 * 2 * n
+    assert all(r["reward"] is not None and r["completion"] and r["prompt"] for r in samples)
+    assert all(0 <= r["staleness"] <= 2 and r["policy_version"] == r["version"] - 1 - r["staleness"] for r in samples)
+    assert "samples/text_summary" in events.Tags()["tensors"]
     assert sum(staleness_histogram(run_dir, {}).values()) == summary["trained"]  # from the learner's metrics
 
     # inspect: every process is down now, and shows the counters it last exported.
@@ -110,6 +120,8 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     assert "\nrun            done  step=8  reward=" in capsys.readouterr().out
     assert state["learner"]["samples"]["trained"] == summary["trained"] and state["learner"]["version"] == 8
     assert sum(state[f"generator-{i}"]["samples"]["generated"] for i in range(4)) == summary["generated"]
+    assert main(["inspect", str(run_dir), "--samples", "3"]) == 0
+    assert capsys.readouterr().out.count("\n-- ") == 3
 
 
 def find_promtool() -> str:

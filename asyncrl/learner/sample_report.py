@@ -1,0 +1,68 @@
+"""A share of each step's trained answers, as text, for a person to read (``samples`` events).
+
+``logging.samples_per_step`` groups of the batch, picked at random (seeded by the run's seed and
+the version, so a resumed run picks the same), go to the controller whole: every answer of a
+picked group, with its prompt, reward and reward parts, the version of its oldest token and its
+staleness (the learner's version before this step minus that version, as the step's
+``staleness_mean`` counts it). Texts are cut to ``logging.samples_max_chars``; the controller
+writes them to ``samples.jsonl`` and TensorBoard (``asyncrl.observability.samples``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from asyncrl.observability.samples import cut
+from asyncrl.wire.messages import SampleText
+from asyncrl.wire.schema import Group
+
+if TYPE_CHECKING:
+    from asyncrl.learner.context import LearnerContext
+
+
+def pick_groups(groups: list[Group], k: int, seed: int, version: int) -> list[Group]:
+    """``k`` of ``groups`` (all when fewer), picked at random by ``(seed, version)``, in batch order."""
+    if k <= 0 or not groups:
+        return []
+    if k >= len(groups):
+        return list(groups)
+    rng = np.random.default_rng([seed, version])
+    return [groups[i] for i in sorted(rng.choice(len(groups), size=k, replace=False))]
+
+
+def sample_texts(groups: list[Group], version: int, max_chars: int) -> list[SampleText]:
+    """Each answer of ``groups``, trained by the step that produced ``version``, as a ``SampleText``."""
+    out = []
+    for g in groups:
+        for s in g.samples:
+            oldest = s.version_segments[0][1] if s.version_segments else g.policy_version
+            out.append(
+                SampleText(
+                    uid=s.uid,
+                    group_id=g.group_id,
+                    prompt_uid=g.prompt_uid,
+                    task=g.task,
+                    prompt=cut(g.prompt, max_chars),
+                    answer=cut(g.answer, max_chars),
+                    completion=cut(s.text, max_chars),
+                    reward=None if s.reward is None else float(s.reward),
+                    reward_parts={k: float(v) for k, v in s.reward_parts.items()},
+                    finish_reason=s.finish_reason,
+                    tokens=len(s.response_ids),
+                    policy_version=int(oldest),
+                    version_segments=s.version_segments,
+                    staleness=int(version - 1 - oldest),
+                    generator=g.generator,
+                )
+            )
+    return out
+
+
+def report_samples(ctx: LearnerContext, version: int, groups: list[Group]) -> None:
+    """The ``samples`` event of the step that produced ``version`` (none when ``samples_per_step`` is 0)."""
+    cfg = ctx.cfg
+    picked = pick_groups(groups, cfg.logging.samples_per_step, cfg.run.seed, version)
+    if picked:
+        ctx.emit("samples", version=version, samples=sample_texts(picked, version, cfg.logging.samples_max_chars))
