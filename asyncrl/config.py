@@ -244,6 +244,26 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _check_rewards_by_task(self) -> RunConfig:
+        """Each task's rewards exist for it, and those that compare with the reference answer
+        score only tasks that have one (``task.data.answer_key`` not None)."""
+        names = self.task.task_names()
+        unknown = [name for name in self.reward.by_task if name not in names]
+        if unknown:
+            raise ValueError(f"reward.by_task {unknown} must name tasks of this run: {names}")
+        views = self.task.source_tasks() if self.task.sources else [self.task]
+        for task in views:
+            if task.data.answer_key is not None or (task.name == "addition" and task.data.train is None):
+                continue
+            needs = [s.label for s in self.reward.by_task.get(task.name, self.reward.rewards) if s.kind in NEED_ANSWER]
+            if needs:
+                raise ValueError(
+                    f"task {task.name!r} has no reference answer (data.answer_key is None), but its rewards "
+                    f"{needs} compare with one: give them reward.by_task.{task.name}, or set its answer_key"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _check_placement(self) -> RunConfig:
         self.placement.check_counts(self.run.num_generators, self.learner.ranks)
         gpus, tp = self.placement.generator.num_gpus, self.engine.tensor_parallel_size
@@ -264,6 +284,10 @@ class RunConfig(Config):
                 "generators may be on other machines: use zmq (or file on shared storage)"
             )
         return self
+
+
+NEED_ANSWER = ("exact_match", "math_verify")
+"""Reward kinds that compare a completion with the row's reference answer."""
 
 
 def load_config(recipe: str | Path | None, overrides: list[str] = ()) -> RunConfig:

@@ -8,14 +8,15 @@ import json
 from pathlib import Path
 
 from asyncrl.dispatcher.admission import Admission
-from asyncrl.dispatcher.cursor import PromptCursor
+from asyncrl.dispatcher.cursor import MixedCursor, PromptCursor
 from asyncrl.dispatcher.outstanding import BUFFERED, DISPATCHED, Entry, Outstanding
 
 
-def save_dispatcher(path: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding, version: int):
+def save_dispatcher(
+    path: Path, cursor: PromptCursor | MixedCursor, admission: Admission, outstanding: Outstanding, version: int
+):
     state = {
-        "epoch": cursor.epoch,
-        "index": cursor.index,
+        **cursor.state(),
         "dispatched": admission.dispatched,
         "dropped": admission.dropped,
         "short": admission.short(version),
@@ -29,16 +30,14 @@ def save_dispatcher(path: Path, cursor: PromptCursor, admission: Admission, outs
 
 
 def restore_dispatcher(
-    ckpt: Path, cursor: PromptCursor, admission: Admission, outstanding: Outstanding, auto: bool = False
+    ckpt: Path, cursor: PromptCursor | MixedCursor, admission: Admission, outstanding: Outstanding, auto: bool = False
 ) -> dict:
     """Load the dispatcher's part of checkpoint ``ckpt``; queue again what the other parts lack.
     ``auto``: the bound is the learner's (``buffer.max_staleness: auto``): restore the one saved."""
     from asyncrl.rundir.ledger import GroupIdSet
 
     state = json.loads((ckpt / "dispatcher.json").read_text())
-    cursor.epoch = int(state["epoch"])
-    cursor._order = cursor._permutation(cursor.epoch)
-    cursor.index = int(state["index"])
+    cursor.restore(state)
     admission.dispatched = int(state["dispatched"])
     admission.dropped = int(state["dropped"])
     admission.version = int(state["version"])

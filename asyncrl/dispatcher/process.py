@@ -22,7 +22,7 @@ from asyncrl.dispatcher.admission import Admission
 from asyncrl.dispatcher.channels import BufferStatusFeed, PromptRequests
 from asyncrl.dispatcher.checkpoint import restore_dispatcher, save_dispatcher
 from asyncrl.dispatcher.context import DispatcherContext
-from asyncrl.dispatcher.cursor import PromptCursor
+from asyncrl.dispatcher.cursor import MixedCursor, PromptCursor, make_cursor
 from asyncrl.dispatcher.outstanding import Outstanding
 from asyncrl.rundir.ledger import group_id_of
 from asyncrl.wire.messages import (
@@ -47,7 +47,9 @@ BUDGET_REPORT_S = 5.0
 class Dispatcher:
     """One turn (``step``) applies commands and the buffer's news, takes requests and serves them."""
 
-    def __init__(self, ctx: DispatcherContext, cursor: PromptCursor, admission: Admission, outstanding: Outstanding):
+    def __init__(
+        self, ctx: DispatcherContext, cursor: PromptCursor | MixedCursor, admission: Admission, outstanding: Outstanding
+    ):
         self.ctx = ctx
         self.cursor, self.admission, self.outstanding = cursor, admission, outstanding
         self.requests = PromptRequests(ctx.endpoints.dispatcher)
@@ -61,7 +63,8 @@ class Dispatcher:
         from asyncrl.tasks.prompts import load_run_prompts
 
         cfg = ctx.cfg
-        cursor = PromptCursor(load_run_prompts(cfg, "train", model_dir), cfg.run.seed, cfg.dispatcher.epochs)
+        weights = {s.name: s.weight for s in cfg.task.sources}
+        cursor = make_cursor(load_run_prompts(cfg, "train", model_dir), weights, cfg.run.seed, cfg.dispatcher.epochs)
         admission = Admission(cfg.learner.batch_groups, cfg.buffer.initial_staleness, cfg.dispatcher.ahead_versions)
         outstanding = Outstanding(
             lease_s=cfg.dispatcher.lease_s,
@@ -154,15 +157,16 @@ class Dispatcher:
         rows = outstanding.take_again(room) if admission.may_sample(version) else []
         room = min(max_prompts - len(rows), admission.capacity(version, len(outstanding.unsent)))
         for prompt in self.cursor.take(room) if room > 0 else []:
-            rows.append(
-                PromptRow(
-                    group_id=group_id_of(admission.dispatched),
-                    prompt_uid=prompt.prompt_uid,
-                    text=prompt.text,
-                    answer=prompt.answer,
-                    task=prompt.task,
-                )
+            row = PromptRow(
+                group_id=group_id_of(admission.dispatched),
+                prompt_uid=prompt.prompt_uid,
+                text=prompt.text,
+                answer=prompt.answer,
+                task=prompt.task,
             )
+            if prompt.columns is not None:
+                row["columns"] = prompt.columns
+            rows.append(row)
             admission.dispatched += 1
         return rows
 

@@ -29,6 +29,9 @@ pauses meanwhile). What is dropped: nothing in the worker. A group some reward l
 HTTP rewards re-request only the samples they have not scored yet (the worker keeps their results
 with the group; a requeued group the owner hands to a peer is scored whole there).
 
+Which rewards score a group: those of ``reward.by_task[group.task]`` when the config names its
+task there (a source of a mix), else ``reward.rewards``.
+
 Ledger (``asyncrl.controller.accounting``): each worker reports ``received`` = samples it took to score
 (the owner: from generators, minus what it handed to peers; a peer: what it was handed),
 ``forwarded`` to the buffer and ``held`` at exit, so the sums over role ``reward`` reconcile with
@@ -50,13 +53,26 @@ from asyncrl.rewards.worker import RewardWorker
 log = logging.getLogger(__name__)
 
 
-def build_rewards(cfg: RewardConfig) -> list[tuple[Reward, float]]:
-    return [(build_reward(spec), spec.weight) for spec in cfg.rewards]
+def build_rewards(cfg: RewardConfig, task_metadata: dict[str, dict] | None = None) -> list[tuple[Reward, float]]:
+    """The default rewards (``reward.rewards``) with their weights."""
+    return [(build_reward(spec, task_metadata), spec.weight) for spec in cfg.rewards]
+
+
+def build_rewards_by_task(
+    cfg: RewardConfig, task_metadata: dict[str, dict] | None = None
+) -> dict[str, list[tuple[Reward, float]]]:
+    """Each task's own rewards (``reward.by_task``), by task name."""
+    return {
+        name: [(build_reward(spec, task_metadata), spec.weight) for spec in specs]
+        for name, specs in cfg.by_task.items()
+    }
 
 
 def run_reward_worker(ctx: RewardContext, owner: bool = True) -> None:
     """The controller's reward worker (owner of the input), or a hot-plugged one (``owner=False``)."""
-    worker = RewardWorker(ctx, build_rewards(ctx.cfg.reward), owner)
+    metadata = ctx.cfg.task.metadata_by_task()
+    rewards = build_rewards(ctx.cfg.reward, metadata)
+    worker = RewardWorker(ctx, rewards, owner, build_rewards_by_task(ctx.cfg.reward, metadata))
 
     def leave(signum, _frame):
         log.info("%s: signal %d: finishing what it holds, then leaving", ctx.name, signum)

@@ -45,10 +45,18 @@ class _Waiting:
 class RewardWorker:
     """The loop shared by the owner and hot-plugged workers; ``intake`` is what differs."""
 
-    def __init__(self, ctx: RewardContext, rewards: list[tuple[Reward, float]], owner: bool):
+    def __init__(
+        self,
+        ctx: RewardContext,
+        rewards: list[tuple[Reward, float]],
+        owner: bool,
+        by_task: dict[str, list[tuple[Reward, float]]] | None = None,
+    ):
         self.ctx = ctx
         self.cfg: RewardConfig = ctx.cfg.reward
         self.rewards = rewards
+        self.by_task = by_task or {}
+        """A task's own rewards (``reward.by_task``): its groups are scored by them, not ``rewards``."""
         self.owner = owner
         self.outbox = BufferOutbox(ctx.endpoints.buffer_in, name=f"{ctx.name}.out")
         self.waiting: deque[_Waiting] = deque()
@@ -107,8 +115,9 @@ class RewardWorker:
             await self._wait()
         if not self.owner:
             self._ask(0, leaving=True)  # the owner forgets this worker; its empty reply is not needed
-        for reward, _w in self.rewards:
-            await reward.close()
+        for rewards in [self.rewards, *self.by_task.values()]:
+            for reward, _w in rewards:
+                await reward.close()
 
     def _report_depths(self) -> None:
         REWARD_QUEUE_DEPTH.labels("waiting").set(len(self.waiting))
@@ -221,9 +230,10 @@ class RewardWorker:
             sample.reward, sample.token_rewards = None, None
             sample.reward_parts.clear()
             sample.reward_seconds.clear()
-        await score_with(group, self.rewards, item.known)
+        rewards = self.by_task.get(group.task, self.rewards)
+        await score_with(group, rewards, item.known)
         if group.scored and "greedy_text" in group.meta:  # ReMax's baseline answer
-            await score_greedy_baseline(group, self.rewards)
+            await score_greedy_baseline(group, rewards)
         REWARD_SECONDS.observe(group.reward_s)
         if not group.scored and self.cfg.on_failure == "requeue" and item.requeues < self.cfg.max_requeues:
             self.requeued += len(group.samples)

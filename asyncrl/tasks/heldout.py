@@ -5,7 +5,8 @@ requests of ``eval.chunk_prompts`` and offers them to the generators (``eval_req
 ``transport.EvalRequestSender``). A generator takes at most one between two training batches
 (``generators.evaluation``), decodes it greedily with the weights it serves, and sends back the
 texts (``eval_result``, over the event stream); the controller scores them with the task's exact
-match. Evaluation is therefore never a training sample: it enters neither the dispatcher, the
+match (each task apart too, ``by_task``, when a mix of sources gives prompts of several; prompts
+without a reference answer are not scored). Evaluation is therefore never a training sample: it enters neither the dispatcher, the
 buffer nor the ledger, and each generator counts it apart (``eval_prompts``, ``eval_s``).
 
 One evaluation is a *round* (``before``, ``v40``, ``after``): at most ``eval.max_outstanding``
@@ -108,6 +109,8 @@ class EvalRound:
         self.out: dict[int, dict] = {}  # chunk -> {sent (monotonic), deadline, tries}
         self.tries: dict[int, int] = {}
         self.correct: dict[int, float] = {}  # chunk -> sum of exact match over its prompts
+        self.by_task: dict[str, list[float]] = {}  # task -> [sum of exact match, prompts scored]
+        self.scorable = sum(1 for p in prompts if p.answer)  # a prompt without an answer has no exact match
         self.versions: set[int] = set()
         self.generators: dict[str, int] = {}  # generator -> prompts it answered
         self.clock = clock
@@ -147,7 +150,12 @@ class EvalRound:
                 len(prompts),
             )
             return None
-        self.correct[chunk] = sum(score_answer(p.task, t, p.answer) for p, t in zip(prompts, body.texts))
+        scores = [(p.task, score_answer(p.task, t, p.answer)) for p, t in zip(prompts, body.texts) if p.answer]
+        self.correct[chunk] = sum(value for _, value in scores)
+        for task, value in scores:
+            tally = self.by_task.setdefault(task, [0.0, 0])
+            tally[0] += value
+            tally[1] += 1
         self.versions.add(body.version)
         self.generators[body.generator] = self.generators.get(body.generator, 0) + len(prompts)
         self.seconds += body.seconds
@@ -161,20 +169,24 @@ class EvalRound:
         return self.failed is not None or len(self.correct) == self.num_chunks
 
     def record(self) -> dict:
-        """What the run writes about this round (``evals.jsonl``, the console, TensorBoard)."""
-        scored = len(self.correct) == self.num_chunks and self.failed is None
-        return {
+        """What the run writes about this round (``evals.jsonl``, the console, TensorBoard); with
+        prompts of several tasks (a mix of sources), ``by_task`` holds each one's exact match."""
+        scored = len(self.correct) == self.num_chunks and self.failed is None and self.scorable > 0
+        record = {
             "type": "eval",
             "label": self.label,
             "version": self.version,
             "versions": [min(self.versions), max(self.versions)] if self.versions else None,
-            "exact_match": sum(self.correct.values()) / len(self.prompts) if scored else None,
+            "exact_match": sum(self.correct.values()) / self.scorable if scored else None,
             "num_prompts": len(self.prompts),
             "generators": dict(sorted(self.generators.items())),
             "wall_s": self.clock() - self.started,
             "decode_s": self.seconds,
             "failed": self.failed,
         }
+        if len({p.task for p in self.prompts}) > 1:
+            record["by_task"] = {t: (v / n if scored else None) for t, (v, n) in sorted(self.by_task.items())}
+        return record
 
 
 class HeldOutEvaluator:
