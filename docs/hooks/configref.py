@@ -153,6 +153,7 @@ def run_config_sections() -> list[Section]:
 
 def reward_option_sections() -> list[Section]:
     """The ``options`` of the reward kinds that take any: each kind validates them with its class."""
+    from asyncrl.rewards.function import PythonRewardConfig
     from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
     from asyncrl.rewards.model import RewardModelConfig
 
@@ -161,6 +162,7 @@ def reward_option_sections() -> list[Section]:
         ("http_json", JsonScorerConfig),
         ("openai_judge", JudgeConfig),
         ("reward_model", RewardModelConfig),
+        ("python", PythonRewardConfig),
     ):
         doc = markdown_doc(model.__doc__)
         walk(model, f"reward.rewards[].options ({kind})", doc, sections)
@@ -224,8 +226,8 @@ def render() -> str:
         "## Reward options by kind",
         "",
         "`reward.rewards[].options` is a mapping checked, when the config is read, by the class of the",
-        "reward's `kind`: `http_json` and `openai_judge` share the HTTP client's keys, and `reward_model`",
-        "has its own. The rule rewards take theirs as keyword arguments: `format` takes `pattern` (a",
+        "reward's `kind`: `http_json` and `openai_judge` share the HTTP client's keys, `reward_model`",
+        "and `python` have their own. The rule rewards take theirs as keyword arguments: `format` takes `pattern` (a",
         "regex searched in the answer; default: a final `#### number`) and `value` (the reward of a",
         "match, default 1.0), `math_verify` takes `timeout_s` (default 5.0), `exact_match` takes none.",
         "",
