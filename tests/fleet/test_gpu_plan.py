@@ -60,15 +60,20 @@ def fleet(tmp_path, monkeypatch):
 
 def lifecycle(cfg, fleet):
     """The controller's start path over ``fleet``: only what starting the processes touches."""
-    none = dict.fromkeys(("supervisor", "checkpoints", "evaluations", "watch", "timeline", "ledger"))
+    from asyncrl.controller.supervision import Supervisor
+    from asyncrl.fleet.config import SupervisionConfig
+
+    none = dict.fromkeys(("checkpoints", "evaluations", "watch", "timeline", "ledger"))
+    reports, progress = ProcessReports(), TrainingProgress()
     return Lifecycle(
         cfg=cfg,
         run_dir=fleet.run_dir,
         fleet=fleet,
         commands=Commands(),
         pump=ExitedAsReady(fleet),
-        reports=ProcessReports(),
-        progress=TrainingProgress(),
+        reports=reports,
+        progress=progress,
+        supervisor=Supervisor(SupervisionConfig(), fleet.run_dir, reports, progress),  # the start arms it
         **none,
     )
 
