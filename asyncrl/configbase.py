@@ -15,6 +15,34 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 
+class UserError(Exception):
+    """A mistake in what the user gave: a recipe or data file that is missing or malformed, a
+    model folder that is not a model, a registry that cannot be reached.
+
+    Raised where the input is checked, with a message of one line that names the thing and the
+    fix; ``asyncrl`` prints that line and exits 2 without a traceback (``--debug`` shows it), as it
+    does for a bad config key. Anything else that goes wrong is a bug and keeps its traceback.
+    Subclasses that are also a built-in error (``UserFileError``) keep ``except`` clauses and
+    tests that expect the built-in working.
+    """
+
+
+class UserFileError(UserError, FileNotFoundError):
+    """A file or folder the user named does not exist."""
+
+
+class UserValueError(UserError, ValueError):
+    """A file the user gave exists but its content breaks a rule (a row that is not JSON...)."""
+
+
+class UserKeyError(UserError, KeyError):
+    """A file the user gave lacks something the config names (a column, a split)."""
+
+
+class UserConnectionError(UserError, ConnectionError):
+    """Something the input needs is on a server out of reach (a package index, the Hugging Face Hub)."""
+
+
 class Config(BaseModel):
     """Base for config classes: typos are errors, field docstrings are descriptions."""
 
@@ -24,10 +52,10 @@ class Config(BaseModel):
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"buffer.capacity=512"`` -> (["buffer", "capacity"], 512); the value is parsed as YAML."""
     if "=" not in text:
-        raise ValueError(f"override {text!r} must look like dotted.key=value")
+        raise UserValueError(f"override {text!r} must look like dotted.key=value")
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
-        raise ValueError(f"override key {key!r} must be a dotted path like learner.lr")
+        raise UserValueError(f"override key {key!r} must be a dotted path like learner.lr")
     return key.split("."), yaml.safe_load(raw) if raw != "" else ""
 
 
@@ -39,7 +67,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ValueError(f"override {text!r}: {part!r} is a value ({child!r}), not a section")
+                raise UserValueError(f"override {text!r}: {part!r} is a value ({child!r}), not a section")
             node = child
         node[path[-1]] = value
     return data
@@ -47,7 +75,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_yaml(path: str | Path) -> dict:
     """Read a YAML recipe; an empty file is an empty dict."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not Path(path).is_file():
+        where = "is a folder" if Path(path).is_dir() else f"does not exist (from {Path.cwd()})"
+        raise UserFileError(f"recipe {path} {where}: give a YAML file, e.g. configs/demo.yaml")
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserValueError(f"recipe {path} is not valid YAML: {' '.join(str(e).split())}") from e
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
+        raise UserValueError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data

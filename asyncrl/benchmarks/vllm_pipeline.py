@@ -112,10 +112,11 @@ def run_alone(cfg: RunConfig, model_dir: Path, calls: int, work: Path) -> dict:
 
 def run_vllm_bench(recipe: str, overrides: list[str], out: Path) -> dict:
     from asyncrl.benchmarks.measured_run import run_measured
+    from asyncrl.models.fetch import resolve_model_path
     from asyncrl.models.tiny import build_tiny_model
 
     cfg = load_config(recipe, overrides)
-    model_dir = Path(cfg.model.path) if cfg.model.path else build_tiny_model(cfg.model.tiny, out / "model")
+    model_dir = resolve_model_path(cfg.model.path) if cfg.model.path else build_tiny_model(cfg.model.tiny, out / "model")
     cfg = load_config(
         recipe,
         [

@@ -40,13 +40,16 @@ def resume_run_dir(cfg: RunConfig) -> Path:
 
 
 def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
-    """The policy RL starts from: a given model, or the tiny model built here, warm-started by SFT."""
+    """The policy RL starts from: a given model (a folder, or a known model's name, fetched into
+    the cache when missing: ``asyncrl.models.fetch``), or the tiny model built here, warm-started by SFT."""
+    from asyncrl.models.fetch import resolve_model_path
     from asyncrl.models.sft import run_sft
     from asyncrl.models.tiny import build_tiny_model
     from asyncrl.tasks.prompts import load_run_prompts
 
     if cfg.model.path is not None:
-        base = Path(cfg.model.path)
+        base = resolve_model_path(cfg.model.path)
+        log.info("model.path %s: %s", cfg.model.path, base)
     else:
         base = build_tiny_model(cfg.model.tiny.model_copy(update={"seed": cfg.run.seed}), run_dir / "model" / "base")
         log.info("built the tiny model in %s", base)

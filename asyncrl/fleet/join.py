@@ -141,7 +141,9 @@ def starting_model(run_dir: Path | None, cfg: RunConfig) -> str:
                 return str(run_dir / "model" / sub)
     if cfg.model.path is None:
         raise SystemExit("no starting model in the run directory and model.path is None: pass --model DIR")
-    return cfg.model.path
+    from asyncrl.models.fetch import resolve_model_path
+
+    return str(resolve_model_path(cfg.model.path))  # a known model's name is its fetched folder
 
 
 def run_joined_generator(connect: str, name: str, model: str | None, overrides: list[str]) -> int:

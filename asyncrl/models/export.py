@@ -59,7 +59,9 @@ def starting_model_dir(run_dir: Path) -> Path:
     path = (load_yaml(run_dir / "config.yaml").get("model") or {}).get("path")
     if path is None:
         raise FileNotFoundError(f"{run_dir}: no starting model (model/warm, model/base or model.path)")
-    return Path(path)
+    from asyncrl.models.fetch import resolve_model_path
+
+    return resolve_model_path(path)  # a known model's name is its fetched folder
 
 
 def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from asyncrl.configbase import Config
+from asyncrl.configbase import Config, UserValueError
 from asyncrl.tasks.answers import extract_gsm8k_answer
 from asyncrl.tasks.formatting import TOKENIZER_FILES, PromptFormatter, load_tokenizer
 from asyncrl.tasks.mixture import PRESETS, SourceConfig, check_task_name, interleave
@@ -249,7 +249,7 @@ def file_questions(
     else:
         path = resolve_path(source, REPO_ROOT)
         if test_of_train and not path.is_dir():
-            raise ValueError(
+            raise UserValueError(
                 f"task.data.test is None and task.data.train ({source!r}) is a file with no test split: set both"
             )
         rows, where, name = read_rows(path, data.format, split, need_split=test_of_train), str(path), source_stem(path)
@@ -257,7 +257,7 @@ def file_questions(
     for index, row in enumerate(rows):
         question, answer = row_fields(row, where, index, data.question_key, data.answer_key)
         if cfg.name == "gsm8k" and "####" in answer and extract_gsm8k_answer(answer) is None:
-            raise ValueError(f"{where} row {index}: answer {answer[-40:]!r} has no number after '####'")
+            raise UserValueError(f"{where} row {index}: answer {answer[-40:]!r} has no number after '####'")
         columns = row_columns(row, where, index, data.row_keys)
         uid = f"{uid_prefix or name}/{split}/{index}"
         questions.append(Prompt(uid, question, answer_of(answer) if answer else "", cfg.name, columns))

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 from pydantic import field_validator
 
-from asyncrl.configbase import Config
+from asyncrl.configbase import Config, UserConnectionError, UserFileError, UserKeyError, UserValueError
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def resolve_path(path: str, root: Path) -> Path:
         return given
     if (root / path).exists():
         return root / path
-    raise FileNotFoundError(f"data file ({path!r}) exists neither from {Path.cwd()} nor from {root}")
+    raise UserFileError(f"data file ({path!r}) exists neither from {Path.cwd()} nor from {root}")
 
 
 def detect_format(path: Path, fmt: str) -> str:
@@ -116,7 +116,7 @@ def detect_format(path: Path, fmt: str) -> str:
         return "jsonl"
     if path.suffix == ".parquet":
         return "parquet"
-    raise ValueError(
+    raise UserValueError(
         f"data format of {path} (suffix {''.join(suffixes)!r}) is unknown: set task.data.format to one of {FORMATS}"
     )
 
@@ -143,7 +143,7 @@ def verify_checksum(path: Path) -> None:
         return
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     if actual != expected:
-        raise ValueError(
+        raise UserValueError(
             f"{path}: sha256 {actual} does not match {expected} in {sums}: the file is damaged or changed "
             f"(restore it, or write its new checksum there on purpose)"
         )
@@ -160,7 +160,7 @@ def read_jsonl(path: Path) -> list:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {number} (row {len(rows)}): not JSON: {e}") from e
+                raise UserValueError(f"{path} line {number} (row {len(rows)}): not JSON: {e}") from e
     return rows
 
 
@@ -180,10 +180,12 @@ def read_rows(path: Path, fmt: str = "auto", split: str = "train", need_split: b
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise KeyError(f"dataset {path} has no split {split!r}; it has {sorted(loaded)}")
+            raise UserKeyError(f"dataset {path} has no split {split!r}; it has {sorted(loaded)}")
         loaded = loaded[split]
     elif need_split:
-        raise ValueError(f"dataset {path} is a single split, not a DatasetDict with {split!r}: set task.data.{split}")
+        raise UserValueError(
+            f"dataset {path} is a single split, not a DatasetDict with {split!r}: set task.data.{split}"
+        )
     return loaded.to_list()
 
 
@@ -235,7 +237,7 @@ def read_hf_rows(source: str, split: str) -> list[dict]:
     if reason is not None:
         args = f'"{hf.name}"' + (f', "{hf.config}"' if hf.config else "")
         folder = "data/" + hf.name.replace("/", "--") + (f"--{hf.config}" if hf.config else "")
-        raise ConnectionError(
+        raise UserConnectionError(
             f"task.data source {source!r} needs the Hugging Face Hub, which is out of reach ({reason}). "
             f"On a machine online, save it: python -c 'import datasets; datasets.load_dataset({args})"
             f'.save_to_disk("{folder}")\'; copy that folder here and set task.data.train to it '
@@ -267,22 +269,22 @@ def row_fields(row, where: str, index: int, question_key: str, answer_key: str |
     a row that is not a mapping, a missing column, a question that is not a non-empty string, an
     answer that is not a non-empty string or a number. ``answer_key`` None: no answer ("")."""
     if not isinstance(row, dict):
-        raise ValueError(f"{where} row {index}: a row must be a mapping of columns, got {type(row).__name__}")
+        raise UserValueError(f"{where} row {index}: a row must be a mapping of columns, got {type(row).__name__}")
     missing = [k for k in (question_key, answer_key) if k is not None and k not in row]
     if missing:
-        raise KeyError(
+        raise UserKeyError(
             f"{where} row {index}: no column {missing} (it has {sorted(row)}); set task.data.question_key/answer_key"
         )
     question = row[question_key]
     if not isinstance(question, str) or not question.strip():
-        raise ValueError(
+        raise UserValueError(
             f"{where} row {index}: question {question_key!r} ({question!r:.60}) must be a non-empty string"
         )
     if answer_key is None:
         return question, ""
     answer = row[answer_key]
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
-        raise ValueError(
+        raise UserValueError(
             f"{where} row {index}: answer {answer_key!r} ({answer!r:.60}) must be a non-empty string or a number"
         )
     return question, str(answer)
@@ -307,10 +309,10 @@ def row_columns(row: dict, where: str, index: int, keys: list[str] | None) -> di
         keys = list(row)
     missing = [k for k in keys if k not in row]
     if missing:
-        raise KeyError(f"{where} row {index}: no column {missing} (it has {sorted(row)}); set task.data.row_keys")
+        raise UserKeyError(f"{where} row {index}: no column {missing} (it has {sorted(row)}); set task.data.row_keys")
     for key in keys:
         if not _is_json(row[key]):
-            raise ValueError(
+            raise UserValueError(
                 f"{where} row {index}: column {key!r} holds a {type(row[key]).__name__}, not a JSON value "
                 f"(text, number, list, map): set task.data.row_keys to the columns the rewards read"
             )
