@@ -194,20 +194,22 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "train":
+        from asyncrl.config import load_config
+
+        # The recipe first: a mistake in it is told before torch and the controller load (3 s).
+        if args.resume:
+            cfg = resume_config(args.resume, ([args.config] if args.config else []) + args.overrides)
+        else:
+            if not args.config:
+                parser.error("train needs a CONFIG recipe, or --resume RUN_DIR")
+            cfg = load_config(args.config, args.overrides)
         import torch
 
-        from asyncrl.config import load_config
         from asyncrl.controller.process import Controller
         from asyncrl.observability.console import print_summary
 
         torch.set_num_threads(1)
-        if args.resume:
-            cfg = resume_config(args.resume, ([args.config] if args.config else []) + args.overrides)
-            summary = Controller(cfg, resume=True).run()
-        else:
-            if not args.config:
-                parser.error("train needs a CONFIG recipe, or --resume RUN_DIR")
-            summary = Controller(load_config(args.config, args.overrides)).run()
+        summary = Controller(cfg, resume=bool(args.resume)).run()
         print_summary(summary)
         return 0 if summary["reconciles"] else 1
     if args.command == "build-tiny-model":

