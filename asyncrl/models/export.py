@@ -16,9 +16,13 @@ import os
 import shutil
 from pathlib import Path
 
-from asyncrl.configbase import load_yaml
+from asyncrl.configbase import UserError, UserFileError, load_yaml
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class ExportExistsError(UserError, FileExistsError):
+    """The folder to export into exists already (an export never replaces one)."""
 
 
 def published_steps(run_dir: Path) -> list[int]:
@@ -58,7 +62,7 @@ def starting_model_dir(run_dir: Path) -> Path:
     # the file is read as YAML rather than as a RunConfig, which this layer does not import.
     path = (load_yaml(run_dir / "config.yaml").get("model") or {}).get("path")
     if path is None:
-        raise FileNotFoundError(f"{run_dir}: no starting model (model/warm, model/base or model.path)")
+        raise UserFileError(f"{run_dir}: no starting model (model/warm, model/base or model.path)")
     from asyncrl.models.fetch import resolve_model_path
 
     return resolve_model_path(path)  # a known model's name is its fetched folder
@@ -67,13 +71,13 @@ def starting_model_dir(run_dir: Path) -> Path:
 def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
     run_dir, out = Path(run_dir), Path(out_dir)
     if out.exists():
-        raise FileExistsError(f"{out} exists; export writes a new folder")
+        raise ExportExistsError(f"{out} exists: export writes a new folder; give another OUT_DIR or remove it")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if step is None:
         final = run_dir / "final"
         if not (final / "model.safetensors").exists():
-            raise FileNotFoundError(
+            raise UserFileError(
                 f"{final} holds no model: the run did not finish; pass --step N {published_steps(run_dir)}"
             )
         shutil.copytree(final, tmp)
@@ -81,7 +85,7 @@ def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) ->
         checkpoint = run_dir / "checkpoints" / f"v{step:08d}" / "learner"
         weights = run_dir / "weights" / f"v{step:06d}"
         if not checkpoint.is_dir() and not weights.is_dir():
-            raise FileNotFoundError(
+            raise UserFileError(
                 f"step ({step}) has no checkpoint and was not published; checkpoints: {checkpoint_steps(run_dir)}, "
                 f"published: {published_steps(run_dir)}"
             )

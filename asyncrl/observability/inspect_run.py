@@ -19,6 +19,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from asyncrl.configbase import UserFileError
+
 SHOWN = {
     "asyncrl_policy_version": "version",
     "asyncrl_buffer_groups": "buffer_groups",
@@ -83,7 +85,7 @@ def inspect_run(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     ports = sorted((run_dir / "metrics").glob("*.port"))
     if not ports:
-        raise FileNotFoundError(f"{run_dir}/metrics has no *.port file: is it a run directory?")
+        raise UserFileError(f"{run_dir}/metrics has no *.port file: is it a run directory?")
     state = {"run": run_row(run_dir)}
     for port_file in ports:
         name = port_file.stem

@@ -15,11 +15,13 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from asyncrl.configbase import UserFileError
+
 
 def load_steps(run_dir: Path) -> list[dict]:
     path = run_dir / "steps.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: is {run_dir} a run directory with at least one learner step?")
+        raise UserFileError(f"{path} is missing: is {run_dir} a run directory with at least one learner step?")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

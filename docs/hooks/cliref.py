@@ -52,4 +52,6 @@ def render() -> str:
         lines += [f"## `asyncrl {name}`", "", "```text", help_text([name]), "```", ""]
         if name == "bench":
             lines += ["### `asyncrl bench pipeline`", "", "```text", help_text(["bench", "pipeline"]), "```", ""]
+        if name == "model":
+            lines += ["### `asyncrl model fetch`", "", "```text", help_text(["model", "fetch"]), "```", ""]
     return "\n".join(lines) + "\n"

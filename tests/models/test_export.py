@@ -7,6 +7,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+import re  # noqa: E402
 import shutil  # noqa: E402
 
 import pytest  # noqa: E402
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from asyncrl.cli import main  # noqa: E402
 from asyncrl.config import RunConfig, dump_config  # noqa: E402
+from asyncrl.models.export import export  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.weights.file_writer import write_weights  # noqa: E402
 
@@ -32,17 +34,17 @@ def run_dir(tmp_path_factory):
     return run
 
 
-def test_export_of_a_published_version_loads_with_transformers(run_dir, tmp_path):
+def test_export_of_a_published_version_loads_with_transformers(run_dir, tmp_path, capsys):
     assert main(["export", str(run_dir), str(tmp_path / "v4"), "--step", "4"]) == 0
     start = AutoModelForCausalLM.from_pretrained(run_dir / "model" / "warm").state_dict()
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "v4").state_dict()
     for name, tensor in start.items():
         torch.testing.assert_close(exported[name], tensor + 4)
     assert (tmp_path / "v4" / "tokenizer.json").exists()
-    with pytest.raises(FileNotFoundError, match=r"published: \[2, 4\]"):
-        main(["export", str(run_dir), str(tmp_path / "v3"), "--step", "3"])
+    assert main(["export", str(run_dir), str(tmp_path / "v3"), "--step", "3"]) == 2  # a user's mistake: one line
+    assert re.search(r"^error: .*published: \[2, 4\]", capsys.readouterr().err, re.M)
     with pytest.raises(FileExistsError):
-        main(["export", str(run_dir), str(tmp_path / "v4")])
+        export(run_dir, tmp_path / "v4")
 
 
 @pytest.mark.slow  # a vLLM engine
