@@ -196,3 +196,18 @@ def test_the_converted_model_gives_the_gguf_models_logits(smollm2_dir, tmp_path)
         with torch.no_grad():
             want, got = original(ids).logits, converted(ids).logits  # (1, T, 49152)
         assert torch.allclose(got, want, rtol=0, atol=1e-5), (text, (got - want).abs().max().item())
+
+
+@pytest.mark.slow  # a vLLM engine on the real model
+def test_vllm_serves_the_converted_model_with_its_chat_template(smollm2_dir):
+    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+
+    engine = VLLMEngine(str(smollm2_dir), EngineConfig(max_model_len=256))
+    try:
+        chat = [{"role": "user", "content": "What is 12+35?"}]
+        prompt = engine.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+        [answer] = engine.greedy([prompt], max_tokens=12)
+        assert answer.startswith("12 + 35 = "), answer  # the instruction-tuned model answers (wrongly: 50)
+    finally:
+        engine.close()
