@@ -87,6 +87,9 @@ class SimulationConfig(Config):
     learner: MockTrainerConfig | None = None
     """Replace the DeepSpeed trainer by this timing model (None: real training); no model is
     built, warmed up or evaluated then."""
+    evaluate: bool = False
+    """Let simulated generators answer held-out evaluation requests (their answers are right with
+    the engine's ``accuracy``): the evaluation path, tested without a model. Off: no evaluation."""
 
 
 class RunConfig(Config):
@@ -261,6 +264,18 @@ class RunConfig(Config):
                     f"task {task.name!r} has no reference answer (data.answer_key is None), but its rewards "
                     f"{needs} compare with one: give them reward.by_task.{task.name}, or set its answer_key"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_eval(self) -> RunConfig:
+        """Evaluation sets belong to tasks of the run, and each task's evaluation reward exists and
+        runs in the controller (``asyncrl.rewards.evaluation``)."""
+        from asyncrl.rewards.evaluation import eval_reward_specs
+        from asyncrl.tasks.eval_sets import check_eval_sets
+
+        check_eval_sets(self.eval.sets, self.task)
+        if self.eval.engine == "generators":
+            eval_reward_specs(self)
         return self
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asyncrl.observability.progress import RunProgress
+from asyncrl.tasks.eval_sets import MAIN_SET
 from asyncrl.tasks.heldout import EvalConfig, HeldOutEvaluator
 
 log = logging.getLogger("asyncrl")
@@ -84,11 +85,38 @@ class Evaluations:
         self.console.eval(record)
         if record["exact_match"] is not None:
             log.info(
-                "held-out exact match %s (version %d, served %s): %.3f over %d prompts in %.1f s",
+                "held-out %s (version %d, served %s): %s over %d prompts in %.1f s",
                 record["label"],
                 record["version"],
                 record["versions"],
-                record["exact_match"],
+                describe(record),
                 record["num_prompts"],
                 record["wall_s"],
             )
+            for name, figures in (record.get("sets") or {}).items():
+                if name != MAIN_SET and figures["exact_match"] is not None:
+                    log.info("held-out %s, set %s: %s over %d prompts", record["label"], name, describe(figures), figures["num_prompts"])
+
+
+def describe(figures: dict) -> str:
+    """One line of a round's (or a set's) figures: greedy accuracy, completed correctness, mean@k, pass@k.
+
+    >>> describe({"exact_match": 0.5, "completed": 0.75, "completed_accuracy": 0.6667})
+    'greedy 0.500 (completed 0.750, correct of those 0.667)'
+    """
+
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    line = (
+        f"greedy {share(figures['exact_match'])} (completed {share(figures['completed'])}, "
+        f"correct of those {share(figures['completed_accuracy'])})"
+    )
+    k = figures.get("samples_k")
+    if k:
+        line += (
+            f", sampled k={k}: mean@k {share(figures['mean_at_k'])}, pass@k {share(figures['pass_at_k'])} "
+            f"(completed {share(figures['sampled_completed'])}, correct of those "
+            f"{share(figures['sampled_completed_accuracy'])})"
+        )
+    return line

@@ -36,7 +36,6 @@ from asyncrl.controller.lifecycle import Lifecycle, stop_on_sigterm
 from asyncrl.controller.preparation import (
     child_env,
     evaluate,
-    held_out_prompts,
     prepare_model,
     prepare_run_dir,
     remove_short_tmp,
@@ -51,7 +50,9 @@ from asyncrl.fleet.launcher import controller_host, make_fleet
 from asyncrl.fleet.local import ProcessFleet
 from asyncrl.observability.procmem import MemoryWatch
 from asyncrl.observability.progress import RunProgress
+from asyncrl.rewards.evaluation import EvalScorer, eval_reward_specs
 from asyncrl.rundir.ledger import LedgerWriter
+from asyncrl.tasks.eval_sets import load_eval_prompts
 from asyncrl.tasks.heldout import HeldOutEvaluator
 from asyncrl.weights.timeline import PublicationTimeline
 from asyncrl.wire import security
@@ -99,7 +100,10 @@ class Controller:
         simulated = cfg.simulation.learner is not None
         # Who evaluates (asyncrl.tasks.heldout): the generators' engines, while they serve the weights;
         # Hugging Face on this CPU only when asked (eval.engine: hf); nobody without a model.
-        by_generators = not simulated and cfg.eval.engine == "generators" and cfg.simulation.generator is None
+        by_generators = cfg.eval.engine == "generators" and (
+            (not simulated and cfg.simulation.generator is None)
+            or (cfg.simulation.evaluate and cfg.simulation.generator is not None)
+        )
         by_hf = not simulated and cfg.eval.engine == "hf"
         model_dir, eval_before = self._starting_model(simulated, by_hf)
         security.configure(cfg.security)  # before the first socket: CURVE and size limits
@@ -108,7 +112,11 @@ class Controller:
         events = StreamReceiver(endpoints.events, name="controller.events", hwm=10_000)
         commands = CommandSender(Publisher(endpoints.control, name="controller.control"))
         eval_requests = EvalRequestSender(endpoints.evals)
-        heldout = HeldOutEvaluator(cfg.eval, held_out_prompts(cfg, model_dir), eval_requests) if by_generators else None
+        heldout = scorer = None
+        if by_generators:  # answers scored by the run's own rewards, here (asyncrl.rewards.evaluation)
+            prompts, sets = load_eval_prompts(cfg, model_dir)
+            scorer = EvalScorer(eval_reward_specs(cfg), cfg.task.metadata_by_task())
+            heldout = HeldOutEvaluator(cfg.eval, prompts, eval_requests, scorer, sets, seed=cfg.run.seed)
         evaluations = Evaluations(cfg.eval, cfg.learner.total_steps, self.run_dir, self.console, heldout, eval_before)
         self.fleet = make_fleet(cfg, self.run_dir, model_dir, child_env(self.run_dir))
         self.console.watch(self.fleet, eval_before)
@@ -137,6 +145,8 @@ class Controller:
             events.close()
             commands.close()
             eval_requests.close()
+            if scorer is not None:
+                scorer.close()
             self.ledger.close()
         rl_wall_s = time.monotonic() - rl_start - evaluations.blocking_s
         controller_cpu_s = time.process_time() - cpu_start

@@ -54,6 +54,7 @@ from asyncrl.generators.engine import (
     tokens_prompts,
 )
 from asyncrl.generators.resume import continuation_params, merge_continuation, oldest_version
+from asyncrl.generators.sampling import AnswerOptions, answer_params
 
 EXTENSION = "asyncrl.generators.async_engine.WeightLoaderExtension"
 
@@ -190,6 +191,14 @@ class AsyncVLLMEngine:
         requests = self.tokenize_prompts(prompts)
         outputs = self._call(self._many(requests, [params] * len(requests)), f"{len(prompts)} greedy answers")
         return [output.outputs[0].text for output in outputs]
+
+    def answer(self, prompts: list[str], options: list[AnswerOptions]) -> list[list[tuple[str, str]]]:
+        """Answer each prompt as its ``AnswerOptions`` say (see ``VLLMEngine.answer``)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        params = [answer_params(o, output_kind=RequestOutputKind.FINAL_ONLY) for o in options]
+        outputs = self._call(self._many(self.tokenize_prompts(prompts), params), f"{len(prompts)} evaluation answers")
+        return [[(c.text, c.finish_reason or "length") for c in output.outputs] for output in outputs]
 
     def tokenize_prompts(self, prompts: list[str]) -> list[dict]:
         """Prompts -> ``TokensPrompt``s; a prompt that leaves no room to sample is a ValueError naming it."""

@@ -43,7 +43,7 @@ from pydantic import Field, model_validator
 from safetensors import safe_open
 
 from asyncrl.configbase import Config
-from asyncrl.generators.sampling import SamplingConfig, greedy_params, sampling_params
+from asyncrl.generators.sampling import AnswerOptions, SamplingConfig, answer_params, greedy_params, sampling_params
 from asyncrl.generators.sampling import derive_seed as derive_seed  # re-exported
 from asyncrl.models.precision import resolve_engine_dtype
 
@@ -217,6 +217,13 @@ class VLLMEngine:
         """Argmax-decode each prompt (for evaluation); returns the answer texts in prompt order."""
         outputs = self._llm.generate(self.tokenize_prompts(prompts), greedy_params(max_tokens), use_tqdm=False)
         return [output.outputs[0].text for output in outputs]
+
+    def answer(self, prompts: list[str], options: list[AnswerOptions]) -> list[list[tuple[str, str]]]:
+        """Answer each prompt as its ``AnswerOptions`` say (for evaluation), in one batch: per
+        prompt, its answers' (text, finish reason) in order."""
+        params = [answer_params(o) for o in options]
+        outputs = self._llm.generate(self.tokenize_prompts(prompts), params, use_tqdm=False)
+        return [[(c.text, c.finish_reason or "length") for c in output.outputs] for output in outputs]
 
     def tokenize_prompts(self, prompts: list[str]) -> list[dict]:
         """Prompts -> vLLM ``TokensPrompt``s, tokenized as vLLM would (special tokens added).

@@ -1,8 +1,11 @@
 """A generator's part of held-out evaluation: one request between two training batches.
 
 The controller offers ``eval_request``s (``asyncrl.tasks.heldout``); each turn of the generator loop
-takes at most one (``EvalRequestReceiver.take`` never waits), decodes its prompts greedily with
-the weights the engine serves, and sends the texts back as an ``eval_result``. One training batch,
+takes at most one (``EvalRequestReceiver.take`` never waits), decodes its prompts with the
+weights the engine serves, greedily and ``samples_k`` times sampled, in one engine call, ended by
+the run's stop strings and stop token ids as training answers are (``sampling.stop``,
+``sampling.stop_token_ids``), and sends back the texts and their finish reasons as an
+``eval_result``. One training batch,
 then at most one evaluation request: neither starves the other, and an evaluation never pauses
 training for longer than one request. Evaluation answers are not samples: they go to the
 controller only, never to the reward workers, the buffer or the ledger, and are counted apart
@@ -20,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from asyncrl.generators.context import GeneratorContext
+from asyncrl.generators.sampling import AnswerOptions, SamplingConfig
 from asyncrl.observability.metrics import EVAL_PROMPTS, EVAL_SECONDS
 from asyncrl.wire.messages import EvalRequest, EvalResult
 
@@ -93,6 +97,34 @@ class HeldForVersion:
         self.receiver.close()
 
 
+def answer_options(request: EvalRequest, sampling: SamplingConfig) -> tuple[list[str], list[AnswerOptions]]:
+    """The prompts of one engine call and how each is answered: every prompt greedily, then every
+    prompt ``samples_k`` times sampled with its seed (none when ``samples_k`` is 0).
+
+    >>> r = EvalRequest(round="v2", chunk=0, version=2, prompts=["a", "b"], max_new_tokens=8,
+    ...                 sent_at=0.0, samples_k=4, temperature=0.7, seeds=[11, 12])
+    >>> prompts, options = answer_options(r, SamplingConfig(stop=["END"]))
+    >>> prompts, [(o.n, o.temperature, o.seed, o.stop) for o in options]
+    (['a', 'b', 'a', 'b'], [(1, 0.0, None, ('END',)), (1, 0.0, None, ('END',)), (4, 0.7, 11, ('END',)), (4, 0.7, 12, ('END',))])
+    """
+    ends = dict(
+        stop=tuple(sampling.stop),
+        stop_token_ids=tuple(sampling.stop_token_ids),
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+    )
+    options = [AnswerOptions(request.max_new_tokens, **ends) for _ in request.prompts]
+    prompts = list(request.prompts)
+    if request.samples_k:
+        if len(request.seeds) != len(request.prompts):
+            raise ValueError(f"seeds ({len(request.seeds)}) must hold one per prompt ({len(request.prompts)})")
+        prompts += request.prompts
+        options += [
+            AnswerOptions(request.max_new_tokens, request.samples_k, request.temperature, request.top_p, seed, **ends)
+            for seed in request.seeds
+        ]
+    return prompts, options
+
+
 def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalCounters) -> bool:
     """Take one waiting request, if any, answer it, send the answer; True if one was answered.
 
@@ -105,12 +137,16 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
     queued_s = max(0.0, time.time() - request.sent_at)
     version = engine.version
     start = time.monotonic()
+    prompts, options = answer_options(request, ctx.cfg.sampling)
     try:
-        texts = engine.greedy(request.prompts, request.max_new_tokens)
+        answers = engine.answer(prompts, options)
     except ValueError as e:
         log.warning("%s: eval %s request %d refused: %s", ctx.name, request.round, request.chunk, e)
-        texts = [""] * len(request.prompts)
+        answers = [[("", "error")] * o.n for o in options]
     seconds = time.monotonic() - start
+    count = len(request.prompts)
+    greedy, sampled = answers[:count], answers[count:]
+    texts = [text for ((text, _),) in greedy]
     counters.prompts += len(texts)
     counters.seconds += seconds
     counters.requests += 1
@@ -122,7 +158,10 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
             chunk=request.chunk,
             generator=ctx.name,
             version=version,
-            texts=list(texts),
+            texts=texts,
+            finish_reasons=[finish for ((_, finish),) in greedy],
+            samples=[[text for text, _ in answers] for answers in sampled],
+            sample_finish_reasons=[[finish for _, finish in answers] for answers in sampled],
             seconds=seconds,
             queued_s=queued_s,
         )

@@ -26,6 +26,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.configbase import Config
 from asyncrl.generators.engine import Completion, SamplingConfig, check_prompts
+from asyncrl.generators.sampling import AnswerOptions
 
 
 class MockEngineConfig(Config):
@@ -126,6 +127,28 @@ class MockEngine:
         length = self.greedy_length(max_tokens)
         time.sleep(self.cfg.overhead_s + length * (self.cfg.decode_step_s + self.cfg.decode_s_per_seq * len(prompts)))
         return [simulated_answer(p, self.cfg.accuracy >= 0.5) for p in prompts]
+
+    def answer(self, prompts: list[str], options: list[AnswerOptions]) -> list[list[tuple[str, str]]]:
+        """Evaluation answers: a greedy one as ``greedy`` gives it (ended unless the median length
+        reaches ``max_tokens``), sampled ones right with chance ``accuracy``, ended unless their
+        drawn length reaches ``max_tokens``; one call's time as ``greedy``'s."""
+        check_prompts(prompts)
+        out = []
+        for prompt, o in zip(prompts, options):
+            if o.temperature == 0.0:
+                ended = self.greedy_length(o.max_tokens) < o.max_tokens
+                out.append([(simulated_answer(prompt, self.cfg.accuracy >= 0.5), "stop" if ended else "length")])
+                continue
+            lengths = self.draw_lengths(o.n, o.max_tokens)
+            out.append(
+                [
+                    (simulated_answer(prompt, self.rng.random() < self.cfg.accuracy), "length" if n == o.max_tokens else "stop")
+                    for n in lengths
+                ]
+            )
+        length = self.greedy_length(max(o.max_tokens for o in options)) if options else 0
+        time.sleep(self.cfg.overhead_s + length * (self.cfg.decode_step_s + self.cfg.decode_s_per_seq * len(out)))
+        return out
 
     def load_weights(self, weights, version: int) -> float:
         """``weights`` (a directory or ``(name, tensor)`` pairs) is ignored; sleeps, then serves ``version``."""

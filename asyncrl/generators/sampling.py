@@ -28,6 +28,7 @@ the learner's recomputation does not reproduce, so its importance ratios would b
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 from pydantic import model_validator
@@ -146,6 +147,44 @@ def _seed_of(seed: int | list[int] | None, index: int) -> int | None:
     if isinstance(seed, list):
         return int(seed[index])
     return derive_seed(seed, index)
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """How one prompt of an evaluation is answered (``VLLMEngine.answer``): greedily (``temperature``
+    0, ``n`` 1) or ``n`` times sampled, with the run's stop strings and stop token ids."""
+
+    max_tokens: int
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 1")
+        if self.temperature == 0.0 and self.n != 1:
+            raise ValueError(f"n ({self.n}) must be 1 for greedy answers (temperature 0)")
+
+
+def answer_params(options: AnswerOptions, **extra):
+    """vLLM ``SamplingParams`` of ``options`` (``extra``: e.g. the async engine's ``output_kind``)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=options.n,
+        temperature=options.temperature,
+        top_p=options.top_p if options.temperature > 0 else 1.0,
+        max_tokens=options.max_tokens,
+        seed=options.seed,
+        stop=list(options.stop) or None,
+        stop_token_ids=list(options.stop_token_ids) or None,
+        include_stop_str_in_output=options.include_stop_str_in_output,
+        **extra,
+    )
 
 
 def greedy_params(max_tokens: int, **extra):

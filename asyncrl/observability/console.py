@@ -97,6 +97,8 @@ class StepStats:
         self.window: deque[dict] = deque(maxlen=WINDOW + 1)
         self.eval_before: float | None = None
         self.eval_after: float | None = None
+        self.eval_sampled: dict[str, str] = {}
+        """Sampled figures of the evaluations before and after RL, by label (``set_eval_sampled``)."""
 
     def add(self, ev: dict) -> dict:
         """Record a step event; return its row: the event's numbers plus tokens/s and samples/s."""
@@ -189,6 +191,10 @@ class RunConsole:
         if after is not None:
             self.steps.eval_after = after
 
+    def set_eval_sampled(self, label: str, text: str) -> None:
+        """The sampled figures (mean@k, pass@k) of the evaluation ``label`` (``before``, ``after``)."""
+        self.steps.eval_sampled[label] = text
+
     def close(self, summary: dict | None = None) -> None:
         if summary is not None:
             self.set_eval(summary.get("eval_before"), summary.get("eval_after"))
@@ -257,6 +263,8 @@ class RunConsole:
             held_out.append(f"held-out exact match before RL [bold]{stats.eval_before:.3f}[/]")
         if stats.eval_after is not None:
             held_out.append(f"after [bold]{stats.eval_after:.3f}[/]")
+        for label, text in stats.eval_sampled.items():
+            held_out.append(f"{label}: {text}")
         procs = Table(box=None, show_header=False, padding=(0, 2))
         snapshot = self.components.snapshot()
         for name in sorted(snapshot):

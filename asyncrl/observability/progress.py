@@ -27,6 +27,17 @@ from asyncrl.observability.metrics import (
 )
 from asyncrl.observability.samples import SamplesLog, samples_markdown
 
+EVAL_SCALARS = (
+    "exact_match",
+    "completed",
+    "completed_accuracy",
+    "mean_at_k",
+    "pass_at_k",
+    "sampled_completed",
+    "sampled_completed_accuracy",
+)
+"""The figures of an evaluation record (``asyncrl.tasks.eval_metrics``) that go to TensorBoard."""
+
 
 class RunProgress:
     def __init__(self, cfg, run_dir: Path, out=None):
@@ -72,13 +83,25 @@ class RunProgress:
             self.console.set_eval(before=score)
         elif record["label"] == "after":
             self.console.set_eval(after=score)
+        if record["label"] in ("before", "after") and record.get("samples_k"):
+            k = record["samples_k"]
+            figures = [(f"mean@{k}", record.get("mean_at_k")), (f"pass@{k}", record.get("pass_at_k"))]
+            self.console.set_eval_sampled(
+                record["label"], " ".join(f"{name} [bold]{v:.3f}[/]" for name, v in figures if v is not None)
+            )
         EVAL_EXACT_MATCH.set(score)
         EVAL_VERSION.set(record["version"])
         if record["label"] not in ("before", "after"):  # those two: with the summary (log_summary)
             self.loggers.log_scalars({"eval/exact_match": score}, record["version"])
-        by_task = {f"eval/exact_match/{t}": v for t, v in (record.get("by_task") or {}).items() if v is not None}
-        if by_task:  # a mix of sources: each one's score, at every round (the summary has only the total)
-            self.loggers.log_scalars(by_task, record["version"])
+        # The other figures (asyncrl.tasks.eval_metrics) at every round: eval/NAME, each task of a
+        # mix eval/NAME/TASK, each evaluation set eval/SET/NAME.
+        scalars = {f"eval/{k}": record[k] for k in EVAL_SCALARS if k != "exact_match" and record.get(k) is not None}
+        for task, figures in (record.get("by_task") or {}).items():
+            scalars.update({f"eval/{k}/{task}": figures[k] for k in EVAL_SCALARS if figures.get(k) is not None})
+        for name, figures in (record.get("sets") or {}).items():
+            scalars.update({f"eval/{name}/{k}": figures[k] for k in EVAL_SCALARS if figures.get(k) is not None})
+        if scalars:
+            self.loggers.log_scalars(scalars, record["version"])
 
     def close(self, summary: dict | None = None) -> None:
         if self.closed:

@@ -1,13 +1,20 @@
 """Held-out evaluation by the generators' own engines, while training goes on.
 
-The controller splits the held-out prompts (``eval.num_prompts`` of the task's test split) into
-requests of ``eval.chunk_prompts`` and offers them to the generators (``eval_request``, PUSH:
-``transport.EvalRequestSender``). A generator takes at most one between two training batches
-(``generators.evaluation``), decodes it greedily with the weights it serves, and sends back the
-texts (``eval_result``, over the event stream); the controller scores them with the task's exact
-match (each task apart too, ``by_task``, when a mix of sources gives prompts of several; prompts
-without a reference answer are not scored). Evaluation is therefore never a training sample: it enters neither the dispatcher, the
-buffer nor the ledger, and each generator counts it apart (``eval_prompts``, ``eval_s``).
+The controller splits the held-out prompts (``eval.num_prompts`` of the task's test split, then
+each of ``eval.sets``: ``asyncrl.tasks.eval_sets``) into requests of ``eval.chunk_prompts`` and
+offers them to the generators (``eval_request``, PUSH: ``transport.EvalRequestSender``). A
+generator takes at most one between two training batches (``generators.evaluation``), decodes it
+with the weights it serves, greedily and, with ``eval.samples_k`` = k > 0, k times sampled at
+``eval.temperature``, and sends back the texts with their finish reasons (``eval_result``, over
+the event stream). The controller scores every answer with the run's own reward for its task
+(``eval.reward``; ``asyncrl.rewards.evaluation``), off its event loop, and reports greedy
+accuracy, completed correctness, mean@k and pass@k (``asyncrl.tasks.eval_metrics``) for the
+task's split, for each task of a mix (``by_task``) and for each set (``sets``). Evaluation is
+therefore never a training sample: it enters neither the dispatcher, the buffer nor the ledger,
+and each generator counts it apart (``eval_prompts``, ``eval_s``).
+
+Sampled answers are seeded per prompt from the run's seed and the prompt's id, the same in every
+round, so two rounds' sampled figures differ by their weights, not by their noise.
 
 One evaluation is a *round* (``before``, ``v40``, ``after``): at most ``eval.max_outstanding``
 requests per generator are out at once, so a request waits behind at most one training batch,
@@ -24,7 +31,8 @@ where ``s_per_token`` is the slowest measured so far (a request's round trip div
 ``max_new_tokens``: queueing behind a training batch included, so it errs long), or
 ``eval.initial_s_per_token`` before anything was measured. A request past its timeout is offered
 again (to whichever generator takes it) up to ``eval.max_retries`` times; then the round fails,
-is logged and reported with no score, and training is not stopped for it.
+is logged and reported with no score, and training is not stopped for it. Scoring a request's
+answers is bounded by each reward's own timeout, and the whole of it by ``eval.score_timeout_s``.
 
 Where no generator exists to ask (a simulated learner has no model), there is no evaluation;
 ``eval.engine: hf`` keeps the older path (``asyncrl.models.hf_eval``: Hugging Face on the
@@ -37,10 +45,12 @@ import logging
 import time
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.configbase import Config
-from asyncrl.wire.messages import EvalRequest, EvalResult
+from asyncrl.tasks.eval_round import EvalRound
+from asyncrl.tasks.eval_sets import EvalSetConfig
+from asyncrl.wire.messages import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +59,30 @@ class EvalConfig(Config):
     """Held-out evaluation (the run's ``eval`` section)."""
 
     num_prompts: int = Field(500, ge=1)
-    """Held-out prompts (the first of the task's test split) scored greedily in each evaluation."""
+    """Held-out prompts (the first of the task's test split) scored in each evaluation."""
     max_new_tokens: int = Field(4, ge=1)
-    """Greedy decoding length of the evaluation."""
+    """Most tokens of each evaluation answer (greedy and sampled); the run's stop strings and stop
+    token ids (``sampling.stop``, ``sampling.stop_token_ids``) end them as in training."""
+    samples_k: int = Field(0, ge=0)
+    """Answers sampled per prompt beside the greedy one, at ``temperature``: mean@k and pass@k
+    (``asyncrl.tasks.eval_metrics``). 0: greedy only."""
+    temperature: float = Field(1.0, gt=0)
+    """Softmax temperature of the sampled answers."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus mass of the sampled answers (1 turns it off)."""
+    reward: str | None = None
+    """The reward whose value says whether an answer is correct: a name (or kind) of each task's
+    rewards (``reward.rewards``, ``reward.by_task``). None: a task's first exact_match or
+    math_verify reward, else its first python reward. Rule and python kinds only."""
+    reward_by_task: dict[str, str] = Field(default_factory=dict)
+    """``reward`` for one task (a source of a mix) by its name, e.g. ``{words: word_reward}``."""
+    correct_at: float = 1.0
+    """An answer is correct when its reward value is at least this."""
+    sets: list[EvalSetConfig] = Field(default_factory=list)
+    """More evaluation sets scored in every round beside the task's own split, each reported
+    under its name (``asyncrl.tasks.eval_sets``)."""
+    score_timeout_s: float = Field(600.0, gt=0)
+    """Seconds the controller gives the rewards to score one request's answers; past it the round fails."""
     engine: Literal["generators", "hf"] = "generators"
     """Who decodes: the generators' engines, between training batches (the served weights, the
     engines' dtype); or ``hf``, Hugging Face on the controller's CPU in float32 (small models only,
@@ -77,145 +108,50 @@ class EvalConfig(Config):
     max_retries: int = Field(1, ge=0)
     """Times a request past its timeout is offered again before its round fails."""
 
+    @model_validator(mode="after")
+    def check_engine(self) -> EvalConfig:
+        if self.engine == "hf" and (self.samples_k or self.sets):
+            raise ValueError(
+                f"eval.samples_k ({self.samples_k}) and eval.sets ({len(self.sets)}) need eval.engine: generators; "
+                "hf decodes greedily and scores the task's own split only"
+            )
+        return self
+
     @property
     def periodic(self) -> bool:
         return bool(self.every_versions)
-
-
-class EvalRound:
-    """One evaluation of the held-out prompts: its requests, their answers, its score.
-
-    >>> from asyncrl.tasks.prompts import Prompt
-    >>> prompts = [Prompt(str(i), f"{i}+1=", str(i + 1), "addition") for i in range(5)]
-    >>> r = EvalRound("v2", 2, prompts, chunk_prompts=2, max_new_tokens=4)
-    >>> [len(r.chunk_prompts(c)) for c in range(r.num_chunks)]
-    [2, 2, 1]
-    >>> for c in range(3):
-    ...     _ = r.answer({"chunk": c, "version": 2, "generator": "g",
-    ...                   "texts": [str(int(p.text[:-3]) + 1) for p in r.chunk_prompts(c)], "seconds": 0.1, "queued_s": 0})
-    >>> r.done, r.record()["exact_match"]
-    (True, 1.0)
-    """
-
-    def __init__(
-        self, label: str, version: int, prompts: list, chunk_prompts: int, max_new_tokens: int, clock=time.monotonic
-    ):
-        if not prompts:
-            raise ValueError("prompts (0 given) must hold at least one prompt")
-        self.label, self.version, self.prompts = label, version, prompts
-        self.chunk_size, self.max_new_tokens = chunk_prompts, max_new_tokens
-        self.num_chunks = -(-len(prompts) // chunk_prompts)
-        self.todo = list(range(self.num_chunks))  # not offered yet (or to be offered again)
-        self.out: dict[int, dict] = {}  # chunk -> {sent (monotonic), deadline, tries}
-        self.tries: dict[int, int] = {}
-        self.correct: dict[int, float] = {}  # chunk -> sum of exact match over its prompts
-        self.by_task: dict[str, list[float]] = {}  # task -> [sum of exact match, prompts scored]
-        self.scorable = sum(1 for p in prompts if p.answer)  # a prompt without an answer has no exact match
-        self.versions: set[int] = set()
-        self.generators: dict[str, int] = {}  # generator -> prompts it answered
-        self.clock = clock
-        self.started = clock()
-        self.failed: str | None = None
-        self.seconds = 0.0  # decoding seconds, summed over the generators
-
-    def chunk_prompts(self, chunk: int) -> list:
-        return self.prompts[chunk * self.chunk_size : (chunk + 1) * self.chunk_size]
-
-    def request(self, chunk: int) -> EvalRequest:
-        """The ``eval_request`` of ``chunk``."""
-        return EvalRequest(
-            round=self.label,
-            chunk=chunk,
-            version=self.version,
-            prompts=[p.text for p in self.chunk_prompts(chunk)],
-            max_new_tokens=self.max_new_tokens,
-            sent_at=time.time(),
-        )
-
-    def answer(self, body: EvalResult) -> float | None:
-        """Score an ``eval_result``; returns the request's round trip in
-        seconds (None: a late or repeated answer, ignored)."""
-        from asyncrl.tasks.answers import score_answer
-
-        chunk = body.chunk
-        if chunk in self.correct or not 0 <= chunk < self.num_chunks:
-            return None
-        prompts = self.chunk_prompts(chunk)
-        if len(body.texts) != len(prompts):
-            log.warning(
-                "eval %s: chunk %d came back with %d answers for %d prompts; ignored",
-                self.label,
-                chunk,
-                len(body.texts),
-                len(prompts),
-            )
-            return None
-        scores = [(p.task, score_answer(p.task, t, p.answer)) for p, t in zip(prompts, body.texts) if p.answer]
-        self.correct[chunk] = sum(value for _, value in scores)
-        for task, value in scores:
-            tally = self.by_task.setdefault(task, [0.0, 0])
-            tally[0] += value
-            tally[1] += 1
-        self.versions.add(body.version)
-        self.generators[body.generator] = self.generators.get(body.generator, 0) + len(prompts)
-        self.seconds += body.seconds
-        sent = self.out.pop(chunk, None)
-        if chunk in self.todo:
-            self.todo.remove(chunk)
-        return None if sent is None else self.clock() - sent["sent"]
-
-    @property
-    def done(self) -> bool:
-        return self.failed is not None or len(self.correct) == self.num_chunks
-
-    def record(self) -> dict:
-        """What the run writes about this round (``evals.jsonl``, the console, TensorBoard); with
-        prompts of several tasks (a mix of sources), ``by_task`` holds each one's exact match."""
-        scored = len(self.correct) == self.num_chunks and self.failed is None and self.scorable > 0
-        record = {
-            "type": "eval",
-            "label": self.label,
-            "version": self.version,
-            "versions": [min(self.versions), max(self.versions)] if self.versions else None,
-            "exact_match": sum(self.correct.values()) / self.scorable if scored else None,
-            "num_prompts": len(self.prompts),
-            "generators": dict(sorted(self.generators.items())),
-            "wall_s": self.clock() - self.started,
-            "decode_s": self.seconds,
-            "failed": self.failed,
-        }
-        if len({p.task for p in self.prompts}) > 1:
-            record["by_task"] = {t: (v / n if scored else None) for t, (v, n) in sorted(self.by_task.items())}
-        return record
 
 
 class HeldOutEvaluator:
     """The controller's side: rounds started, requests offered and timed, answers scored.
 
     ``start(label, version)`` opens a round (one at a time: a periodic round due while another
-    runs is skipped, and said so); ``poll(num_generators)`` offers requests and handles timeouts
-    (call it in the event loop); ``answer(body)`` takes an ``eval_result`` and returns the
-    round's record once it is complete (or failed).
+    runs is skipped, and said so); ``poll(num_generators)`` offers requests, handles timeouts and
+    takes the scores that are ready (call it in the event loop); ``answer(body)`` takes an
+    ``eval_result`` and hands its answers to ``scorer`` (``submit(prompts, answers)`` -> a
+    ``concurrent.futures.Future`` of each prompt's values, ``EvalRound.score``). Either returns
+    the round's record once it is complete (or failed).
     """
 
-    def __init__(self, cfg: EvalConfig, prompts: list, sender, clock=time.monotonic):
-        self.cfg, self.prompts, self.sender, self.clock = cfg, prompts, sender, clock
+    def __init__(self, cfg: EvalConfig, prompts: list, sender, scorer, sets=None, seed: int = 0, clock=time.monotonic):
+        self.cfg, self.prompts, self.sender, self.scorer, self.clock = cfg, prompts, sender, scorer, clock
+        self.sets, self.seed = sets, seed
         self.current: EvalRound | None = None
+        self.scoring: dict[int, tuple] = {}  # chunk -> (future, deadline) of the current round
         self.s_per_token: float | None = None  # slowest measured: a round trip / max_new_tokens
 
     def start(self, label: str, version: int) -> bool:
         if self.current is not None:
             log.warning(
-                "eval %s skipped: eval %s is still running (%d of %d requests answered)",
+                "eval %s skipped: eval %s is still running (%d of %d requests scored)",
                 label,
                 self.current.label,
-                len(self.current.correct),
+                len(self.current.scored),
                 self.current.num_chunks,
             )
             return False
-        self.current = EvalRound(
-            label, version, self.prompts, self.cfg.chunk_prompts, self.cfg.max_new_tokens, clock=self.clock
-        )
+        self.current = EvalRound(label, version, self.prompts, self.cfg, self.sets, self.seed, clock=self.clock)
+        self.scoring = {}
         return True
 
     def timeout_s(self) -> float:
@@ -224,11 +160,13 @@ class HeldOutEvaluator:
         return self.cfg.timeout_floor_s + self.cfg.timeout_factor * self.cfg.max_new_tokens * per_token
 
     def poll(self, num_generators: int) -> dict | None:
-        """Offer what the window allows; time out what is late. Returns the record of a round
-        that failed just now, else None."""
+        """Take the scores that are ready, offer what the window allows, time out what is late.
+        Returns the record of a round that ended just now (scored or failed), else None."""
         r = self.current
         if r is None:
             return None
+        if self._collect():
+            return self._finish()
         now = self.clock()
         for chunk, sent in list(r.out.items()):
             if now > sent["deadline"]:
@@ -264,8 +202,35 @@ class HeldOutEvaluator:
         if round_trip is not None:
             per_token = round_trip / r.max_new_tokens
             self.s_per_token = per_token if self.s_per_token is None else max(self.s_per_token, per_token)
-        return self._finish() if r.done else None
+        if body.chunk in r.answered and body.chunk not in self.scoring and body.chunk not in r.scored:
+            future = self.scorer.submit(r.chunk_prompts(body.chunk), r.answers(body.chunk))
+            self.scoring[body.chunk] = (future, self.clock() + self.cfg.score_timeout_s)
+        return self._finish() if self._collect() else None
+
+    def _collect(self) -> bool:
+        """Move finished scorings into the round; True once the round is done (scored or failed)."""
+        r = self.current
+        for chunk, (future, deadline) in list(self.scoring.items()):
+            if future.done():
+                del self.scoring[chunk]
+                error = future.exception()
+                if error is not None:
+                    r.failed = f"scoring request {chunk} failed: {type(error).__name__}: {error}"
+                    log.error("eval %s failed: %s", r.label, r.failed)
+                else:
+                    r.score(chunk, future.result())
+            elif self.clock() > deadline:
+                future.cancel()
+                r.failed = f"request {chunk} not scored within eval.score_timeout_s ({self.cfg.score_timeout_s:g} s)"
+                log.error("eval %s failed: %s", r.label, r.failed)
+        return r.done
 
     def _finish(self) -> dict:
         record, self.current = self.current.record(), None
+        labels = getattr(self.scorer, "labels", None)
+        if labels:  # which reward decided what is correct, per task
+            record["rewards"] = labels
+        for future, _ in self.scoring.values():
+            future.cancel()
+        self.scoring = {}
         return record

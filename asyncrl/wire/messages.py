@@ -284,7 +284,8 @@ class RefLogprobs(Exchange, tag="ref_logprobs"):
 
 
 class EvalRequest(Message, tag="eval_request"):
-    """Score ``prompts`` greedily, at most ``max_new_tokens`` each (``asyncrl.tasks.heldout``)."""
+    """Answer ``prompts`` greedily, and ``samples_k`` times sampled, at most ``max_new_tokens``
+    each (``asyncrl.tasks.heldout``)."""
 
     round: str
     chunk: int
@@ -294,10 +295,19 @@ class EvalRequest(Message, tag="eval_request"):
     max_new_tokens: int
     sent_at: float
     """The controller's wall clock when it asked."""
+    samples_k: int = 0
+    """Answers sampled per prompt beside the greedy one (0: greedy only)."""
+    temperature: float = 1.0
+    """Temperature of the sampled answers."""
+    top_p: float = 1.0
+    """Nucleus mass of the sampled answers."""
+    seeds: list[int] = []
+    """One seed per prompt for its sampled answers (empty when ``samples_k`` is 0)."""
 
 
 class EvalResult(Message, tag="eval_result"):
-    """The greedy ``texts`` (in prompt order) for ``round``/``chunk``, by ``generator`` serving ``version``."""
+    """The greedy ``texts`` (in prompt order) for ``round``/``chunk``, by ``generator`` serving
+    ``version``, with their finish reasons, and each prompt's ``samples_k`` sampled answers."""
 
     round: str
     chunk: int
@@ -308,6 +318,12 @@ class EvalResult(Message, tag="eval_result"):
     """Seconds of decoding."""
     queued_s: float
     """Seconds from ``sent_at`` to the start of decoding."""
+    finish_reasons: list[str] = []
+    """Why each greedy answer ended: ``stop`` (EOS, a stop string or token), ``length``, ``error``."""
+    samples: list[list[str]] = []
+    """Each prompt's sampled answers (empty when none were asked)."""
+    sample_finish_reasons: list[list[str]] = []
+    """Why each sampled answer ended."""
     source: str = ""
     role: str = ""
     loop: str | None = None

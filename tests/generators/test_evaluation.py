@@ -2,11 +2,13 @@
 greedily by the engine, reported to the controller and counted apart from samples."""
 
 import time
+from types import SimpleNamespace
 
 import msgspec
 
 from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
 from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
+from asyncrl.generators.sampling import SamplingConfig
 from asyncrl.wire.messages import EvalRequest
 from asyncrl.wire.sockets import EvalRequestReceiver, EvalRequestSender, StreamReceiver, StreamSender
 from tests.waits import wait_until
@@ -17,6 +19,7 @@ class Ctx:
 
     def __init__(self, name, events_address):
         self.name = name
+        self.cfg = SimpleNamespace(sampling=SamplingConfig())
         self.events = StreamSender(events_address, name=f"{name}.events")
 
     def report(self, message):
@@ -56,7 +59,7 @@ def test_a_generator_answers_one_request_per_turn_and_counts_it_apart():
 
 def test_a_prompt_the_engine_refuses_fails_the_request_not_the_generator():
     class Refusing(MockEngine):
-        def greedy(self, prompts, max_tokens):
+        def answer(self, prompts, options):
             raise ValueError("prompt 0 (310 tokens) leaves no room in engine.max_model_len (256)")
 
     sender = EvalRequestSender("tcp://127.0.0.1:0")

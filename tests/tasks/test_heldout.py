@@ -1,8 +1,11 @@
 """The controller's side of held-out evaluation: rounds, windows, timeouts, scores."""
 
+import concurrent.futures
+
 import msgspec
 import pytest
 
+from asyncrl.tasks.answers import score_answer
 from asyncrl.tasks.heldout import EvalConfig, EvalRound, HeldOutEvaluator
 from asyncrl.tasks.prompts import Prompt
 from asyncrl.wire import WireError, decode, encode, encode_map
@@ -33,16 +36,25 @@ class Sender:
         return True
 
 
+class ExactMatchScorer:
+    """Scores at once, by each task's exact match (the scorer's interface, without its thread)."""
+
+    def submit(self, prompts, answers):
+        future = concurrent.futures.Future()
+        future.set_result([[score_answer(p.task, t, p.answer) for t, _ in a] for p, a in zip(prompts, answers)])
+        return future
+
+
 def answer(request, right=True, version=3, generator="generator-0"):
     texts = [str(int(p[:-3]) + (1 if right else 2)) for p in request.prompts]
     body = {"round": request.round, "chunk": request.chunk, "generator": generator, "version": version}
-    body.update(texts=texts, seconds=0.5, queued_s=0.1)
+    body.update(texts=texts, finish_reasons=["stop"] * len(texts), seconds=0.5, queued_s=0.1)
     return decode(encode_map("eval_result", body))[1]
 
 
 def evaluator(clock, sender, **cfg):
     cfg = EvalConfig(**{"num_prompts": 10, "chunk_prompts": 4, "max_new_tokens": 4, **cfg})
-    return HeldOutEvaluator(cfg, PROMPTS, sender, clock=clock)
+    return HeldOutEvaluator(cfg, PROMPTS, sender, ExactMatchScorer(), clock=clock)
 
 
 def test_a_round_is_scored_over_every_prompt_with_the_versions_that_answered():
@@ -111,14 +123,14 @@ def test_one_round_at_a_time_and_no_offer_without_a_taker():
 
 
 def test_answers_must_match_their_request():
-    round_ = EvalRound("v2", 2, PROMPTS, chunk_prompts=4, max_new_tokens=4)
+    round_ = EvalRound("v2", 2, PROMPTS, EvalConfig(chunk_prompts=4))
     assert (
         round_.answer(EvalResult(round="v2", chunk=0, version=2, generator="g", texts=["1"], seconds=0, queued_s=0))
         is None
     )
-    assert 0 not in round_.correct
+    assert 0 not in round_.answered
     with pytest.raises(ValueError, match=r"prompts \(0 given\)"):
-        EvalRound("v2", 2, [], chunk_prompts=4, max_new_tokens=4)
+        EvalRound("v2", 2, [], EvalConfig(chunk_prompts=4))
 
 
 def test_the_wire_refuses_malformed_eval_messages():

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from asyncrl.config import RunConfig
 from asyncrl.rewards.process import build_rewards, build_rewards_by_task
 from asyncrl.rewards.worker import RewardWorker, _Waiting
-from asyncrl.tasks.heldout import EvalRound
+from asyncrl.tasks.answers import score_answer
+from asyncrl.tasks.heldout import EvalConfig, EvalRound
 from asyncrl.tasks.prompts import TaskConfig, load_prompts
 from asyncrl.wire.endpoints import Endpoints
 from tests.factories import make_group
@@ -87,8 +88,12 @@ def test_the_reward_worker_scores_each_task_with_its_own_rewards(tmp_path):
 def test_the_held_out_score_is_reported_by_task_too(tmp_path):
     prompts = load_prompts(TaskConfig(**mix(tmp_path)), "test")
     right = {"words": lambda p: p.answer, "addition": lambda p: "wrong"}
-    r = EvalRound("before", 0, prompts, chunk_prompts=len(prompts), max_new_tokens=4)
+    r = EvalRound("before", 0, prompts, EvalConfig(chunk_prompts=len(prompts)))
     texts = [right[p.task](p) for p in prompts]
-    r.answer(SimpleNamespace(chunk=0, version=0, generator="g", texts=texts, seconds=0.1))
+    finish = ["stop"] * len(texts)
+    r.answer(SimpleNamespace(chunk=0, version=0, generator="g", texts=texts, finish_reasons=finish, samples=[],
+                             sample_finish_reasons=[], seconds=0.1))
+    r.score(0, [[score_answer(p.task, t, p.answer)] for p, t in zip(prompts, texts)])
     record = r.record()
-    assert record["exact_match"] == 0.5 and record["by_task"] == {"addition": 0.0, "words": 1.0}
+    assert record["exact_match"] == 0.5
+    assert {t: f["exact_match"] for t, f in record["by_task"].items()} == {"addition": 0.0, "words": 1.0}
