@@ -42,7 +42,7 @@ import traceback
 
 from pydantic import BaseModel, ValidationError
 
-from asyncrl.configbase import UserError
+from asyncrl.configbase import UserError, UserFileError
 from asyncrl.models.fetch import CACHE_ENV
 from asyncrl.models.registry import DEFAULT_DTYPE, DTYPES, KNOWN_MODELS
 
@@ -57,6 +57,8 @@ def resume_config(run_dir: str, overrides: list[str]):
     from asyncrl.config import load_config
 
     path = Path(run_dir).resolve()
+    if not (path / "config.yaml").is_file():
+        raise UserFileError(f"cannot resume {run_dir}: it holds no config.yaml (give a run directory, runs/NAME)")
     for text in overrides:
         if "=" not in text:
             raise SystemExit(f"with --resume, {text!r} must be a dotted override (the recipe is {path}/config.yaml)")

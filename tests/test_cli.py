@@ -140,6 +140,12 @@ def test_a_malformed_override_ends_in_one_line(capsys):
     )
 
 
+def test_resuming_a_folder_that_is_not_a_run_ends_in_one_line(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"error: cannot resume {tmp_path}: it holds no config.yaml (give a run directory, runs/NAME)"
+
+
 def train_mine(tmp_path, *overrides: str) -> list[str]:
     """``asyncrl train`` of the demo on a task of the user's own rows (no warm start, no console)."""
     good = tmp_path / "good.jsonl"
