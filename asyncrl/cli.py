@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--name", help="process name in metrics and the ledger (default: generator-hot-PID)")
     gen.add_argument(
         "--model",
-        help="model directory to start from (default: the run's starting model, else model.path); "
+        help="model directory or known model name to start from (default: the run's starting model, else model.path); "
         "the generator then loads the newest published weights",
     )
     gen.add_argument("overrides", nargs="*", help="dotted overrides of its generator, engine and sampling sections")

@@ -30,6 +30,7 @@ from asyncrl.config import RunConfig, load_run_config
 from asyncrl.configbase import apply_overrides
 from asyncrl.fleet import malloc_trim
 from asyncrl.fleet.context import ProcessContext, configure_process
+from asyncrl.models.fetch import resolve_model_path
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
 from asyncrl.wire.messages import HeartbeatEvent, Run, WantRun
@@ -141,8 +142,6 @@ def starting_model(run_dir: Path | None, cfg: RunConfig) -> str:
                 return str(run_dir / "model" / sub)
     if cfg.model.path is None:
         raise SystemExit("no starting model in the run directory and model.path is None: pass --model DIR")
-    from asyncrl.models.fetch import resolve_model_path
-
     return str(resolve_model_path(cfg.model.path))  # a known model's name is its fetched folder
 
 
@@ -158,7 +157,7 @@ def run_joined_generator(connect: str, name: str, model: str | None, overrides: 
     ctx = join_context("generator", name, connect, own_security)
     run_dir = None if "://" in connect else Path(connect)
     ctx.cfg = RunConfig(**apply_overrides(ctx.cfg.model_dump(mode="json"), overrides))
-    model_dir = model or starting_model(run_dir, ctx.cfg)
+    model_dir = str(resolve_model_path(model)) if model else starting_model(run_dir, ctx.cfg)
     malloc_trim.start(name, ctx.cfg.run.malloc_trim_s)  # as in every process the controller starts
 
     def leave(signum, _frame):
