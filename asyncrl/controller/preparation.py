@@ -54,8 +54,9 @@ def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
         base = build_tiny_model(cfg.model.tiny.model_copy(update={"seed": cfg.run.seed}), run_dir / "model" / "base")
         log.info("built the tiny model in %s", base)
     if not cfg.model.warm_start:
-        # The dispatcher reads the train prompts again, but a missing file or a bad row found there
-        # would fail a child over and over; found here, it ends the run in one line before any start.
+        # Read (rendered and measured) as the SFT warm start reads them, though the dispatcher reads
+        # them again: a missing file or a bad row found there would fail a child over and over;
+        # found here, it ends the run in one line before any process starts.
         load_run_prompts(cfg, "train", base)
         return base
     warm = run_dir / "model" / "warm"
