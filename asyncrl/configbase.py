@@ -81,7 +81,10 @@ def load_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as e:
-        raise UserValueError(f"recipe {path} is not valid YAML: {' '.join(str(e).split())}") from e
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        why = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise UserValueError(f"recipe {path} is not valid YAML{where}: {why}") from e
     if not isinstance(data, dict):
         raise UserValueError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data

@@ -140,6 +140,22 @@ def test_a_malformed_override_ends_in_one_line(capsys):
     )
 
 
+def test_a_recipe_that_is_not_yaml_or_not_a_mapping_ends_in_one_line(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("learner: [\n")
+    assert main(["show-config", str(tmp_path / "bad.yaml")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert (
+        line
+        == f"error: recipe {tmp_path / 'bad.yaml'} is not valid YAML at line 2, column 1: expected the node content, but found '<stream end>'"
+    )
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    assert main(["train", str(tmp_path / "list.yaml")]) == 2
+    assert (
+        one_error_line(capsys.readouterr().err)
+        == f"error: {tmp_path / 'list.yaml'}: a recipe must be a YAML mapping, got list"
+    )
+
+
 def test_resuming_a_folder_that_is_not_a_run_ends_in_one_line(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path)]) == 2
     line = one_error_line(capsys.readouterr().err)
