@@ -32,6 +32,7 @@ def test_generators_evaluate_before_during_and_after_training(tmp_path):
             "eval.num_prompts=40",
             "eval.chunk_prompts=8",
             "eval.every_versions=2",
+            "eval.samples_k=2",
         ],
     )
     summary = Controller(cfg).run()
@@ -45,6 +46,11 @@ def test_generators_evaluate_before_during_and_after_training(tmp_path):
     assert evals[1]["version"] == 2 and 2 <= evals[1]["versions"][0] <= evals[1]["versions"][1] <= 4
     assert summary["eval_before"] == evals[0]["exact_match"] and summary["eval_after"] == evals[-1]["exact_match"]
     assert sum(evals[0]["generators"].values()) == 40  # both generators share the work
+    # sampled answers beside greedy, and completed correctness, from the real engines
+    for e in evals:
+        assert e["samples_k"] == 2 and 0 <= e["mean_at_k"] <= e["pass_at_k"] <= 1, e
+        assert 0 <= e["completed"] <= 1 and 0 <= e["sampled_completed"] <= 1, e
+        assert e["rewards"] == {"addition": "exact_match"}
     # The same greedy decoding of the same weights as Hugging Face on the CPU (float32 both):
     # equal up to a near tie flipped by kernels that sum in another order.
     for record, model in ((evals[0], run_dir / "model" / "warm"), (evals[-1], run_dir / "final")):
