@@ -17,7 +17,9 @@ was writing), naming the groups concerned:
 - the buffer at its end: ``held`` (group ids never handed out); the learner: ``held`` for a batch
   that came after its last step;
 - a generator at its end: ``returned`` (prompts that reached it after it stopped sampling);
-- the controller: ``restore`` when the run went back to a checkpoint (``version``, ``dispatched``).
+- the controller: ``restore`` when the run went back to a checkpoint (``version``, ``dispatched``),
+  and ``stop`` when it stopped the run before its end (Ctrl-C, SIGTERM, an abort: ``reason``,
+  ``version``), once every process had exited.
 
 ``asyncrl.rundir.ledger_replay`` replays the files in time order and checks that each group
 dispatched has exactly one outcome, and compacts what a committed checkpoint settled.

@@ -10,6 +10,14 @@ trained, which must be 0 too. Partial rollouts are reported in samples too: the 
 groups left with no token trained (``masked`` lines) move from ``trained`` to ``dropped['stale']``,
 beside ``stale_tokens_masked`` and ``resumed`` (answers resumed under a newer version).
 
+A run the controller stopped before its end (Ctrl-C, SIGTERM, an abort) ends in a ``stop`` line,
+written once every process has exited. The groups dispatched by then without an outcome were in
+flight at the stop: ``in_flight_at_stop``, not ``lost``. They are not lost because a resume
+restores the last checkpoint, whose dispatcher still holds each of them unsettled and sends it
+again under the same id (the restore rolls back the dispatches it does not hold); the resume's
+``restore`` line ends that state, so a group still without an outcome when the resumed run ends
+is ``lost`` again.
+
 Compaction keeps a month-long run's ledger to bits per group. At each committed checkpoint the
 controller calls ``compact_ledger``: every line written before a cut time is replayed into
 ``LedgerReplay``, whose groups settled at or before ``fold_version`` (trained by a
@@ -80,6 +88,9 @@ class LedgerReplay:
         self.resumed: dict[str, int] = {}
         """Group -> its answers aborted and resumed under a newer version (``resumed`` lines)."""
         self.resumed_settled = 0
+        self.stopped: GroupIdSet | None = None
+        """The groups dispatched when the run last stopped before its end (a ``stop`` line); None
+        when it did not, or a restore has since resumed it."""
         self.folded_at: int | None = None
 
     # -- replay -----------------------------------------------------------------------------------
@@ -116,6 +127,8 @@ class LedgerReplay:
             self.returned.update(groups)
         elif event == "restore":
             self._restore(int(line["version"]), int(line["dispatched"]))
+        elif event == "stop":  # every process had exited: what has no outcome yet was in flight
+            self.stopped = GroupIdSet.from_bytes(self.dispatched.to_bytes())
 
     def _dropped_settled(self, g: str) -> bool:
         return any(g in ids for ids in self.dropped_settled.values())
@@ -136,6 +149,7 @@ class LedgerReplay:
         for ids in self.dropped_settled.values():
             ids.discard_from(horizon)
         self.held, self.returned = {}, set()
+        self.stopped = None  # the groups in flight at the stop go out again, and need an outcome
 
     # -- compaction -------------------------------------------------------------------------------
 
@@ -185,6 +199,7 @@ class LedgerReplay:
                 "masked_settled": self.masked_settled,
                 "resumed": self.resumed,
                 "resumed_settled": self.resumed_settled,
+                "stopped": None if self.stopped is None else self.stopped.to_bytes(),
                 "folded_at": self.folded_at,
             }
         )
@@ -206,6 +221,8 @@ class LedgerReplay:
         out.masked = {int(v): counts for v, counts in body.get("masked", {}).items()}
         out.masked_settled = body.get("masked_settled", [0, 0])
         out.resumed, out.resumed_settled = body.get("resumed", {}), body.get("resumed_settled", 0)
+        stopped = body.get("stopped")  # states compacted before stop lines were written have none
+        out.stopped = None if stopped is None else GroupIdSet.from_bytes(stopped)
         out.folded_at = body["folded_at"]
         return out
 
@@ -237,7 +254,10 @@ class LedgerReplay:
         held_n = (rest & held).count()
         rest = rest - held
         returned_n = (rest & returned).count()
-        lost = rest - returned
+        rest = rest - returned
+        stopped = _Ids.of(self.stopped) if self.stopped is not None else _Ids()
+        in_flight = rest & stopped
+        lost = rest - stopped
         twice_ids = dispatched & twice
         retrained_untrained = sum(
             1
@@ -261,6 +281,7 @@ class LedgerReplay:
             "resumed": self.resumed_settled + sum(self.resumed.values()),
             "held": n * held_n,
             "returned_unsampled": n * returned_n,
+            "in_flight_at_stop": n * in_flight.count(),
             "lost": n * lost.count(),
             "lost_groups": lost.first(20),
             "trained_twice_groups": twice_ids.first(20),

@@ -113,3 +113,32 @@ def test_reuse_is_reported_beside_the_outcomes_and_rolled_back_by_a_restore(tmp_
     assert out["retrained"] == 1 and out["retrained_untrained"] == 0 and out["lost"] == 0
     write(tmp_path, "learner2", ("retrained", ["g00000002"], {"version": 3}))  # a repeat of what never trained
     assert reconcile_ledger(tmp_path)["retrained_untrained"] == 1
+
+
+def test_groups_in_flight_at_a_stop_are_not_lost_and_a_resume_gives_each_one_outcome(tmp_path):
+    # g0..g2 dispatched before the checkpoint (version 1, horizon 3), g3 after; Ctrl-C at version 2
+    write(tmp_path, "dispatcher", ("dispatched", ["g00000000", "g00000001", "g00000002", "g00000003"], {}))
+    write(
+        tmp_path,
+        "learner",
+        ("trained", ["g00000000"], {"version": 1}),
+        ("trained", ["g00000001"], {"version": 2}),  # after the checkpoint
+    )
+    write(tmp_path, "buffer", ("dropped", ["g00000002"], {"reason": "stale"}))
+    before = reconcile_ledger(tmp_path, samples_per_group=2)
+    assert before["lost"] == 2 and before["in_flight_at_stop"] == 0  # no stop line: g3 is lost
+    write(tmp_path, "controller", ("stop", None, {"reason": "interrupted (signal 2)", "version": 2}))
+    out = reconcile_ledger(tmp_path, samples_per_group=2)
+    assert out["in_flight_at_stop"] == 2 and out["lost"] == 0 and out["lost_groups"] == []
+    assert out["trained"] == 4 and out["dropped"] == {"stale": 2}
+    # the resume: back to version 1 (g1's training undone, g2's drop kept); g1 goes out again,
+    # g3 is numbered anew from the horizon
+    write(tmp_path, "controller2", ("restore", None, {"version": 1, "dispatched": 3}))
+    out = reconcile_ledger(tmp_path)
+    assert out["in_flight_at_stop"] == 0 and out["lost_groups"] == ["g00000001"]
+    write(tmp_path, "dispatcher2", ("dispatched", ["g00000001", "g00000003", "g00000004"], {}))
+    write(tmp_path, "learner2", ("trained", ["g00000001"], {"version": 2}), ("trained", ["g00000003"], {"version": 3}))
+    out = reconcile_ledger(tmp_path)
+    # the resumed run ended cleanly: g4, with no outcome, is lost; each other group has one outcome
+    assert out["trained"] == 3 and out["trained_twice"] == 0 and out["dropped"] == {"stale": 1}
+    assert out["in_flight_at_stop"] == 0 and out["lost_groups"] == ["g00000004"]

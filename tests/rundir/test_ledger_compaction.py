@@ -101,7 +101,9 @@ class History:
             self.open = self.open[1:]
         if self.version % 7 == 0:
             self.checkpoints.append((self.version, self.seq))
-        if rng.random() < 0.04:  # a restore to the newest checkpoint
+        if rng.random() < 0.04:  # a restore to the newest checkpoint, after a Ctrl-C or a crash
+            if rng.random() < 0.5:
+                self.write("controller", "stop", None, reason="interrupted", version=self.version)
             version, horizon = self.checkpoints[-1]
             self.write("controller", "restore", None, version=version, dispatched=horizon)
             self.version = version
@@ -125,6 +127,10 @@ def test_a_compacted_ledger_reconciles_exactly_as_its_lines(tmp_path, seed):
             assert reconcile_ledger(compacted, 2) == reconcile_ledger(plain, 2)
     run.write("buffer", "held", run.open[:3])
     assert reconcile_ledger(compacted, 2) == reconcile_ledger(plain, 2)
+    run.write("controller", "stop", None, reason="interrupted", version=run.version)
+    removed += run.compact()["removed"]
+    assert reconcile_ledger(compacted, 2) == reconcile_ledger(plain, 2)
+    assert reconcile_ledger(plain, 2)["lost"] == 0  # what had no outcome was in flight at the stop
     assert removed > 0 and ledger_bytes(compacted) < ledger_bytes(plain) / 2
 
 
