@@ -13,6 +13,11 @@ dataflow order so nothing is lost, and writes ``summary.json``.
 - ``evaluation``: held-out evaluation rounds by the generators;
 - ``summary``: ``summary.json``.
 
+A run stopped before its end (Ctrl-C; SIGTERM, turned into the same; an abort) ends with a
+``stop`` line in the ledger, written once every process has exited, and a summary of what is
+true of it (``write_stopped_summary``): its groups without an outcome were in flight at the
+stop, and a resume sends them again.
+
 Nothing waits forever: start-up, steps and shutdown each have a timeout that scales with the
 model (the size of its weights, the run's measured step and publication times:
 ``asyncrl.controller.watchdog``); when one passes, the controller logs what every process last
@@ -42,7 +47,7 @@ from asyncrl.controller.preparation import (
     resume_run_dir,
 )
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
-from asyncrl.controller.summary import resource_figures, write_summary
+from asyncrl.controller.summary import resource_figures, write_stopped_summary, write_summary
 from asyncrl.controller.supervision import Supervisor
 from asyncrl.controller.watchdog import StallWatch
 from asyncrl.fleet import malloc_trim
@@ -125,6 +130,7 @@ class Controller:
         cpu_start = time.process_time()
         restore_sigterm = stop_on_sigterm()
         trimmer = malloc_trim.start("controller", cfg.run.malloc_trim_s)  # as in every process it starts
+        stopped: BaseException | None = None
         try:
             evaluate_first = heldout is not None and cfg.eval.before and not self.resume
             lifecycle.start_all(lifecycle.restore_point() if self.resume else None, evaluate_first=evaluate_first)
@@ -132,7 +138,8 @@ class Controller:
                 (self.run_dir / "eval_before.json").write_text(json.dumps(evaluations.before))
             lifecycle.train()
             lifecycle.stop_in_order()
-        except BaseException:
+        except BaseException as e:
+            stopped = e
             self.console.close()
             lifecycle.dump_state()
             raise
@@ -141,6 +148,8 @@ class Controller:
             if trimmer is not None:
                 trimmer.stop()
             self.fleet.terminate()
+            if stopped is not None:  # after every process exited: their last lines come before it
+                self._record_stop(stop_reason(stopped), time.monotonic() - t0)
             remove_short_tmp(self.run_dir)
             events.close()
             commands.close()
@@ -171,6 +180,35 @@ class Controller:
         )
         self.console.close(summary)
         return summary
+
+    def _record_stop(self, reason: str, total_wall_s: float) -> None:
+        """The ledger's ``stop`` line and the stopped run's summary, with its verdict in the log."""
+        version = self.progress.version
+        self.ledger.write("stop", reason=reason, version=version)
+        summary = write_stopped_summary(
+            self.run_dir,
+            self.cfg.sampling.n,
+            reason,
+            self.progress,
+            self.supervisor,
+            self.checkpoints.committed,
+            total_wall_s=total_wall_s,
+        )
+        ledger = summary["ledger"]
+        log.warning(
+            "run stopped (%s) after version %s: ledger: %d samples trained, %d dropped, %d in flight at the "
+            "stop (sent again on resume), %d lost, %d trained twice; newest checkpoint %s; "
+            "continue with: asyncrl train --resume %s",
+            reason,
+            version,
+            ledger["trained"],
+            sum(ledger["dropped"].values()),
+            ledger["in_flight_at_stop"],
+            ledger["lost"],
+            ledger["trained_twice"],
+            self.checkpoints.committed[-1] if self.checkpoints.committed else "none (a resume starts over)",
+            self.run_dir,
+        )
 
     def _starting_model(self, simulated: bool, by_hf: bool) -> tuple[Path, float | None]:
         """The model the run starts from, and its held-out score when Hugging Face scores it here
@@ -237,3 +275,10 @@ class Controller:
             self.ledger,
         )
         return lifecycle
+
+
+def stop_reason(error: BaseException) -> str:
+    """Why the run stopped before its end, for the ledger's ``stop`` line and the summary."""
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C has no message; SIGTERM's names the signal
+        return f"interrupted ({error.args[0] if error.args else 'Ctrl-C'})"
+    return f"aborted: {type(error).__name__}: {error}"

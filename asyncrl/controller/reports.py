@@ -54,6 +54,8 @@ class TrainingProgress:
     """How far the run got: steps seen, the learner's last report, what each generator serves."""
 
     steps_seen: int = 0
+    version: int | None = None
+    """The policy version of the learner's last step seen (None before the first)."""
     step_seconds: list[float] = field(default_factory=list)
     """Each learner step's ``step_s``."""
     generator_versions: dict[str, int] = field(default_factory=dict)
@@ -69,6 +71,7 @@ class TrainingProgress:
         """Count a learner step; returns its record (the event's map) stamped with seconds since go
         in ``t`` (the x axis of throughput plots)."""
         self.steps_seen += 1
+        self.version = ev.version
         self.step_seconds.append(ev.step_s)
         return {**ev.as_map(), "t": time.monotonic() - self.go_at}
 

@@ -5,6 +5,11 @@ deaths, restores and checkpoints, and its memory and time figures.
 ``reconciles`` is the run's verdict: the ledger shows no sample lost or trained twice (nor
 reused without a first training), and, for a run that stopped cleanly and was neither resumed
 nor had a process die, the per-process counters agree too (counters cannot count what a killed process held; the ledger can, by id).
+
+A run stopped before its end (Ctrl-C, SIGTERM, an abort) has no final reports, so no counters:
+``write_stopped_summary`` writes what is true of it instead, why it stopped, the last step, the
+checkpoints and the ledger's verdict, whose groups without an outcome were in flight at the stop
+(``asyncrl.rundir.ledger_replay``). A resume removes that summary and writes the whole one at its end.
 """
 
 from __future__ import annotations
@@ -53,10 +58,42 @@ def write_summary(
     summary["ledger"] = reconcile_ledger(run_dir, samples_per_group)
     summary.update(resources)
     summary["counters_reconcile"] = summary["reconciles"]
-    ledger = summary["ledger"]
-    ledger_ok = ledger["lost"] == 0 and ledger["trained_twice"] == 0 and ledger["retrained_untrained"] == 0
     clean = not supervisor.deaths and not resumed
-    summary["reconciles"] = ledger_ok and (summary["counters_reconcile"] or not clean)
+    summary["reconciles"] = ledger_reconciles(summary["ledger"]) and (summary["counters_reconcile"] or not clean)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def ledger_reconciles(ledger: dict) -> bool:
+    """No group lost or trained twice, no repeat of a group never trained."""
+    return ledger["lost"] == 0 and ledger["trained_twice"] == 0 and ledger["retrained_untrained"] == 0
+
+
+def write_stopped_summary(
+    run_dir: Path,
+    samples_per_group: int,
+    reason: str,
+    progress: TrainingProgress,
+    supervisor: Supervisor,
+    checkpoints: list[int],
+    *,
+    total_wall_s: float,
+) -> dict:
+    """``summary.json`` of a run stopped before its end, after its ledger's ``stop`` line: why, the
+    last learner step seen, the checkpoints, deaths, restores and the ledger's verdict.
+    ``counters_reconcile`` is None: no process sent its final counters."""
+    ledger = reconcile_ledger(run_dir, samples_per_group)
+    summary = {
+        "stopped": reason,
+        "learner_steps": progress.version,
+        "checkpoints": checkpoints,
+        "deaths": supervisor.deaths,
+        "restores": supervisor.restores,
+        "total_wall_s": total_wall_s,
+        "ledger": ledger,
+        "counters_reconcile": None,
+        "reconciles": ledger_reconciles(ledger),
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -6,7 +6,10 @@ its sample counters by outcome and drops by reason, the buffer's size, and reque
 ``--json`` prints the same as one JSON object, for scripts. A process that has exited shows as
 down with the values it last exported (``NAME.prom``), when it wrote them. A first row, ``run``,
 gives the last learner step (``steps.jsonl``: version, reward, accuracy, staleness, seconds since
-it) and whether the run has finished (``summary.json``). ``--samples N`` prints instead the last N
+it) and the run's status: ``done`` (``summary.json``), ``stopped`` before its end (Ctrl-C,
+SIGTERM, an abort: the summary says why, and the ledger's groups in flight at the stop, sent
+again by ``asyncrl train --resume``), ``live``, or ``down`` (no summary, no process answering: the
+controller was killed). ``--samples N`` prints instead the last N
 answers the learner trained on, with their prompts, rewards and versions (``samples.jsonl``).
 """
 
@@ -67,8 +70,18 @@ def learner_exposition(run_dir: Path) -> str | None:
 
 
 def run_row(run_dir: Path) -> dict:
-    """The run as a whole: finished or not, and its last learner step."""
-    row: dict = {"finished": (run_dir / "summary.json").exists()}
+    """The run as a whole: finished, stopped before its end or not, and its last learner step."""
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else None
+    stopped = summary is not None and "stopped" in summary
+    row: dict = {"finished": summary is not None and not stopped, "status": "live"}
+    if summary is not None:
+        row["status"] = "stopped" if stopped else "done"
+        row["reconciles"] = summary.get("reconciles")
+    if stopped:
+        row["in_flight_at_stop"] = summary["ledger"]["in_flight_at_stop"]
+        row["lost"] = summary["ledger"]["lost"]
+        row["why"] = summary["stopped"]
     steps = run_dir / "steps.jsonl"
     lines = steps.read_text().splitlines() if steps.exists() else []
     if lines:
@@ -111,14 +124,17 @@ def inspect_run(run_dir: str | Path) -> dict:
             row["since_last_step_s"] = time.time() - row["last_step_at"]
         row.pop("last_step_at", None)
         state[name] = {"up": up, "port": port, **row}
+    if state["run"]["status"] == "live" and not any(row["up"] for name, row in state.items() if name != "run"):
+        state["run"]["status"] = "down"
     return state
 
 
 def print_state(state: dict) -> None:
     run = state.get("run", {})
+    status = run.get("status", "done" if run.get("finished") else "live")
     print(
-        f"{'run':14s} {'done' if run.get('finished') else 'live'}  "
-        + "  ".join(f"{k}={_fmt(v)}" for k, v in run.items() if k != "finished")
+        f"{'run':14s} {status:7s} "
+        + "  ".join(f"{k}={_fmt(v)}" for k, v in run.items() if k not in ("finished", "status"))
     )
     for name, row in state.items():
         if name == "run":
@@ -129,6 +145,8 @@ def print_state(state: dict) -> None:
 
 
 def _fmt(value) -> str:
+    if isinstance(value, str | bool) or value is None:
+        return str(value)
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{int(v)}" for k, v in value.items()) + "}"
     return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
