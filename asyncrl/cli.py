@@ -184,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {user_error_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a run has stopped its processes and logged its verdict
+        if args.debug:
+            traceback.print_exc()
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def user_error_line(error: UserError) -> str:
