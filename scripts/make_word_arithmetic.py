@@ -1,11 +1,17 @@
-"""Write data/word_arithmetic: two-digit addition and subtraction phrased as short word problems.
+"""Write two word-problem tasks into data/: word_arithmetic and word_multiplication.
 
-The task the real-model recipe (configs/grpo_smollm2_arithmetic.yaml) trains on: hard enough that
-SmolLM2-135M-Instruct gets a part of it wrong, easy enough that it gets some right, so that RL has
-both to learn from. Deterministic (a fixed seed); the held-out split shares no (a, b, operation)
-with the training split.
+- ``data/word_arithmetic``: two-digit addition and subtraction as short word problems (the mix
+  recipe, configs/grpo_word_arithmetic_mix.yaml).
+- ``data/word_multiplication``: the times table from 2 to 12 as short word problems, the task of
+  the real-model recipe (configs/grpo_smollm2_arithmetic.yaml). SmolLM2-135M-Instruct, sampled at
+  temperature 1, answers about one in six of these right and two-digit sums one in fifty
+  (it rambles past the sum): RL needs groups whose answers differ, and the times table gives
+  them from the first step.
 
-    .venv/bin/python scripts/make_word_arithmetic.py            # rewrites data/word_arithmetic/
+Deterministic (fixed seeds); a held-out split never shares a problem (a, b, operation) with its
+training split.
+
+    .venv/bin/python scripts/make_word_arithmetic.py            # rewrites both folders
 """
 
 from __future__ import annotations
@@ -16,9 +22,13 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "data" / "word_arithmetic"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SEED = 20261204
 TRAIN, TEST = 4000, 400
+TIMES_RANGE = range(2, 13)
+TIMES_TEST_PAIRS = 24
+"""Ordered pairs (a, b) held out of the 121 of the times table; their rows are the test split."""
+TIMES_ROWS_PER_PAIR = 20
 
 NAMES = ["Sam", "Mia", "Leo", "Ana", "Tom", "Zoe", "Raj", "Eva", "Ben", "Ivy", "Max", "Lin"]
 THINGS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cards", "shells", "stamps", "beads"]
@@ -37,6 +47,32 @@ SUB = [
     "{n} had {a} dollars and spent {b}. How many dollars does {n} have now?",
     "Subtract {b} from {a}.",
 ]
+
+
+MUL = [
+    "What is {a} times {b}?",
+    "What is {a} multiplied by {b}?",
+    "{n} has {a} bags with {b} {t} in each. How many {t} does {n} have?",
+    "A box holds {a} rows of {b} {t}. How many {t} are in the box?",
+    "Multiply {a} by {b}.",
+]
+
+
+def times_table(rng: random.Random) -> tuple[list[dict], list[dict]]:
+    """(train, test) rows of a x b: the test rows' pairs never appear in train."""
+    pairs = [(a, b) for a in TIMES_RANGE for b in TIMES_RANGE]
+    rng.shuffle(pairs)
+    test_pairs = set(pairs[:TIMES_TEST_PAIRS])
+    train, test = [], []
+    for a, b in pairs:
+        for _ in range(TIMES_ROWS_PER_PAIR):
+            template = rng.choice(MUL)
+            question = template.format(a=a, b=b, n=rng.choice(NAMES), t=rng.choice(THINGS))
+            row = {"question": question, "answer": str(a * b), "a": a, "b": b, "op": "*"}
+            (test if (a, b) in test_pairs else train).append(row)
+    rng.shuffle(train)
+    rng.shuffle(test)
+    return train, test
 
 
 def problems(rng: random.Random) -> list[dict]:
@@ -64,14 +100,20 @@ def write(path: Path, rows: list[dict]) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def write_split(out: Path, train: list[dict], test: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    sums = [
+        f"{write(out / 'train.jsonl.gz', train)}  train.jsonl.gz",
+        f"{write(out / 'test.jsonl.gz', test)}  test.jsonl.gz",
+    ]
+    (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    print(out.name, len(train), len(test), *sums, sep="\n  ")
+
+
 def main() -> None:
-    rng = random.Random(SEED)
-    rows = problems(rng)
-    OUT.mkdir(parents=True, exist_ok=True)
-    sums = [f"{write(OUT / 'train.jsonl.gz', rows[:TRAIN])}  train.jsonl.gz"]
-    sums.append(f"{write(OUT / 'test.jsonl.gz', rows[TRAIN : TRAIN + TEST])}  test.jsonl.gz")
-    (OUT / "SHA256SUMS").write_text("\n".join(sums) + "\n")
-    print("\n".join(sums))
+    rows = problems(random.Random(SEED))
+    write_split(DATA / "word_arithmetic", rows[:TRAIN], rows[TRAIN : TRAIN + TEST])
+    write_split(DATA / "word_multiplication", *times_table(random.Random(SEED + 1)))
 
 
 if __name__ == "__main__":
