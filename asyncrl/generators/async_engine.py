@@ -55,6 +55,7 @@ from asyncrl.generators.engine import (
 )
 from asyncrl.generators.resume import continuation_params, merge_continuation, oldest_version
 from asyncrl.generators.sampling import AnswerOptions, answer_params
+from asyncrl.generators.tied_head import reload_weights
 
 EXTENSION = "asyncrl.generators.async_engine.WeightLoaderExtension"
 
@@ -63,7 +64,8 @@ class WeightLoaderExtension:
     """Mixed into vLLM's worker (``worker_extension_cls``): reloads weights sent by the generator.
 
     Each method ends in ``reload_weights(weights_iterator=...)``, which copies into the model's
-    own tensors, so the buffers may go once it returns."""
+    own tensors, so the buffers may go once it returns (``asyncrl.generators.tied_head``: then
+    a head tied to the embedding is re-packed)."""
 
     def asyncrl_load_shm(self, buckets: list[dict], version: int = 0) -> int:
         """``buckets``: ``[{path, nbytes, tensors}]`` of a shared-memory version (already verified).
@@ -81,7 +83,7 @@ class WeightLoaderExtension:
             for b in buckets:
                 mm = maps.map(b["path"], int(b["nbytes"]), version)
                 named.extend(unpack(_writable_view(mm), specs_from_wire(b["tensors"])))
-            self.reload_weights(weights_iterator=iter(named))
+            reload_weights(self, weights_iterator=iter(named))
         finally:
             del named
             maps.settle(version)
@@ -94,11 +96,11 @@ class WeightLoaderExtension:
         named = []
         for data, specs in buckets:
             named.extend(unpack(bytearray(data), specs_from_wire(specs)))
-        self.reload_weights(weights_iterator=iter(named))
+        reload_weights(self, weights_iterator=iter(named))
         return len(buckets)
 
     def asyncrl_load_dir(self, path: str) -> None:
-        self.reload_weights(weights_path=path)
+        reload_weights(self, weights_path=path)
 
 
 def _writable_view(mm: mmap.mmap):

@@ -45,6 +45,7 @@ from safetensors import safe_open
 from asyncrl.configbase import Config
 from asyncrl.generators.sampling import AnswerOptions, SamplingConfig, answer_params, greedy_params, sampling_params
 from asyncrl.generators.sampling import derive_seed as derive_seed  # re-exported
+from asyncrl.generators.tied_head import reload_weights
 from asyncrl.models.precision import resolve_engine_dtype
 
 # The sampler reports logprobs of the distribution it sampled from (see the module docstring).
@@ -259,7 +260,7 @@ class VLLMEngine:
             missing = self._weight_names - read_weight_names(weights)
             if missing:
                 raise ValueError(f"{weights}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
-            self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights)})
+            self._llm.collective_rpc(_reload_from_dir, args=(str(weights),))
         else:
             named = list(weights)
             missing = self._weight_names - {name for name, _ in named}
@@ -295,7 +296,12 @@ class VLLMEngine:
 
 def _reload_from_tensors(worker, named: list) -> None:
     """Runs on the vLLM worker (in this process): reload its model from ``(name, tensor)`` pairs."""
-    worker.reload_weights(weights_iterator=iter(named))
+    reload_weights(worker, weights_iterator=iter(named))
+
+
+def _reload_from_dir(worker, path: str) -> None:
+    """Runs on the vLLM worker: reload its model from a directory of safetensors."""
+    reload_weights(worker, weights_path=path)
 
 
 def check_prompts(prompts: list[str]) -> None:
