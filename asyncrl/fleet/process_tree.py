@@ -169,6 +169,9 @@ def guard_component() -> None:
 
 
 _armed = False
+_forker = 0
+"""The PID of the process that forked last, set in it just before the fork: the child reads its
+copy, so it knows its parent even when that parent is killed before the child first runs."""
 
 
 def arm_children() -> None:
@@ -176,12 +179,19 @@ def arm_children() -> None:
     if this process dies first, the child ends its group. Idempotent."""
     global _armed
     if not _armed:
-        os.register_at_fork(after_in_child=_watch_after_fork)
+        os.register_at_fork(before=_remember_forker, after_in_child=_watch_after_fork)
         _armed = True
 
 
+def _remember_forker() -> None:
+    global _forker
+    _forker = os.getpid()
+
+
 def _watch_after_fork() -> None:
-    watch_parent(os.getppid())  # the forking process; registered handlers pass to the child's forks too
+    # Not os.getppid(): under load the parent may be killed before the child first runs, and the
+    # child would then take init for its parent. Registered handlers pass to the child's forks too.
+    watch_parent(_forker)
 
 
 def _end_own_group(parent: int) -> None:

@@ -85,6 +85,19 @@ def test_a_forked_child_ends_the_group_when_its_parent_dies():
         end(grandchild)
 
 
+def test_a_forked_child_whose_parent_died_before_it_first_ran_ends_the_group():
+    """Under load a child may first run after its parent is gone: it must still know its parent."""
+    slow_start = "import os, time; os.register_at_fork(after_in_child=lambda: time.sleep(2)); "  # runs first
+    parent = start(slow_start + FORKS_A_SLEEPER, **process_tree.popen_kwargs())
+    grandchild = read_pid(parent.stdout, "grandchild")
+    try:
+        os.kill(parent.pid, signal.SIGKILL)  # while the child still sleeps in its first handler
+        assert gone_within([grandchild], 10) == []
+        parent.wait(10)
+    finally:
+        end(grandchild)
+
+
 def test_a_component_ends_its_group_when_the_controller_dies():
     component = f"from asyncrl.fleet import process_tree; process_tree.guard_component(); {SPAWNS_A_SLEEPER}"
     controller = start(
