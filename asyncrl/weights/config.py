@@ -51,8 +51,8 @@ class WeightSyncConfig(Config):
     probe_atol: float | None = Field(None, gt=0)
     """Bound on the probe's mean |logprob difference| until it is calibrated, and a tenth of the
     most a calibration may measure; None derives it from the engine's and the trainer's dtypes
-    (``asyncrl.weights.probe.probe_tolerance``: 1e-3 when both are float32; 1e-2 with float16;
-    5e-2 with bfloat16 or an engine dtype of auto)."""
+    (``asyncrl.weights.probe.probe_tolerance``: 1e-3 when both are float32; 2e-2 with float16;
+    0.15 with bfloat16 or an engine dtype of auto)."""
     probe_noise_factor: float = Field(5.0, ge=1)
     """Once calibrated (at the first update, on the weights both sides share), the probe's bound is
     this many times the mean mismatch measured there: the bound scales with the model's numerics."""

@@ -47,12 +47,14 @@ import numpy as np
 from asyncrl.weights.update import WeightSyncError
 from asyncrl.wire.messages import ProbeStats
 
-PROBE_TOLERANCES = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
+PROBE_TOLERANCES = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 0.15}
 """Probe bound before calibration, on the mean |Δ| over the probe text, by the coarser dtype of
-the two sides. A float32 engine and learner agree to ~1e-5 on a small model and ~3e-3 on a
-30-layer one; a 16-bit side rounds every weight and activation (relative error 2^-11 for float16,
-2^-8 for bfloat16), which a forward pass of many layers turns into mean differences of ~1e-3
-(float16) and ~1e-2 (bfloat16). Far below what a weight that did not load gives (order 1)."""
+the two sides. A float32 engine and learner agree to ~6e-6 (SmolLM2-135M, 30 layers; measured
+by ``bench/mismatch_kl.py``); a 16-bit side rounds every weight and activation (relative error
+2^-11 for float16, 2^-8 for bfloat16), which the same model turns into a mean difference of 0.054
+with bfloat16 on both sides (0.037 with a float32 engine): the bounds keep a factor of about three
+above that (float16: 8 times finer than bfloat16), far below what a weight that did not load
+gives (order 1)."""
 _ALIASES = {
     "fp32": "float32",
     "fp16": "float16",
@@ -256,7 +258,7 @@ def probe_tolerance(engine_dtype: str, trainer_dtype: str) -> float:
     two sides'.
 
     >>> probe_tolerance("float32", "fp32"), probe_tolerance("bfloat16", "bf16"), probe_tolerance("float32", "bf16")
-    (0.001, 0.05, 0.05)
+    (0.001, 0.15, 0.15)
     """
     sides = []
     for dtype in (engine_dtype, trainer_dtype):
