@@ -117,7 +117,8 @@ def test_simulated_fleet_runs_async_within_the_staleness_bound_and_reconciles(tm
     assert not any(row["up"] for name, row in state.items() if name != "run")
     assert state["run"]["finished"] and state["run"]["step"] == 8 and state["controller"]["version"] == 8
     assert main(["inspect", str(run_dir)]) == 0
-    assert "\nrun            done  step=8  reward=" in capsys.readouterr().out
+    run_row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("run "))
+    assert run_row.split()[1] == "done" and "reconciles=True" in run_row and " step=8 " in run_row, run_row
     assert state["learner"]["samples"]["trained"] == summary["trained"] and state["learner"]["version"] == 8
     assert sum(state[f"generator-{i}"]["samples"]["generated"] for i in range(4)) == summary["generated"]
     assert main(["inspect", str(run_dir), "--samples", "3"]) == 0
