@@ -62,9 +62,11 @@ def longest_rollout_bound(exposition: str) -> float:
 class SteadyStateMonitor:
     """Per-process CPU and busy seconds of a controller's fleet from its ``start_step``-th step to its last.
 
-    >>> monitor = SteadyStateMonitor(controller).start()  # doctest: +SKIP
-    >>> summary = controller.run(); window = monitor.stop()  # doctest: +SKIP
-    >>> window["cpu_s_by_role"]["buffer"], window["busy_s_by_role"]["generator"]  # doctest: +SKIP
+    Used around a controller's run (which needs a whole fleet, so not a doctest)::
+
+        monitor = SteadyStateMonitor(controller).start()
+        summary = controller.run(); window = monitor.stop()
+        window["cpu_s_by_role"]["buffer"], window["busy_s_by_role"]["generator"]
     """
 
     def __init__(self, controller, start_step: int = 1, poll_s: float = 0.1):

@@ -8,8 +8,10 @@ recorded are emitted from there (the controller's event socket belongs to the ma
 and a failure the applier met is raised there, so it is never swallowed and the generator
 stops sampling with weights it cannot vouch for.
 
->>> applier = InFlightApplier(engine, subscriber, ProbeCheck(atol=1e-3))  # doctest: +SKIP
->>> while running: applier.drain(ctx); engine.generate(...)  # doctest: +SKIP
+In a generator's loop (it needs a live engine and subscriber, so not a doctest)::
+
+    applier = InFlightApplier(engine, subscriber, ProbeCheck(atol=1e-3))
+    while running: applier.drain(ctx); engine.generate(...)
 """
 
 from __future__ import annotations

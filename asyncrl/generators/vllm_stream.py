@@ -124,10 +124,11 @@ def build_stream(model_dir: str, cfg: EngineConfig, timeout_s: float = 600.0) ->
 class VLLMStream:
     """Groups in and out of an ``AsyncVLLMEngine`` one at a time (see the module docstring).
 
-    >>> stream = build_stream(model_dir, EngineConfig(max_model_len=640))  # doctest: +SKIP
-    >>> stream.submit("g0", "12+34=", SamplingConfig(n=8, max_tokens=32))  # doctest: +SKIP
-    >>> stream.finished(timeout=60)  # doctest: +SKIP
-    [('g0', [Completion(...), ...], None)]
+    With a vLLM engine (so not a doctest; tests/generators/test_vllm_stream.py runs it)::
+
+        stream = build_stream(model_dir, EngineConfig(max_model_len=640))
+        stream.submit("g0", "12+34=", SamplingConfig(n=8, max_tokens=32))
+        stream.finished(timeout=60)  # [('g0', [Completion(...), ...], None)]
     """
 
     def __init__(self, engine: AsyncVLLMEngine, load: EngineLoad | None = None):

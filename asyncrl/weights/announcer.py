@@ -7,9 +7,12 @@ shm, nccl) keeps the newest announcement and sends it again from the learner's i
 others ignore a version they already serve. Sending is never blocking (PUB drops past its
 high-water mark instead), so the repeats cost the learner nothing when nobody listens.
 
->>> announcer = VersionAnnouncer("tcp://127.0.0.1:0", name="learner.weights")  # doctest: +SKIP
->>> announcer.set({"policy_version": 3, "path": "/runs/x/weights/v000003"})  # doctest: +SKIP
->>> announcer.announce()  # in the idle loop: sent again once a second has passed  # doctest: +SKIP
+>>> announcer = VersionAnnouncer("tcp://127.0.0.1:0", name="learner.weights")
+>>> announcer.set({"policy_version": 3, "path": "/runs/x/weights/v000003"})  # sent now
+>>> announcer.announce()  # in the idle loop: sent again once a second has passed
+>>> announcer.latest["policy_version"]
+3
+>>> announcer.close()
 """
 
 from __future__ import annotations

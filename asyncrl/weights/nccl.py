@@ -101,8 +101,10 @@ def _padded(nbytes: int) -> int:
 class NcclWeightPublisher:
     """Learner rank 0's side (see the module docstring).
 
-    >>> pub = NcclWeightPublisher("tcp://127.0.0.1:0", num_subscribers=2)  # doctest: +SKIP
-    >>> pub.publish(trainer.weight_buckets(64 << 20), version=1)  # doctest: +SKIP
+    On a CUDA learner (so not a doctest; the gpu-marked tests run it)::
+
+        pub = NcclWeightPublisher("tcp://127.0.0.1:0", num_subscribers=2)
+        pub.publish(trainer.weight_buckets(64 << 20), version=1)
     """
 
     transport = "nccl"
