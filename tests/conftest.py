@@ -1,8 +1,19 @@
 """Tests marked ``gpu`` need CUDA and run only when selected (``pytest -m gpu``): CI and the
 default run have no GPU, and a GPU test selected on a machine without one fails, never skips.
+
+A test not marked ``slow`` must stay fast: one whose setup and call take longer than
+``FAST_LIMIT_S`` fails, naming its time, so ``make test-fast`` stays a quick loop (raise the limit
+with ``ASYNCRL_FAST_TEST_LIMIT_S`` on a machine busy with something else).
+
 Fixtures every test folder shares sit here too (``smollm2_dir``: a real pretrained model)."""
 
+import os
+
 import pytest
+
+FAST_LIMIT_S = float(os.environ.get("ASYNCRL_FAST_TEST_LIMIT_S", "6"))
+"""Seconds (setup + call) a test not marked ``slow`` may take; the slowest of them take about 2 s
+on an idle 2-core machine, so this fails only a test that belongs among the slow ones."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -22,3 +33,21 @@ def smollm2_dir():
     from asyncrl.models.fetch import fetch_model
 
     return fetch_model("smollm2-135m-instruct", "float32")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "setup":
+        item._asyncrl_setup_s = call.duration  # a shared fixture's cost is charged to its first user
+        return
+    if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
+        return
+    took = getattr(item, "_asyncrl_setup_s", 0.0) + call.duration
+    if took > FAST_LIMIT_S:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} took {took:.1f} s (setup and call), over the {FAST_LIMIT_S:g} s allowed to a "
+            "test not marked slow: make it faster or mark it @pytest.mark.slow"
+        )

@@ -45,13 +45,13 @@ def test_the_probe_is_one_call_and_every_outcome_settles_the_breaker():
     assert REGISTRY.get_sample_value("asyncrl_reward_breaker_state", {"reward": "unit-breaker"}) == 0
 
 
-OUTAGE_S = 10.0
-COOLDOWN_S = 2.0
+OUTAGE_S = 2.0  # long enough for several openings and failed probes
+COOLDOWN_S = 0.5
 REQUEST_S = 0.05
 
 
 def test_scoring_resumes_within_a_cooldown_after_an_outage(caplog):
-    """The API answers 503 for 10 s, then recovers: 8 lanes keep scoring (as a reward worker with
+    """The API answers 503 for 2 s, then recovers: 8 lanes keep scoring (as a reward worker with
     requeues would); the first sample scored after the return comes within the breaker's cooldown
     plus one request, and scoring never stops again."""
     state = {"down_until": None}
@@ -88,7 +88,7 @@ def test_scoring_resumes_within_a_cooldown_after_an_outage(caplog):
                 scored_at.append(time.monotonic())
 
     async def drive():
-        until = time.monotonic() + OUTAGE_S + COOLDOWN_S + 4.0
+        until = time.monotonic() + OUTAGE_S + COOLDOWN_S + 2.0
         try:
             await asyncio.gather(*(lane(i, until) for i in range(8)))
         finally:
@@ -104,8 +104,8 @@ def test_scoring_resumes_within_a_cooldown_after_an_outage(caplog):
     assert not [t for t in scored_at if t < back]
     # Within the cooldown plus one request; the slack covers a loaded machine, not a missed probe.
     assert after and after[0] - back < COOLDOWN_S + REQUEST_S + 1.0, after[:1]
-    assert len(after) > 50 and after[-1] > back + COOLDOWN_S + 3.0  # and it keeps going
-    assert transitions("outage", "open") >= 1 and transitions("outage", "closed") == 1
+    assert len(after) > 50 and after[-1] > back + COOLDOWN_S + 1.5  # and it keeps going
+    assert transitions("outage", "open") >= 2 and transitions("outage", "closed") == 1
     assert transitions("outage", "half_open") == transitions("outage", "open")  # each opening probed
     assert reward.client.breaker.state == "closed"
     assert "circuit breaker open after" in caplog.text and "circuit breaker closed" in caplog.text
