@@ -1,0 +1,189 @@
+"""The events every process sends the controller, one declared type per ``type`` tag (``EVENTS``
+in ``asyncrl.wire.messages`` gathers them with the final reports of ``asyncrl.wire.finals``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from asyncrl.wire.message_base import Event
+
+
+class ReadyEvent(Event, kw_only=True, tag="ready"):
+    """The process is up and waits for ``go``; a generator says the version it serves."""
+
+    version: int | None = None
+
+
+class ErrorEvent(Event, kw_only=True, tag="error"):
+    """The process failed with ``error`` and is exiting."""
+
+    error: str
+
+
+class CheckpointPartEvent(Event, kw_only=True, tag="checkpoint_part"):
+    """The process wrote its ``part`` of the checkpoint of ``version``."""
+
+    part: str
+    version: int
+    seconds: float | None = None
+
+
+class RequeuedEvent(Event, kw_only=True, tag="requeued"):
+    """The dispatcher answered the requeue command ``id``: ``groups`` of ``scope`` to dispatch again."""
+
+    scope: str
+    groups: int
+    generator: str | None = None
+    id: str | None = None
+
+
+class StepEvent(Event, kw_only=True, tag="step"):
+    """The learner's step that produced ``version``; the trainer's optional stats ride along."""
+
+    version: int
+    loss: float
+    reward: float
+    accuracy: float | None
+    """None when no correctness reward scored the batch (``asyncrl.tasks.answers.batch_accuracy``)."""
+    tokens: int
+    samples: int
+    wait_s: float
+    step_s: float
+    staleness_mean: float
+    staleness_max: float
+    clipfrac: float | None = None
+    """Kept tokens whose ratio was cut at its ceiling or floor (the dual clip is ``clipfrac_dual``)."""
+    clipfrac_high: float | None = None
+    clipfrac_low: float | None = None
+    clipfrac_dual: float | None = None
+    ppo_kl: float | None = None
+    """Mean of -log(pi_theta / anchor) over kept tokens (verl's and OpenRLHF's ``ppo_kl``)."""
+    is_weight_mean: float | None = None
+    is_weight_max: float | None = None
+    is_weight_ess: float | None = None
+    masked_frac: float | None = None
+    behaviour_kl: float | None = None
+    mismatch_kl: float | None = None
+    entropy: float | None = None
+    ref_kl: float | None = None
+    kl_coef: float | None = None
+    grad_norm: float | None = None
+    grad_norm_max: float | None = None
+    grad_clipped: float | None = None
+    grad_clip_coef: float | None = None
+    lr: float | None = None
+    updates: int | None = None
+    approx_kl: float | None = None
+    clipfrac_by_epoch: list[float] | None = None
+    approx_kl_by_epoch: list[float] | None = None
+    value_loss: float | None = None
+    truncated_frac: float | None = None
+    overlong_penalty: float | None = None
+    padding_frac: float | None = None
+    outside_truncation_frac: float | None = None
+    behaviour_ess: float | None = None
+    """ESS of the raw importance weights pi_prox / mu over the batch's tokens, (Σw)² / (N·Σw²)."""
+    behaviour_kl_by_staleness: dict[int, float] | None = None
+    """Staleness -> mean k3 KL(mu ‖ pi_prox) per token of the samples that stale."""
+    staleness_bound: int | None = None
+    """Under ``buffer.max_staleness: auto``: the bound set after this step (for the batches to come)."""
+    staleness_bound_reason: str | None = None
+    """Under auto, on the steps that changed the bound: why (the signal and its limit)."""
+
+
+class SampleText(msgspec.Struct, kw_only=True):
+    """One trained answer as a person reads it (``SamplesEvent``): its text cut to
+    ``logging.samples_max_chars``, its reward and where it came from."""
+
+    uid: str
+    group_id: str
+    prompt_uid: str
+    task: str
+    prompt: str
+    answer: str
+    """The reference answer the rule rewards compare with."""
+    completion: str
+    reward: float | None
+    reward_parts: dict[str, float] = {}
+    """Reward name -> the value it gave (before weights)."""
+    finish_reason: str
+    tokens: int
+    """Response tokens (the text may be cut; the tokens are counted whole)."""
+    policy_version: int
+    """The version of the answer's oldest token (its group's, or its first segment's)."""
+    version_segments: list[list[int]] | None = None
+    staleness: int
+    """The learner's version before the step that trained it, minus ``policy_version``."""
+    generator: str
+
+
+class SamplesEvent(Event, kw_only=True, tag="samples"):
+    """A share of the answers the learner step that produced ``version`` trained on, with their
+    text, rewards and versions (``logging.samples_per_step`` groups, whole): the controller appends
+    them to ``samples.jsonl`` and TensorBoard's text."""
+
+    version: int
+    samples: list[SampleText]
+
+
+class DoneEvent(Event, kw_only=True, tag="done"):
+    """The learner took its last step, reaching ``version``."""
+
+    version: int
+
+
+class BroadcastEvent(Event, kw_only=True, tag="broadcast"):
+    """The learner published ``version`` over ``transport``, and what it cost."""
+
+    version: int
+    transport: str
+    published_at: float
+    """The learner's wall clock when it started publishing."""
+    gather_s: float
+    probe_s: float
+    bytes: int
+    buckets: int
+    seconds: float
+    extra_bytes: int | None = None
+    """Peak bytes of buffers the transport held beside the weights (stream transport)."""
+
+
+class ProbeStats(msgspec.Struct, kw_only=True):
+    """One probe check of a weight update on a generator (``asyncrl.weights.probe.ProbeCheck``)."""
+
+    mean_diff: float
+    """mean_t |G_t − L_t| against the published version's logprobs."""
+    max_diff: float
+    """max_t |G_t − L_t|."""
+    tol: float
+    """The bound ``mean_diff`` was held to."""
+    noise: float | None = None
+    """The mismatch measured at identical weights (None: not calibrated yet)."""
+    previous_diff: float | None = None
+    """mean_t |G_t − L^prev_t| against the previous version's logprobs (None: not sent)."""
+    separation: float | None = None
+    """mean_t |L_t − L^prev_t|: how far apart the two versions are on the probe text."""
+    tokens: int
+
+
+class VersionEvent(Event, kw_only=True, tag="version"):
+    """A generator now serves ``version``, and how long each stage of getting there took."""
+
+    version: int
+    apply_s: float
+    load_s: float
+    receive_s: float
+    probe_s: float
+    ready_at: float | None
+    served_at: float
+    """Wall clock, joined with the learner's ``published_at`` (``asyncrl.weights.timeline``)."""
+    bytes: int
+    probe_diff: float | None = None
+    """The probe's mean |Δ| (``probe.mean_diff``)."""
+    probe: ProbeStats | None = None
+    """The probe check's statistics (None: no probe)."""
+
+
+class HeartbeatEvent(Event, kw_only=True, tag="heartbeat"):
+    """A process that joined by address is alive (every ``asyncrl.fleet.join.HEARTBEAT_S``): the
+    controller, which did not start it and cannot see it die, takes its silence for a death."""
