@@ -95,7 +95,13 @@ class Evaluations:
             )
             for name, figures in (record.get("sets") or {}).items():
                 if name != MAIN_SET and figures["exact_match"] is not None:
-                    log.info("held-out %s, set %s: %s over %d prompts", record["label"], name, describe(figures), figures["num_prompts"])
+                    log.info(
+                        "held-out %s, set %s: %s over %d prompts",
+                        record["label"],
+                        name,
+                        describe(figures),
+                        figures["num_prompts"],
+                    )
 
 
 def describe(figures: dict) -> str:

@@ -142,7 +142,10 @@ class MockEngine:
             lengths = self.draw_lengths(o.n, o.max_tokens)
             out.append(
                 [
-                    (simulated_answer(prompt, self.rng.random() < self.cfg.accuracy), "length" if n == o.max_tokens else "stop")
+                    (
+                        simulated_answer(prompt, self.rng.random() < self.cfg.accuracy),
+                        "length" if n == o.max_tokens else "stop",
+                    )
                     for n in lengths
                 ]
             )

@@ -97,7 +97,9 @@ class EvalScorer:
     def __init__(self, specs: dict[str, RewardSpec], task_metadata: dict[str, dict] | None = None):
         built: dict[int, object] = {}  # one reward object per spec, shared by the tasks that use it
         self.specs = specs
-        self.rewards = {task: built.setdefault(id(spec), build_reward(spec, task_metadata)) for task, spec in specs.items()}
+        self.rewards = {
+            task: built.setdefault(id(spec), build_reward(spec, task_metadata)) for task, spec in specs.items()
+        }
         self.failures = 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="eval-scorer", daemon=True)

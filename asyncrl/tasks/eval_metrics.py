@@ -115,4 +115,3 @@ def round_metrics(scores: list[PromptScore], correct_at: float, samples_k: int) 
 def empty_metrics(samples_k: int) -> dict:
     """The figures of a round with no score (failed): every share None."""
     return {key: (None if key != "samples_k" else samples_k) for key in round_metrics([], 1.0, samples_k)}
-
