@@ -30,7 +30,7 @@ from asyncrl.rundir.ledger import GroupIdSet
 if TYPE_CHECKING:
     from asyncrl.learner.context import LearnerContext
     from asyncrl.learner.staleness_control import AutoStaleness
-    from asyncrl.learner.trainer import PolicyTrainer
+    from asyncrl.learner.trainer_parts import TrainerParts
 
 
 def save_learner_part(
@@ -102,7 +102,7 @@ def checkpoint_if_due(
     ctx.emit("checkpoint_part", part="learner", version=trainer.version, seconds=time.monotonic() - start)
 
 
-def save_policy_state(trainer: PolicyTrainer, out_dir: str | Path) -> None:
+def save_policy_state(trainer: TrainerParts, out_dir: str | Path) -> None:
     """Everything a resume needs to continue bit for bit: DeepSpeed's checkpoint of the policy
     (weights, optimizer moments, ZeRO partitions) and the critic's, the version, the optimizer
     updates taken (the learning-rate schedule's position), the KL controller's beta and the
@@ -119,7 +119,7 @@ def save_policy_state(trainer: PolicyTrainer, out_dir: str | Path) -> None:
     trainer.dp.barrier("checkpoint written", trainer.version)  # the part is whole once every rank's is
 
 
-def load_policy_state(trainer: PolicyTrainer, in_dir: str | Path) -> None:
+def load_policy_state(trainer: TrainerParts, in_dir: str | Path) -> None:
     """Restore what ``save_policy_state`` wrote (the same config, the same number of ranks)."""
     import torch
 

@@ -57,7 +57,7 @@ from asyncrl.learner.truncation import is_truncated
 from asyncrl.wire.schema import Group
 
 if TYPE_CHECKING:
-    from asyncrl.learner.trainer import PolicyTrainer
+    from asyncrl.learner.trainer_parts import TrainerParts
 
 
 @dataclass
@@ -85,7 +85,7 @@ class StepInputs:
     ``algorithm.is_batch_normalise`` (``importance_weight_totals``); None otherwise."""
 
 
-def train_step(trainer: PolicyTrainer, groups: list[Group], weights=None) -> dict:
+def train_step(trainer: TrainerParts, groups: list[Group], weights=None) -> dict:
     """One learner step of ``trainer`` on ``groups`` (see ``PolicyTrainer.train_step``)."""
     start = time.perf_counter()
     algo, dp = trainer.algo, trainer.dp
@@ -161,7 +161,7 @@ def mini_batch_bounds(groups: list[Group], mini_batches: int) -> list[tuple[int,
     return [(int(offsets[p[0]]), int(offsets[p[-1] + 1])) for p in parts]
 
 
-def micro_plans(trainer: PolicyTrainer, batch: TrainBatch, lo: int, hi: int) -> list[MicroBatchPlan]:
+def micro_plans(trainer: TrainerParts, batch: TrainBatch, lo: int, hi: int) -> list[MicroBatchPlan]:
     """Rows ``lo:hi`` cut into micro batches (``micro_batch_size`` sequences, or packed to
     ``micro_batch_tokens``: ``asyncrl.learner.packing``), their ``lo``/``hi`` rows of ``batch``."""
     if hi <= lo:
@@ -181,7 +181,7 @@ def micro_bounds(micro_batch_size: int, lo: int, hi: int) -> list[tuple[int, int
 
 
 def padded_plans(
-    trainer: PolicyTrainer, batch: TrainBatch, ranges: list[list[tuple[int, int]]], filler_row: int
+    trainer: TrainerParts, batch: TrainBatch, ranges: list[list[tuple[int, int]]], filler_row: int
 ) -> list[tuple[MicroBatchPlan, bool]]:
     """This rank's micro batches of its ``ranges[rank]`` (``ranges[r]``: rank r's row ranges),
     then fillers (``True``: the plan of row ``filler_row``) until it has as many as the rank with
@@ -196,7 +196,7 @@ def padded_plans(
     return own + [(filler, True)] * (max(counts) - len(own))
 
 
-def reference_logprobs(trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor | None:
+def reference_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor | None:
     """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by
     micro batches, each rank its own rows, summed into every rank's; None without a reference."""
     if trainer.reference is None:
@@ -214,7 +214,7 @@ def reference_logprobs(trainer: PolicyTrainer, batch: TrainBatch, shards: ShardP
 
 
 def write_advantages(
-    trainer: PolicyTrainer, batch: TrainBatch, groups, shaped, ref, weights, beta, shards: ShardPlan
+    trainer: TrainerParts, batch: TrainBatch, groups, shaped, ref, weights, beta, shards: ShardPlan
 ) -> dict:
     """Each sequence's advantage into ``batch.advantages`` (per token for gae): from the shaped
     rewards, less beta * KL(mu, ref) summed over the sequence when ``kl.use_in`` is reward,
@@ -257,7 +257,7 @@ def write_advantages(
     return {}
 
 
-def proximal_logprobs(trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor:
+def proximal_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor:
     """log pi_prox, (B, L-1) on the CPU: the current policy's logprobs of this rank's response
     tokens (0 on other ranks' rows, which it never trains on) by a no-grad forward pass in micro
     batches (the same forward the updates run), before any update of the step.
@@ -281,7 +281,7 @@ def proximal_logprobs(trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPl
 
 
 def importance_weight_totals(
-    trainer: PolicyTrainer, batch: TrainBatch, shards: ShardPlan, proximal: torch.Tensor
+    trainer: TrainerParts, batch: TrainBatch, shards: ShardPlan, proximal: torch.Tensor
 ) -> torch.Tensor:
     """(B, 2): each row's mini-batch's (sum, count) of corrected importance weights
     (``losses.batch_weight_sums``), from every rank's rows of it (``proximal`` holds this rank's
@@ -300,7 +300,7 @@ def importance_weight_totals(
     return out
 
 
-def update(trainer: PolicyTrainer, step: StepInputs, mini: int, sums: Counter) -> None:
+def update(trainer: TrainerParts, step: StepInputs, mini: int, sums: Counter) -> None:
     """One optimizer update on mini-batch ``mini`` (this rank's rows of it): forward/backward by
     micro batches, gradients accumulated (over the ranks too), then the step; its figures are
     added to ``sums``.
