@@ -5,7 +5,8 @@ Each fleet runs the pipeline bench's ``async-4`` and ``auto`` modes, alternated 
 ``--repeats`` (the order flips each repeat, so drift of a shared machine's load falls on both),
 and reports the samples/s of each, their ratio (auto / η = 4, the median over repeats), the same
 in trained tokens/s (prompt + response, from each run's ``steps.jsonl`` over the same steady
-window), the mean staleness and, for auto, the bounds it set. Tokens matter where the learner is
+window), each run's fraction of its ideal (an upper bound: ``asyncrl.benchmarks.capacity``), the
+mean staleness and, for auto, the bounds it set. Tokens matter where the learner is
 the bottleneck: there samples/s moves with the mean length trained, and a lower bound drops more
 stale samples, which are the long ones (they took longest to generate). The fleets:
 
@@ -35,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.benchmarks.measured_run import warmup_steps  # noqa: E402
-from asyncrl.benchmarks.pipeline import capacities, run_mode  # noqa: E402
+from asyncrl.benchmarks.pipeline import run_mode  # noqa: E402
 from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
 from asyncrl.config import load_config  # noqa: E402
 
@@ -68,6 +69,9 @@ def figures(run: dict, tokens: dict) -> dict:
         "staleness_hist": run["staleness_hist"],
         "generator_busy_fraction": run["generator_busy_fraction"],
         "learner_busy_fraction": run["learner_busy_fraction"],
+        "ideal_samples_per_s": run["ideal_samples_per_s"],
+        "fraction_of_ideal": run["fraction_of_ideal"],
+        "fraction_of_ideal_error": run["fraction_of_ideal_error"],
         "dropped": run["dropped"],
     }
     if "staleness_bounds" in run:
@@ -101,7 +105,7 @@ def main() -> None:
         tokens = {m: statistics.median(x["trained_tokens_per_s"] for x in runs[m]) for m in MODES}
         result["fleets"][fleet] = {
             "overrides": overrides,
-            "ideal_samples_per_s": capacities(cfg)["ideal_samples_per_s"],
+            "fraction_of_ideal": {m: statistics.median(x["fraction_of_ideal"] for x in runs[m]) for m in MODES},
             "samples_per_s": rate,
             "auto_over_eta4": rate["auto"] / rate["async-4"],
             "trained_tokens_per_s": tokens,

@@ -28,6 +28,7 @@ def run_measured(cfg: RunConfig) -> dict:
     over the steady state (``warmup_steps``). Start-up, the pipeline fill and the drained stop
     are the same in every mode and would blur the comparison; the fill is reported (``fill_s``:
     from "go" to the first step)."""
+    from asyncrl.benchmarks.capacity import training_capacity
     from asyncrl.benchmarks.steady_state import SteadyStateMonitor
     from asyncrl.controller.errors import RunError
     from asyncrl.controller.process import Controller
@@ -74,6 +75,11 @@ def run_measured(cfg: RunConfig) -> dict:
         **auto,
         "samples_per_s": trained / wall,
         "tokens_per_s": tokens / wall,
+        "trained_in_window": trained,
+        # What the learner would have trained had it never waited: the window's samples over its
+        # own step seconds (the training side of the ideal, asyncrl.benchmarks.capacity).
+        "learner_step_s_in_window": sum(s["step_s"] for s in steps[warm:]),
+        "training_capacity_samples_per_s": training_capacity(steps[warm:]),
         "generator_busy_fraction": busy.get("generator", 0.0) / (cfg.run.num_generators * generator_span),
         # A call that spans the window's start counts wholly inside it: the fraction above may pass
         # 1 by up to this (the longest call, bounded by its histogram bucket, over the window).

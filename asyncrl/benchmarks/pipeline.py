@@ -16,8 +16,11 @@ which the dispatcher's admission also uses):
 
 For each mode it reports samples/s and tokens/s, busy fractions, the staleness distribution,
 end-to-end latency per sample, CPU per sample of the controller and of each control-plane
-process, and the ideal throughput min(generation capacity, training capacity) computed from the
-same timing models, with the synchronous throughput the same models predict
+process, and the mode's ideal, an upper bound on what it can reach (``ideal_samples_per_s``,
+``asyncrl.benchmarks.capacity``): min(generation capacity in the generator mode the run uses, with
+the mode's in-flight bound, modelled; training capacity, the window's samples over the learner's
+own step seconds, measured), with ``fraction_of_ideal`` <= 1 up to ``fraction_of_ideal_error``.
+Beside it, the synchronous throughput the same timing models predict
 (``sync_samples_per_s``: per step, the slowest of the parallel generator calls, then the step,
 then a weight load). Figures are over the steady state, from the step that ends the pipeline
 fill to the last (``asyncrl.benchmarks.measured_run``); busy fractions and CPU come from
@@ -58,47 +61,48 @@ def sync_prompts_per_call(cfg: RunConfig) -> int:
 
 
 def capacities(cfg: RunConfig, draws: int = 200) -> dict:
-    """Samples/s the generators and the learner could each sustain alone, and what the
-    synchronous mode would reach, by Monte Carlo over the same timing models and response-length
-    distribution the run uses."""
+    """What the timing models predict for ``cfg``: the generators' capacity in its generator mode
+    (``asyncrl.benchmarks.capacity.generation_capacity``, the generation side of each mode's
+    ideal), the learner's at the mean answer length (a prediction, not a bound: a mode that drops
+    long stale answers trains shorter ones faster; each mode's ideal takes the learner's measured
+    step seconds instead), and the synchronous throughput (``sync_samples_per_s``: per step, the
+    slowest of the parallel generator calls, then the step, then a weight load), by Monte Carlo
+    over the same response-length distribution the run uses."""
+    from asyncrl.benchmarks.capacity import generation_capacity, mean_prompt_tokens
     from asyncrl.generators.mock_engine import MockEngine
     from asyncrl.learner.mock_trainer import MockTrainer
-    from asyncrl.tasks.prompts import load_prompts
 
     gen_cfg, learner_cfg = cfg.simulation.generator, cfg.simulation.learner
     if gen_cfg is None or learner_cfg is None:
         raise ValueError("simulation.generator and simulation.learner must both be set for the pipeline bench")
+    generation = generation_capacity(cfg, draws)
     engine = MockEngine(gen_cfg, seed=cfg.run.seed)
-    prompt_len = float(np.mean([len(p.text) for p in load_prompts(cfg.task, "train")[:1000]]))
-    k, n, G, B = cfg.generator.prompts_per_batch, cfg.sampling.n, cfg.run.num_generators, cfg.learner.batch_groups
-    batch_s, lengths = [], []
-    for _ in range(draws):
-        drawn = engine.draw_lengths(k * n, cfg.sampling.max_tokens)
-        lengths.append(drawn.mean())
-        batch_s.append(engine.batch_seconds(int(prompt_len * k * n), drawn))
-    generation = G * k * n / float(np.mean(batch_s))
-    mean_len = float(np.mean(lengths))
-    trainer = MockTrainer(learner_cfg)
-    step_s = trainer.step_seconds(int(B * n * (prompt_len + mean_len)))
-    training = B * n / step_s
+    prompt_len = mean_prompt_tokens(cfg)
+    n, G, B = cfg.sampling.n, cfg.run.num_generators, cfg.learner.batch_groups
+    mean_len = generation["mean_response_tokens"]
+    step_s = MockTrainer(learner_cfg).step_seconds(int(B * n * (prompt_len + mean_len)))
     # Synchronous: each step's B prompts go out as calls of k_s prompts, G at a time; the step
     # waits for the slowest call of each round, then trains, then the generators load weights.
+    # A continuous generator submits a call's prompts one group at a time (one overhead each).
     k_s = sync_prompts_per_call(cfg)
     calls = [min(k_s, B - i) for i in range(0, B, k_s)]
+    per_group = gen_cfg.overhead_s if cfg.generator.mode == "continuous" else 0.0
     sync_gen = []
     for _ in range(draws):
         total = 0.0
         for r in range(0, len(calls), G):
             total += max(
                 engine.batch_seconds(int(prompt_len * c * n), engine.draw_lengths(c * n, cfg.sampling.max_tokens))
+                + (c - 1) * per_group
                 for c in calls[r : r + G]
             )
         sync_gen.append(total)
     sync_step = float(np.mean(sync_gen)) + step_s + gen_cfg.load_weights_s
     return {
-        "generation_samples_per_s": generation,
-        "training_samples_per_s": training,
-        "ideal_samples_per_s": min(generation, training),
+        "generator_mode": cfg.generator.mode,
+        "generation_samples_per_s": generation["samples_per_s"],
+        **({"inflight_sequences": generation["inflight_sequences"]} if "inflight_sequences" in generation else {}),
+        "training_samples_per_s_at_mean_length": B * n / step_s,
         "sync_samples_per_s": B * n / sync_step,
         "sync_step_s": {"generate": float(np.mean(sync_gen)), "train": step_s, "load_weights": gen_cfg.load_weights_s},
         "mean_response_tokens": mean_len,
@@ -106,10 +110,14 @@ def capacities(cfg: RunConfig, draws: int = 200) -> dict:
 
 
 def run_mode(recipe: str, overrides: list[str], mode: str, out: Path) -> dict:
-    """One run of ``mode``; its figures over the steady-state window."""
+    """One run of ``mode``; its figures over the steady-state window, with its ideal and the
+    fraction of it reached (``asyncrl.benchmarks.capacity``)."""
+    from asyncrl.benchmarks.capacity import generation_capacity, mode_ideal
+
     base = load_config(recipe, overrides)
     cfg = load_config(recipe, [*overrides, *mode_overrides(base, mode), f"run.name={mode}", f"run.root={out}"])
-    return run_measured(cfg) | {"eta": MODES[mode]}
+    measured = run_measured(cfg) | {"eta": MODES[mode]}
+    return measured | mode_ideal(cfg, measured, generation_capacity(cfg))
 
 
 def plot(result: dict, path: Path) -> None:
@@ -133,13 +141,12 @@ def plot(result: dict, path: Path) -> None:
             va="top",
             color="white",
         )
-    ax1.axhline(
-        cap["ideal_samples_per_s"], color="k", linestyle="--", label=f"ideal {cap['ideal_samples_per_s']:.0f}/s"
-    )
+    ideals = [result["modes"][m]["ideal_samples_per_s"] for m in modes]
+    ax1.scatter(modes, ideals, marker="_", s=900, color="k", zorder=3, label="ideal of each mode (upper bound)")
     ax1.axhline(
         cap["sync_samples_per_s"], color="tab:red", linestyle=":", label=f"sync model {cap['sync_samples_per_s']:.0f}/s"
     )
-    ax1.set_ylim(0, 1.15 * max(cap["ideal_samples_per_s"], *rates))
+    ax1.set_ylim(0, 1.15 * max(*ideals, *rates))
     ax1.set_title("throughput (samples/s; label: fraction of ideal)")
     ax1.legend(loc="lower right")
     x = np.arange(len(modes))
@@ -210,8 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     result = {"capacity": capacities(cfg), "modes": {}, "machine_at_start": machine_load()}
     for mode in modes:
-        m = result["modes"][mode] = run_mode(recipe, args.overrides, mode, out)
-        m["fraction_of_ideal"] = m["samples_per_s"] / result["capacity"]["ideal_samples_per_s"]
+        result["modes"][mode] = run_mode(recipe, args.overrides, mode, out)
     if "sync" in result["modes"]:
         sync = result["modes"]["sync"]
         sync["fraction_of_sync_model"] = sync["samples_per_s"] / result["capacity"]["sync_samples_per_s"]
