@@ -29,8 +29,10 @@ so its ideal is the smaller of two bounds, each computed the way the run itself 
 ``fraction_of_ideal`` = samples/s / ideal, at most 1 up to ``fraction_of_ideal_error``: for the
 training bound, the delay with which the window's first step event reaches the controller
 (``EVENT_DELAY_S`` over the window); for the generation bound, two standard errors of the
-window's mean answer length (coefficient of variation / sqrt(samples)) plus the sequences in
-flight at the window's start (G · b, finished inside it with tokens decoded before it).
+window's mean answer length (coefficient of variation / sqrt(samples)) plus, over the samples
+trained, the sequences in flight at the window's start (G · b, which may finish inside it with
+tokens decoded before it) and the buffer's stock then (what one learner step's time generates:
+when generation binds, the learner has just taken what there was).
 """
 
 from __future__ import annotations
@@ -140,7 +142,11 @@ def mode_ideal(cfg: RunConfig, measured: dict, generation: dict) -> dict:
         in_flight = cfg.run.num_generators * generation.get(
             "inflight_sequences", cfg.generator.prompts_per_batch * cfg.sampling.n
         )
-        error = 2 * generation["length_cv"] / math.sqrt(trained) + in_flight / trained
+        # The buffer's stock at the window's start: what arrived during the step before (the
+        # learner, waiting on generation, had taken what was there).
+        mean_step_s = measured["learner_step_s_in_window"] * cfg.learner.batch_groups * cfg.sampling.n / trained
+        stock = mean_step_s * generation["samples_per_s"]
+        error = 2 * generation["length_cv"] / math.sqrt(trained) + (in_flight + stock) / trained
     return {
         "generation_capacity_samples_per_s": generation["samples_per_s"],
         "training_capacity_samples_per_s": training,
