@@ -28,7 +28,7 @@ from asyncrl.models.tiny import TinyModelConfig
 from asyncrl.observability.loggers import LoggingConfig
 from asyncrl.rewards.config import RewardConfig
 from asyncrl.rundir.checkpoints import CheckpointConfig
-from asyncrl.tasks.heldout import EvalConfig
+from asyncrl.tasks.eval_config import EvalConfig
 from asyncrl.tasks.prompts import TaskConfig
 from asyncrl.weights.config import WeightSyncConfig
 from asyncrl.wire.security import SecurityConfig

@@ -16,7 +16,7 @@ from asyncrl.tasks.eval_sets import MAIN_SET
 from asyncrl.wire.messages import EvalRequest, EvalResult
 
 if TYPE_CHECKING:
-    from asyncrl.tasks.heldout import EvalConfig
+    from asyncrl.tasks.eval_config import EvalConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class EvalRound:
     ``answer`` takes a generator's answers to one request; ``score`` takes their reward values
     (``asyncrl.rewards.evaluation.EvalScorer``); ``record`` reports the round.
 
-    >>> from asyncrl.tasks.heldout import EvalConfig
+    >>> from asyncrl.tasks.eval_config import EvalConfig
     >>> from asyncrl.tasks.prompts import Prompt
     >>> prompts = [Prompt(str(i), f"{i}+1=", str(i + 1), "addition") for i in range(5)]
     >>> r = EvalRound("v2", 2, prompts, EvalConfig(chunk_prompts=2))
