@@ -16,13 +16,14 @@ sync · batch        η = 0 and the barrier: colocated verl/trl's loop
 ==================  ==================================================================
 
 Figures: trained response tokens/s over the steady state (from the end of step ``warmup_steps``
-to the last), and each combination's ideal, min(generation capacity *in its generator mode*,
-training capacity). Generation capacity is measured, not assumed: the same engine generating
-alone in that mode (``continuous``: a group in as soon as one leaves; ``batch``: the barrier),
-with no learner and no weight swaps, over the steady part of the run (the engine's own token
-count from the start until the last group goes in: a generator in a pipeline never runs out of
-prompts, so never drains), before the four combinations and after (drift on a shared machine
-shows). Training capacity is 1 / ``s_per_token``.
+to the last), and each combination's ideal, an upper bound: min(generation capacity *in its
+generator mode*, training capacity). Generation capacity is measured, not assumed: the same engine
+generating alone in that mode (``continuous``: a group in as soon as one leaves; ``batch``: the
+barrier), with no learner and no weight swaps, over the steady part of the run (the engine's own
+token count from the start until the last group goes in: a generator in a pipeline never runs out
+of prompts, so never drains), before the four combinations and after; the faster of the two is
+the capacity, their spread (drift on a shared machine) the stated error of ``fraction_of_ideal``.
+Training capacity is 1 / ``s_per_token``. The learner is sized from the run before.
 
 **How the simulated learner is sized.** Its step time is chosen, not measured:
 ``training_over_generation`` × the generation capacity, measured before, of the mode named by
@@ -322,28 +323,40 @@ def capacity(alone: dict) -> dict[str, float]:
 
 def summarize(cfg: ModesBenchConfig, before: dict, after: dict, s_per_token: float, combos: dict) -> dict:
     """Each combination's ideal (its generator mode's capacity, or training's), ratios against
-    sync · batch and the split of the gain."""
-    generation = capacity(before)
+    sync · batch and the split of the gain.
+
+    The ideal is an upper bound: a combination trains at most what its engine generates (stale
+    groups are dropped), and its engine generates at most what it does alone in the same mode
+    (no learner, no weight swaps); of the two alone runs, before and after the combinations, the
+    faster is taken, and their spread (drift of a shared machine's load) is the fraction's
+    stated error. The simulated learner trains at most 1 / ``s_per_token`` tokens/s."""
+    generation = {m: max(b, a) for (m, b), a in zip(capacity(before).items(), capacity(after).values())}
+    spread = {m: abs(b - a) / max(b, a) for (m, b), a in zip(capacity(before).items(), capacity(after).values())}
     training = 1.0 / s_per_token
     ideal = {m: min(g, training) for m, g in generation.items()}
     rate = {k: v["trained_tokens_per_s"] for k, v in combos.items()}
     for k, v in combos.items():
-        v["ideal_tokens_per_s"] = ideal[k.split("-", 1)[1]]
+        mode = k.split("-", 1)[1]
+        v["ideal_tokens_per_s"] = ideal[mode]
         v["fraction_of_ideal"] = rate[k] / v["ideal_tokens_per_s"]
+        v["fraction_of_ideal_error"] = spread[mode] if generation[mode] <= training else 0.0
         v["over_sync_batch"] = rate[k] / rate["sync-batch"]
     total = rate["async-continuous"] / rate["sync-batch"]
     continuous_gain = rate["sync-continuous"] / rate["sync-batch"]
     overlap_gain = rate["async-continuous"] / rate["sync-continuous"]
     return {
-        "definition": "trained response tokens/s over the steady state; each combination's ideal = min(generation "
-        "capacity in its generator mode: the engine alone in that mode, no learner, no swaps, steady part; training "
-        "capacity: 1 / s_per_token)",
+        "definition": "trained response tokens/s over the steady state; each combination's ideal, an upper bound = "
+        "min(generation capacity in its generator mode: the engine alone in that mode, no learner, no swaps, steady "
+        "part, the faster of the runs before and after; training capacity: 1 / s_per_token); fraction_of_ideal_error: "
+        "the spread of the two alone runs when generation binds",
         "learner_sized_to": f"{cfg.training_over_generation:g} x the {cfg.learner_sized_to} generation capacity "
         "measured before"
         if cfg.s_per_token is None
         else f"s_per_token {cfg.s_per_token:g} (set)",
         "generation_capacity_tokens_per_s": generation,
+        "generation_capacity_before_tokens_per_s": capacity(before),
         "generation_capacity_after_tokens_per_s": capacity(after),
+        "generation_capacity_spread": spread,
         "training_capacity_tokens_per_s": training,
         "learner_s_per_token": s_per_token,
         "ideal_tokens_per_s": ideal,

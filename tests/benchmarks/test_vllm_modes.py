@@ -144,6 +144,17 @@ def test_summary_splits_the_gain_into_continuous_batching_and_overlap():
     assert split["continuous_share_of_log_gain"] + split["overlap_share_of_log_gain"] == pytest.approx(1.0)
 
 
+def test_the_ideal_takes_the_faster_alone_run_and_states_their_spread():
+    rates = {"async-continuous": 90.0, "async-batch": 40.0, "sync-continuous": 45.0, "sync-batch": 30.0}
+    combos = {k: {"trained_tokens_per_s": v} for k, v in rates.items()}
+    before = {"continuous": {"steady_tokens_per_s": 95.0}, "batch": {"steady_tokens_per_s": 50.0}}
+    after = {"continuous": {"steady_tokens_per_s": 100.0}, "batch": {"steady_tokens_per_s": 40.0}}
+    out = summarize(ModesBenchConfig(), before, after, 0.001, combos)  # a learner of 1000 tokens/s
+    assert out["ideal_tokens_per_s"] == {"continuous": 100.0, "batch": 50.0}  # an upper bound: the faster run
+    assert out["combinations"]["async-continuous"]["fraction_of_ideal_error"] == pytest.approx(0.05)
+    assert out["combinations"]["sync-batch"]["fraction_of_ideal_error"] == pytest.approx(0.2)
+
+
 def test_trained_figures_measure_after_the_fill():
     learner = TimedLearner(1, 0, 0.5, 3)
     learner.steps = [
