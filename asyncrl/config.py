@@ -1,5 +1,10 @@
 """The root config of a run: one section per component, each section's class next to its code.
 
+The sections of the process roles (and of the fleet) are each in their package's ``config``
+module, which declares them and imports nothing else of its package (a contract in
+``pyproject.toml``). So this module sits below the roles in the layers: every role's context
+types it, annotations included, and none of them depends on another role through it.
+
 ``load_config(recipe, overrides)`` reads a YAML recipe, applies dotted overrides
 (``learner.total_steps=20``), validates (a typo names the key), and the controller writes the
 resolved result to ``RUN_DIR/config.yaml``, which every process reads back, so a run is
@@ -14,19 +19,19 @@ from typing import Literal
 import yaml
 from pydantic import Field, model_validator
 
-from asyncrl.buffer.replay import BufferConfig
+# AutoStalenessConfig (the buffer's ``auto_staleness``) is named here for the learner, which runs that
+# controller: a role reads another role's section through the root config, not from that role's package.
+from asyncrl.buffer.config import AutoStalenessConfig as AutoStalenessConfig
+from asyncrl.buffer.config import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
 from asyncrl.dispatcher.config import DispatcherConfig
 from asyncrl.fleet.config import LauncherConfig, PlacementConfig, SupervisionConfig
-from asyncrl.generators.config import GeneratorConfig
-from asyncrl.generators.engine import EngineConfig, SamplingConfig
-from asyncrl.generators.mock_engine import MockEngineConfig
-from asyncrl.learner.config import AlgorithmConfig, LearnerConfig
-from asyncrl.learner.mock_trainer import MockTrainerConfig
+from asyncrl.generators.config import EngineConfig, GeneratorConfig, MockEngineConfig, SamplingConfig
+from asyncrl.learner.config import AlgorithmConfig, LearnerConfig, MockTrainerConfig
 from asyncrl.models.sft import SFTConfig
 from asyncrl.models.tiny import TinyModelConfig
 from asyncrl.observability.loggers import LoggingConfig
-from asyncrl.rewards.config import RewardConfig
+from asyncrl.rewards.config import RewardConfig, eval_reward_specs
 from asyncrl.rundir.checkpoints import CheckpointConfig
 from asyncrl.tasks.eval_config import EvalConfig
 from asyncrl.tasks.prompts import TaskConfig
@@ -270,7 +275,6 @@ class RunConfig(Config):
     def _check_eval(self) -> RunConfig:
         """Evaluation sets belong to tasks of the run, and each task's evaluation reward exists and
         runs in the controller (``asyncrl.rewards.evaluation``)."""
-        from asyncrl.rewards.evaluation import eval_reward_specs
         from asyncrl.tasks.eval_sets import check_eval_sets
 
         check_eval_sets(self.eval.sets, self.task)

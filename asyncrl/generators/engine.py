@@ -36,13 +36,11 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
 from safetensors import safe_open
 
-from asyncrl.configbase import Config
+from asyncrl.generators.config import EngineConfig
 from asyncrl.generators.sampling import AnswerOptions, SamplingConfig, answer_params, greedy_params, sampling_params
 from asyncrl.generators.sampling import derive_seed as derive_seed  # re-exported
 from asyncrl.generators.tied_head import reload_weights
@@ -51,68 +49,6 @@ from asyncrl.models.precision import resolve_engine_dtype
 # The sampler reports logprobs of the distribution it sampled from (see the module docstring).
 LOGPROBS_MODE = "processed_logprobs"
 FINISH_REASONS = ("stop", "length")
-
-
-class EngineConfig(Config):
-    """How one generator process builds its vLLM engine."""
-
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bfloat16_if_native"] = "float32"
-    """Weight and activation dtype (auto: the checkpoint's, vLLM's rule). float32 works everywhere
-    (the CPU backend included) and keeps behaviour logprobs within ~1e-5 of a float32 learner;
-    bfloat16 is the usual choice on GPUs; bfloat16_if_native is bfloat16 where the generator's
-    device multiplies it natively (GPUs of sm_80 and later, CPUs with AVX512-BF16 or AMX) and
-    float32 elsewhere, where vLLM emulates it ~30x slower (``asyncrl.models.precision``)."""
-    max_model_len: int = 64
-    """Longest sequence (prompt + response) in tokens; a prompt that leaves no room is an error."""
-    kv_cache_memory_bytes: int | None = 256 << 20
-    """KV cache size in bytes. None sizes it from ``gpu_memory_utilization`` (GPU only: the CPU
-    backend needs an explicit size). On CPU the env var VLLM_CPU_KVCACHE_SPACE (whole GiB), when a
-    user exports it, overrides this value inside vLLM; the run never sets it itself."""
-    gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory vLLM may use; only read when ``kv_cache_memory_bytes`` is None."""
-    enforce_eager: bool = True
-    """Skip CUDA graphs / torch.compile: faster start-up, slower decoding. Turn off on GPUs for
-    long runs."""
-    max_num_seqs: int = 256
-    """Most sequences decoded concurrently (a group of n counts n)."""
-    enable_prefix_caching: bool = True
-    """Reuse the KV of shared prompt prefixes (the n samples of a group share their prompt)."""
-    block_size: int | None = None
-    """KV cache block size in tokens; None is the backend's default (128 on CPU, 16 on CUDA).
-    Only whole blocks are prefix-cached, so prompts shorter than a block never hit the cache."""
-    seed: int = 0
-    """Seed of the engine's sampling RNG, used for requests that pass no seed."""
-    enable_chunked_prefill: bool | None = None
-    """Let vLLM split a long prefill over several engine steps. None: off on vLLM's CPU backend,
-    vLLM's default (on) elsewhere; True on the CPU backend is refused. Why off there: every request
-    asyncrl sends carries its own seed (reproducible groups), which gives it its own
-    ``torch.Generator``; after each partial prefill step vLLM 0.32 rewinds that generator
-    (``set_offset``: the token sampled for a prompt not yet whole is discarded), and a CPU
-    generator has no offset, so the engine dies (``EngineDeadError``, "CPU Generator does not use
-    offset"). Long prompts arriving together, or the recompute of every running request after an
-    in-flight weight swap (~640-token contexts), split prefills. Off, vLLM raises its per-step
-    token budget to at least ``max_model_len`` and schedules a prefill only whole, so no seeded
-    request is ever split and seeds keep their meaning (dropping the seeds instead would lose
-    ``generate(seed=...)``'s reproducibility; a GPU generator rewinds, so it keeps vLLM's default).
-    vLLM then logs that disabling chunked prefill is not officially supported for the model: a
-    generic warning (vLLM's CPU backend itself turns it off for MLA models and RISC-V)."""
-    tensor_parallel_size: int = Field(1, ge=1)
-    """GPUs one engine shards the model over (vLLM tensor parallelism); on a Ray cluster each
-    generator's placement reserves that many GPUs."""
-
-    @model_validator(mode="after")
-    def check_sizes(self) -> EngineConfig:
-        if self.max_model_len < 2:
-            raise ValueError(f"max_model_len ({self.max_model_len}) must be >= 2")
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
-            raise ValueError(f"kv_cache_memory_bytes ({self.kv_cache_memory_bytes}) must be > 0 or None")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization ({self.gpu_memory_utilization}) must be in (0, 1]")
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError(f"block_size ({self.block_size}) must be >= 1 or None")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be >= 1")
-        return self
 
 
 @dataclass

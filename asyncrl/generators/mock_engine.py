@@ -22,46 +22,10 @@ import re
 import time
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from asyncrl.configbase import Config
+from asyncrl.generators.config import MockEngineConfig
 from asyncrl.generators.engine import Completion, SamplingConfig, check_prompts
 from asyncrl.generators.sampling import AnswerOptions
-
-
-class MockEngineConfig(Config):
-    """Timing model of a simulated generator engine."""
-
-    overhead_s: float = Field(0.005, ge=0)
-    """Fixed cost of one engine call (scheduling, sampling setup)."""
-    prefill_s_per_token: float = Field(2e-6, ge=0)
-    """Prefill cost per prompt token (prompts of a group are prefilled once each sample)."""
-    decode_step_s: float = Field(0.002, ge=0)
-    """Cost of one decode step of the whole batch (weights read once per step)."""
-    decode_s_per_seq: float = Field(2e-5, ge=0)
-    """Extra cost per active sequence in a decode step (attention, sampling)."""
-    length_median: float = Field(64, gt=0)
-    """Median response length in tokens of the lognormal length distribution."""
-    length_sigma: float = Field(1.0, ge=0)
-    """Shape of the lognormal: 0 makes every response ``length_median`` long, 1 is long-tailed."""
-    lengths: list[int] | None = None
-    """An empirical list of response lengths to draw from instead of the lognormal."""
-    accuracy: float = Field(0.5, ge=0, le=1)
-    """Chance that a sample of an addition prompt answers correctly, so groups carry reward
-    variance (other tasks' samples are always wrong: the engine cannot know their answers)."""
-    load_weights_s: float = Field(0.01, ge=0)
-    """Simulated time to apply a weight update."""
-    vocab_size: int = Field(32000, ge=2)
-    """Range of the fake token ids."""
-    engines_per_process: int = Field(1, ge=1)
-    """Simulated engines (generator loops, one thread each) per generator process, so that
-    hundreds of generators fit on a few cores (``asyncrl.generators.multiplex``)."""
-
-    @model_validator(mode="after")
-    def check_lengths(self) -> MockEngineConfig:
-        if self.lengths is not None and (not self.lengths or min(self.lengths) < 1):
-            raise ValueError(f"lengths ({self.lengths!r:.60}) must be a non-empty list of ints >= 1")
-        return self
 
 
 class MockEngine:

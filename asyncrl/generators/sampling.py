@@ -18,7 +18,7 @@ option does to the tokens, as vLLM 0.32 does it:
   the same noise whichever generator takes it, and a group sent again (after a restart) replays it
   under the same weights; what still varies is which weights sampled it (the run records them).
 
-Refused in training (``REFUSED``), each with its reason: ``min_tokens`` and the repetition,
+Refused in training (``asyncrl.generators.config.REFUSED``), each with its reason: ``min_tokens`` and the repetition,
 presence and frequency penalties. They change the distribution vLLM samples from, and reports
 logprobs of, at each position by what was generated before it (the penalties: by the counts of
 the tokens so far; ``min_tokens``: by masking EOS and the stop tokens for the first tokens), which
@@ -31,87 +31,9 @@ import hashlib
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import model_validator
 
-from asyncrl.configbase import Config
-
-REFUSED = {
-    "min_tokens": (
-        0,
-        "vLLM masks EOS and the stop tokens for the first min_tokens tokens and reports the logprobs "
-        "of that masked distribution (logprobs_mode processed_logprobs); the learner scores the "
-        "unmasked one, so every ratio there would be off by log(1 - p(stop))",
-    ),
-    "repetition_penalty": (
-        1.0,
-        "it rescales the logits of every token already in the prompt or the answer, a per-position "
-        "change of the behaviour distribution the learner does not reproduce when it recomputes logprobs",
-    ),
-    "presence_penalty": (
-        0.0,
-        "it lowers the logits of every token already in the answer, a per-position change of the "
-        "behaviour distribution the learner does not reproduce when it recomputes logprobs",
-    ),
-    "frequency_penalty": (
-        0.0,
-        "it lowers the logits of each token by how often the answer has used it, a per-position change "
-        "of the behaviour distribution the learner does not reproduce when it recomputes logprobs",
-    ),
-}
-"""vLLM sampling options refused in training: key -> (its neutral value, which is accepted; why)."""
-
-
-class SamplingConfig(Config):
-    """How each group is sampled (``asyncrl.generators.sampling``). ``min_tokens`` and the
-    repetition, presence and frequency penalties are refused: they change the behaviour
-    distribution at each position in a way the learner's recomputed logprobs do not follow."""
-
-    n: int = 8
-    """Samples per prompt (the group size)."""
-    temperature: float = 1.0
-    """Softmax temperature; must be > 0 (use ``VLLMEngine.greedy`` for argmax decoding)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 turns it off. Computed on the tempered distribution."""
-    top_k: int = 0
-    """Keep only the k most likely tokens; 0 turns it off."""
-    max_tokens: int = 4
-    """Most tokens per answer (EOS included)."""
-    stop: list[str] = []
-    """Strings that end an answer: its text is cut before the string, its tokens end with the one
-    that completed it (trained, with its logprob; none sampled after it is kept)."""
-    stop_token_ids: list[int] = []
-    """Token ids that end an answer besides EOS; the stop token stays in the answer's tokens (trained)."""
-    include_stop_str_in_output: bool = False
-    """Keep the stop string (or the stop token's text) at the end of the answer's text, which the
-    rewards see; the tokens are the same either way."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def refuse_distribution_changes(cls, data):
-        if isinstance(data, dict):
-            for key, (neutral, reason) in REFUSED.items():
-                if key in data and data[key] != neutral:
-                    raise ValueError(f"sampling.{key} ({data[key]!r}) is refused in training: {reason}")
-            data = {k: v for k, v in data.items() if k not in REFUSED}
-        return data
-
-    @model_validator(mode="after")
-    def check_ranges(self) -> SamplingConfig:
-        if self.n < 1:
-            raise ValueError(f"n ({self.n}) must be >= 1")
-        if not self.temperature > 0.0:
-            raise ValueError(f"temperature ({self.temperature}) must be > 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p ({self.top_p}) must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k ({self.top_k}) must be >= 0 (0 = off)")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 1")
-        if any(not s for s in self.stop):
-            raise ValueError(f"stop ({self.stop!r}) must hold non-empty strings")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids ({self.stop_token_ids!r}) must be >= 0")
-        return self
+from asyncrl.generators.config import REFUSED as REFUSED  # re-exported
+from asyncrl.generators.config import SamplingConfig
 
 
 def sampling_params(sampling: SamplingConfig, num_prompts: int, seed: int | list[int] | None, **extra) -> list:

@@ -1,5 +1,7 @@
 """Config of the learner process: the loop (``LearnerConfig``), the trainer (``TrainerConfig``) and
-the algorithm it optimises (``AlgorithmConfig``, the run's ``algorithm`` section).
+the algorithm it optimises (``AlgorithmConfig``, the run's ``algorithm`` section), and the simulated
+learner's timing model (``MockTrainerConfig``, ``simulation.learner``). Declarations only: the
+root config (``asyncrl.config``) imports this module and nothing else of the learner.
 
 Kept apart from ``trainer.py`` so that reading a config never imports torch or DeepSpeed.
 """
@@ -433,3 +435,19 @@ class LearnerConfig(Config):
     def updates_per_step(self) -> int:
         """Optimizer updates per learner step."""
         return self.ppo_epochs * self.mini_batches
+
+
+class MockTrainerConfig(Config):
+    """Timing model of a simulated learner."""
+
+    step_overhead_s: float = Field(0.02, ge=0)
+    """Fixed cost of one optimizer step (optimizer update, all-reduce latency)."""
+    s_per_token: float = Field(2e-5, ge=0)
+    """Forward + backward cost per token of the batch."""
+    weight_bytes: int = Field(1 << 20, ge=4)
+    """Size of the weights published to the generators."""
+    behaviour_kl_per_version: float = Field(0.0, ge=0)
+    """Simulated off-policy signals: behaviour KL per token of a sample, per version of staleness (0: on-policy figures)."""
+    weights_from: str | None = None
+    """A Hugging Face model directory whose safetensors are published instead of a blank buffer
+    (for real generator engines, which must be able to load what they receive)."""

@@ -22,27 +22,10 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from pydantic import Field
 
-from asyncrl.configbase import Config
+from asyncrl.learner.config import MockTrainerConfig
 from asyncrl.learner.data_parallel import DataParallel
 from asyncrl.wire.schema import Group, token_versions
-
-
-class MockTrainerConfig(Config):
-    """Timing model of a simulated learner."""
-
-    step_overhead_s: float = Field(0.02, ge=0)
-    """Fixed cost of one optimizer step (optimizer update, all-reduce latency)."""
-    s_per_token: float = Field(2e-5, ge=0)
-    """Forward + backward cost per token of the batch."""
-    weight_bytes: int = Field(1 << 20, ge=4)
-    """Size of the weights published to the generators."""
-    behaviour_kl_per_version: float = Field(0.0, ge=0)
-    """Simulated off-policy signals: behaviour KL per token of a sample, per version of staleness (0: on-policy figures)."""
-    weights_from: str | None = None
-    """A Hugging Face model directory whose safetensors are published instead of a blank buffer
-    (for real generator engines, which must be able to load what they receive)."""
 
 
 class MockTrainer:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from asyncrl.observability.metrics import BEHAVIOUR_ESS, STALENESS_BOUND, STALENESS_BOUND_CHANGES
 
 if TYPE_CHECKING:
-    from asyncrl.buffer.config import AutoStalenessConfig
+    from asyncrl.config import AutoStalenessConfig  # the buffer's section, through the root config
 
 
 @dataclass

@@ -1,13 +1,56 @@
-"""A reward worker's settings (the run's ``reward`` section)."""
+"""The rewards' sections of the run's config: the reward worker (``reward``), each reward of a run
+(``RewardSpec``) and which of them scores held-out evaluation (``eval_reward_spec``).
+
+Declarations only: the root config (``asyncrl.config``) imports this module and nothing else of
+the rewards, except the options class of a spec's kind (``RewardSpec.check_options``), which lives
+beside that kind's code and is imported when a spec of that kind is read.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
-from asyncrl.rewards.registry import RewardSpec
+
+RewardKind = Literal["exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model", "python"]
+
+
+class RewardSpec(Config):
+    """One reward of the run: its kind, weight and options (validated by the kind's options class)."""
+
+    kind: RewardKind = "exact_match"
+    """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF),
+    python (a function you write: ``options.function: module:function``)."""
+    name: str | None = None
+    """Name in metrics and ``Sample.reward_parts``; defaults to the kind."""
+    weight: float = 1.0
+    """Weight w_i of this reward in ``reward = Σ w_i r_i``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the kind, e.g. ``{url: ..., concurrency: 32}``; see the kind's ``...Config`` class."""
+
+    @model_validator(mode="after")
+    def check_options(self) -> RewardSpec:
+        """Options of the HTTP and model kinds are checked when the config is read, not at first use."""
+        if self.kind in ("http_json", "openai_judge"):
+            from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
+
+            (JsonScorerConfig if self.kind == "http_json" else JudgeConfig)(**self.options)
+        elif self.kind == "reward_model":
+            from asyncrl.rewards.model import RewardModelConfig
+
+            RewardModelConfig(**self.options)
+        elif self.kind == "python":
+            from asyncrl.rewards.function import PythonRewardConfig
+
+            # The function is imported now; a file's path is kept absolute in the resolved config.
+            self.options["function"] = PythonRewardConfig(**self.options).function
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
 
 
 class RewardConfig(Config):
@@ -43,3 +86,41 @@ class RewardConfig(Config):
     def specs_by_task(self) -> dict[str | None, list[RewardSpec]]:
         """Every reward set: ``None`` -> ``rewards`` (the default), then each task's own."""
         return {None: self.rewards, **self.by_task}
+
+
+IN_PROCESS = ("exact_match", "format", "math_verify", "python")
+"""Reward kinds evaluation may score with (``asyncrl.rewards.evaluation`` says why not the others)."""
+COMPARES_ANSWER = ("exact_match", "math_verify")
+"""Kinds that compare with the reference answer: a prompt without one is not scored by them."""
+
+
+def eval_reward_spec(reward_cfg, eval_cfg, task: str) -> RewardSpec:
+    """The reward that decides whether ``task``'s answers are correct (``reward_cfg``: the run's
+    ``RewardConfig``; ``eval_cfg``: its ``EvalConfig``); a ValueError names what is wrong."""
+    specs = reward_cfg.by_task.get(task, reward_cfg.rewards)
+    labels = [s.label for s in specs]
+    wanted = eval_cfg.reward_by_task.get(task, eval_cfg.reward)
+    if wanted is not None:
+        spec = next((s for s in specs if s.label == wanted), None)
+        if spec is None:
+            raise ValueError(f"eval.reward ({wanted!r}) must name one of task {task!r}'s rewards: {labels}")
+    else:
+        spec = next((s for s in specs if s.kind in COMPARES_ANSWER), None)
+        spec = spec or next((s for s in specs if s.kind == "python"), None)
+        # Rewards of other kinds only (a judge, a reward model): the task's exact match, as before.
+        spec = spec or RewardSpec(kind="exact_match")
+    if spec.kind not in IN_PROCESS:
+        raise ValueError(
+            f"eval.reward ({spec.label!r}) is of kind {spec.kind}: evaluation is scored in the controller "
+            f"by the kinds {IN_PROCESS} only; name one of those"
+        )
+    return spec
+
+
+def eval_reward_specs(cfg) -> dict[str, RewardSpec]:
+    """Each task's evaluation reward (``cfg``: the run's ``RunConfig``), checked."""
+    tasks = cfg.task.task_names()
+    unknown = [name for name in cfg.eval.reward_by_task if name not in tasks]
+    if unknown:
+        raise ValueError(f"eval.reward_by_task {unknown} must name tasks of this run: {tasks}")
+    return {task: eval_reward_spec(cfg.reward, cfg.eval, task) for task in tasks}

@@ -32,50 +32,17 @@ import threading
 
 import numpy as np
 
-from asyncrl.rewards.registry import RewardSpec, build_reward
+# The choice of each task's evaluation reward is config (``asyncrl.rewards.config``), checked when it is read.
+from asyncrl.rewards.config import COMPARES_ANSWER, RewardSpec
+from asyncrl.rewards.config import eval_reward_specs as eval_reward_specs  # re-exported
+from asyncrl.rewards.registry import build_reward
 from asyncrl.rewards.unscored import Unscored
 from asyncrl.wire.schema import Group, Sample
 
 log = logging.getLogger(__name__)
 
-IN_PROCESS = ("exact_match", "format", "math_verify", "python")
-"""Reward kinds evaluation may score with (the module docstring says why not the others)."""
-COMPARES_ANSWER = ("exact_match", "math_verify")
-"""Kinds that compare with the reference answer: a prompt without one is not scored by them."""
 CLOSE_S = 30.0
 """Seconds ``close`` gives the rewards (their child processes) to end."""
-
-
-def eval_reward_spec(reward_cfg, eval_cfg, task: str) -> RewardSpec:
-    """The reward that decides whether ``task``'s answers are correct (``reward_cfg``: the run's
-    ``RewardConfig``; ``eval_cfg``: its ``EvalConfig``); a ValueError names what is wrong."""
-    specs = reward_cfg.by_task.get(task, reward_cfg.rewards)
-    labels = [s.label for s in specs]
-    wanted = eval_cfg.reward_by_task.get(task, eval_cfg.reward)
-    if wanted is not None:
-        spec = next((s for s in specs if s.label == wanted), None)
-        if spec is None:
-            raise ValueError(f"eval.reward ({wanted!r}) must name one of task {task!r}'s rewards: {labels}")
-    else:
-        spec = next((s for s in specs if s.kind in COMPARES_ANSWER), None)
-        spec = spec or next((s for s in specs if s.kind == "python"), None)
-        # Rewards of other kinds only (a judge, a reward model): the task's exact match, as before.
-        spec = spec or RewardSpec(kind="exact_match")
-    if spec.kind not in IN_PROCESS:
-        raise ValueError(
-            f"eval.reward ({spec.label!r}) is of kind {spec.kind}: evaluation is scored in the controller "
-            f"by the kinds {IN_PROCESS} only; name one of those"
-        )
-    return spec
-
-
-def eval_reward_specs(cfg) -> dict[str, RewardSpec]:
-    """Each task's evaluation reward (``cfg``: the run's ``RunConfig``), checked."""
-    tasks = cfg.task.task_names()
-    unknown = [name for name in cfg.eval.reward_by_task if name not in tasks]
-    if unknown:
-        raise ValueError(f"eval.reward_by_task {unknown} must name tasks of this run: {tasks}")
-    return {task: eval_reward_spec(cfg.reward, cfg.eval, task) for task in tasks}
 
 
 def reward_value(result) -> float | None:

@@ -8,50 +8,8 @@ does not load aiohttp or transformers). The kinds implement the interface in
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import Field, model_validator
-
-from asyncrl.configbase import Config
 from asyncrl.rewards.base import Reward
-
-RewardKind = Literal["exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model", "python"]
-
-
-class RewardSpec(Config):
-    """One reward of the run: its kind, weight and options (validated by the kind's options class)."""
-
-    kind: RewardKind = "exact_match"
-    """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF),
-    python (a function you write: ``options.function: module:function``)."""
-    name: str | None = None
-    """Name in metrics and ``Sample.reward_parts``; defaults to the kind."""
-    weight: float = 1.0
-    """Weight w_i of this reward in ``reward = Σ w_i r_i``."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Options of the kind, e.g. ``{url: ..., concurrency: 32}``; see the kind's ``...Config`` class."""
-
-    @model_validator(mode="after")
-    def check_options(self) -> RewardSpec:
-        """Options of the HTTP and model kinds are checked when the config is read, not at first use."""
-        if self.kind in ("http_json", "openai_judge"):
-            from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
-
-            (JsonScorerConfig if self.kind == "http_json" else JudgeConfig)(**self.options)
-        elif self.kind == "reward_model":
-            from asyncrl.rewards.model import RewardModelConfig
-
-            RewardModelConfig(**self.options)
-        elif self.kind == "python":
-            from asyncrl.rewards.function import PythonRewardConfig
-
-            # The function is imported now; a file's path is kept absolute in the resolved config.
-            self.options["function"] = PythonRewardConfig(**self.options).function
-        return self
-
-    @property
-    def label(self) -> str:
-        return self.name or self.kind
+from asyncrl.rewards.config import RewardKind, RewardSpec
 
 
 def build_reward(spec: RewardSpec, task_metadata: dict[str, dict] | None = None) -> Reward:
