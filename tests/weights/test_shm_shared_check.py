@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from asyncrl.weights import shm
+from asyncrl.weights import shm_check
 from asyncrl.weights.buckets import state_dict_buckets
 from asyncrl.weights.shm import ShmWeightPublisher, ShmWeightSubscriber
 from asyncrl.weights.update import WeightSyncError
@@ -23,13 +23,13 @@ def _state(seed=0):
 def counted_checks(monkeypatch):
     """Every bucket checksum read by any subscriber of this process: (file, version)."""
     seen = []
-    real = shm.verify
+    real = shm_check.verify
 
     def counting(buf, crc, what, algo="sum64"):
         seen.append(what.split(": ", 1)[1])
         return real(buf, crc, what, algo)
 
-    monkeypatch.setattr(shm, "verify", counting)
+    monkeypatch.setattr(shm_check, "verify", counting)
     return seen
 
 
@@ -83,7 +83,7 @@ def test_a_subscriber_that_died_while_checking_leaves_the_check_to_the_next(coun
 
 
 def test_a_peer_that_never_finishes_is_not_waited_for_past_the_bound(counted_checks, monkeypatch):
-    monkeypatch.setattr(shm, "CHECK_WAIT_S", 0.3)
+    monkeypatch.setattr(shm_check, "CHECK_WAIT_S", 0.3)
     pub = ShmWeightPublisher("tcp://127.0.0.1:0")
     pub.publish(state_dict_buckets(_state(), 64 << 10), 4)
     stuck = os.open(pub.dir / "v000004" / "b00002.check", os.O_RDWR | os.O_CREAT, 0o600)
