@@ -77,8 +77,8 @@ def rank_main(model_dir: str, out_file: str) -> int:
         "device_name": torch.cuda.get_device_name(trainer.device),
         "backend": torch.distributed.get_backend(),
         "step_s": times,
-        "loss": stats["loss"],
-        "tokens": stats["tokens"],
+        "loss": stats.loss,
+        "tokens": stats.tokens,
     }
     Path(out_file).write_text(json.dumps(facts))
     return 0

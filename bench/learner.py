@@ -194,9 +194,7 @@ def run_trainer(args, variant: str) -> dict:
     if variant == "full_logits":
         trainer.score = full_logits_score(trainer)
     groups = make_groups(args)
-    return measure(
-        args, lambda: trainer.train_step(groups), extra=lambda stats: {"padding_frac": stats["padding_frac"]}
-    )
+    return measure(args, lambda: trainer.train_step(groups), extra=lambda stats: {"padding_frac": stats.padding_frac})
 
 
 def run_plain(args) -> dict:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import Control
+from asyncrl.wire.messages import Control, Event
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -27,7 +27,7 @@ class BufferContext(Protocol):
     resume_dir: Path | None
     """The checkpoint to restore from (its ``buffer`` part), or None."""
 
-    def emit(self, type: str, **fields) -> None:
+    def emit(self, event: Event) -> None:
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 

@@ -15,7 +15,7 @@ from asyncrl.buffer.context import BufferContext
 from asyncrl.buffer.observer import BufferMetrics
 from asyncrl.buffer.replay import ReplayBuffer
 from asyncrl.buffer.service import BufferService
-from asyncrl.wire.messages import CheckpointCommand
+from asyncrl.wire.messages import BufferFinal, CheckpointCommand, CheckpointPartEvent, ReadyEvent
 from asyncrl.wire.sockets import Publisher, ReplyServer, StreamReceiver
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,13 @@ def build_service(ctx: BufferContext) -> BufferService:
 def run_buffer(ctx: BufferContext) -> None:
     service = build_service(ctx)
     buf = service.buf
-    ctx.emit("ready")
+    ctx.emit(ReadyEvent())
 
     def stop_or_command() -> bool:
         for command in ctx.commands():
             if isinstance(command, CheckpointCommand):
                 save_checkpoint_part(buf, Path(command.dir))
-                ctx.emit("checkpoint_part", part="buffer", version=command.version)
+                ctx.emit(CheckpointPartEvent(part="buffer", version=command.version))
         return ctx.stop_requested()
 
     service.serve(stop_or_command)
@@ -58,12 +58,13 @@ def run_buffer(ctx: BufferContext) -> None:
     if ctx.cfg.buffer.snapshot_on_exit:
         buf.snapshot(ctx.run_dir / "buffer_snapshot")
     ctx.emit(
-        "final",
-        **buf.reconcile(),
-        removed=dict(buf.removed),
-        rejected_frames=service.rejected_frames,
-        priority_updates_ignored=buf.priority_updates_ignored,
-        **({"zero_variance": buf.zero_variance.report()} if buf.zero_variance is not None else {}),
+        BufferFinal(
+            **buf.reconcile(),
+            removed=dict(buf.removed),
+            rejected_frames=service.rejected_frames,
+            priority_updates_ignored=buf.priority_updates_ignored,
+            zero_variance=buf.zero_variance.report() if buf.zero_variance is not None else None,
+        )
     )
     for sock in (service.inbox, service.requests, service.status):
         sock.close()

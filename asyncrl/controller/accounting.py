@@ -30,73 +30,77 @@ from __future__ import annotations
 
 from collections import Counter
 
+from asyncrl.wire.messages import BufferFinal, FinalReport, GeneratorFinal, LearnerFinal, RewardFinal
 
-def summarize(finals: dict[str, dict], wall_s: float, eval_before: float | None, eval_after: float | None) -> dict:
-    """``finals`` maps process name -> its ``final`` event."""
-    gens = [f for f in finals.values() if f["role"] == "generator"]
-    rewards = [f for f in finals.values() if f["role"] == "reward"]
-    buffer = next(f for f in finals.values() if f["role"] == "buffer")
-    learner = next(f for f in finals.values() if f["role"] == "learner" and not f.get("rank"))  # rank 0's
+
+def summarize(
+    finals: dict[str, FinalReport], wall_s: float, eval_before: float | None, eval_after: float | None
+) -> dict:
+    """``finals`` maps process name -> its final report (``asyncrl.wire.finals``: one type per role)."""
+    gens = [f for f in finals.values() if isinstance(f, GeneratorFinal)]
+    rewards = [f for f in finals.values() if isinstance(f, RewardFinal)]
+    buffer = next(f for f in finals.values() if isinstance(f, BufferFinal))
+    learner = next(f for f in finals.values() if isinstance(f, LearnerFinal) and not f.rank)  # rank 0's
     dropped: Counter[str] = Counter()
     for g in gens:
-        dropped.update(g["dropped"])
-    dropped.update(buffer["dropped"])
-    dropped.update(learner.get("dropped", {}))
-    generated = sum(g["generated"] for g in gens)
-    in_flight = sum(g["held"] for g in gens) + sum(r["held"] for r in rewards) + learner.get("held", 0)
+        dropped.update(g.dropped)
+    dropped.update(buffer.dropped)
+    dropped.update(learner.dropped)
+    generated = sum(g.generated for g in gens)
+    in_flight = sum(g.held for g in gens) + sum(r.held for r in rewards) + learner.held
     # What left one process and did not reach the next, per link: 0 after a drained stop; a
     # positive number is a loss (or a frame still in a socket), a negative one a duplicate.
     unaccounted = {
         "generators->rewards": generated
         - sum(dropped_by(g) for g in gens)
-        - sum(g["held"] for g in gens)
-        - sum(r["received"] for r in rewards),
-        "rewards->buffer": sum(r["forwarded"] for r in rewards) - buffer["inserted"],
-        "buffer->learner": buffer["sampled"] - learner["trained"] - learner.get("held", 0) - dropped_by(learner),
-        "buffer->learner (with reuse)": buffer["sampled"]
-        + buffer.get("resampled", 0)
-        - learner.get("trained_with_reuse", learner["trained"])
-        - learner.get("held", 0)
+        - sum(g.held for g in gens)
+        - sum(r.received for r in rewards),
+        "rewards->buffer": sum(r.forwarded for r in rewards) - buffer.inserted,
+        "buffer->learner": buffer.sampled - learner.trained - learner.held - dropped_by(learner),
+        "buffer->learner (with reuse)": buffer.sampled
+        + buffer.resampled
+        - learner.trained_with_reuse
+        - learner.held
         - dropped_by(learner),
     }
-    tokens = sum(g["tokens"] for g in gens)
+    tokens = sum(g.tokens for g in gens)
     summary = {
         "eval_before": eval_before,
         "eval_after": eval_after,
-        "learner_steps": learner["version"],
+        "learner_steps": learner.version,
         "generated": generated,
-        "trained": learner["trained"],
-        "trained_with_reuse": learner.get("trained_with_reuse", learner["trained"]),
+        "trained": learner.trained,
+        "trained_with_reuse": learner.trained_with_reuse,
         "dropped": dict(dropped),
-        "buffered_at_end": buffer["held"],
+        "buffered_at_end": buffer.held,
         "in_flight_at_end": in_flight,
-        "staleness_hist": learner["staleness_hist"],
-        "token_staleness_hist": learner.get("token_staleness_hist") or {},
-        "versions_per_sample": versions_per_sample(learner.get("segments_hist") or {}),
+        "staleness_hist": learner.staleness_hist,
+        "token_staleness_hist": learner.token_staleness_hist,
+        "versions_per_sample": versions_per_sample(learner.segments_hist),
         "partial_rollouts": {
-            "resumed": sum(g.get("resumed") or 0 for g in gens),
-            "stale_tokens_masked": learner.get("stale_tokens_masked") or 0,
-            "stale_samples_dropped": (learner.get("dropped") or {}).get("stale", 0),
+            "resumed": sum(g.resumed for g in gens),
+            "stale_tokens_masked": learner.stale_tokens_masked,
+            "stale_samples_dropped": learner.dropped.get("stale", 0),
         },
-        "latency_s": learner.get("latency_s", {}),
-        "trained_tokens": learner.get("trained_tokens", 0),
-        "generator_busy_fraction": sum(g["busy_s"] for g in gens) / max(sum(g["wall_s"] for g in gens), 1e-9),
-        "learner_busy_fraction": learner["busy_s"] / max(learner["wall_s"], 1e-9),
+        "latency_s": learner.latency_s,
+        "trained_tokens": learner.trained_tokens,
+        "generator_busy_fraction": sum(g.busy_s for g in gens) / max(sum(g.wall_s for g in gens), 1e-9),
+        "learner_busy_fraction": learner.busy_s / max(learner.wall_s, 1e-9),
         "tokens_per_s": tokens / max(wall_s, 1e-9),
         "wall_s": wall_s,
         "unaccounted_by_link": unaccounted,
-        "rejected_frames": buffer.get("rejected_frames", 0) + sum(r.get("rejected_frames", 0) for r in rewards),
+        "rejected_frames": buffer.rejected_frames + sum(r.rejected_frames for r in rewards),
     }
-    if (zero_variance := buffer.get("zero_variance")) is not None:
-        summary["zero_variance"] = {**zero_variance, "fraction": zero_variance["samples"] / max(buffer["inserted"], 1)}
+    if (zero_variance := buffer.zero_variance) is not None:
+        summary["zero_variance"] = {**zero_variance, "fraction": zero_variance["samples"] / max(buffer.inserted, 1)}
     summary["reconciles"] = summary["generated"] == (
         summary["trained"] + sum(dropped.values()) + summary["buffered_at_end"] + summary["in_flight_at_end"]
     )
     return summary
 
 
-def dropped_by(final: dict) -> int:
-    return sum(final.get("dropped", {}).values())
+def dropped_by(final: GeneratorFinal | LearnerFinal) -> int:
+    return sum(final.dropped.values())
 
 
 def versions_per_sample(segments_hist: dict) -> dict[str, int]:

@@ -114,7 +114,6 @@ class EventRouter:
         self.console = console
 
     def route(self, ev: Event) -> None:
-        # the timeline, steps.jsonl and the console keep the event as the map it travels as
         if isinstance(ev, CheckpointPartEvent):
             self.checkpoints.on_part(ev)
         elif isinstance(ev, RequeuedEvent):
@@ -124,30 +123,29 @@ class EventRouter:
         elif isinstance(ev, ErrorEvent):
             self.supervisor.on_error(ev)
         elif isinstance(ev, BroadcastEvent):
-            observe_served(self.timeline.on_broadcast(ev.as_map()))
+            observe_served(self.timeline.on_broadcast(msgspec.to_builtins(ev)))
         elif isinstance(ev, VersionEvent):
             self.progress.generator_versions[ev.source] = ev.version
-            observe_served(self.timeline.on_served(ev.as_map()))
+            observe_served(self.timeline.on_served(msgspec.to_builtins(ev)))
             log.info("%s now serves policy version %d (applied in %.0f ms)", ev.source, ev.version, 1000 * ev.apply_s)
             if ev.probe is not None:  # one line per (version, generator): the probe's statistics
                 record = {"version": ev.version, "generator": ev.source, **msgspec.structs.asdict(ev.probe)}
                 with open(self.run_dir / "probes.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
         elif isinstance(ev, StepEvent):
-            record = self.progress.on_step(ev)
+            t = self.progress.on_step(ev)
             self.evaluations.on_step(ev.version)
             with open(self.run_dir / "steps.jsonl", "a") as f:  # one line per step, for plots and tools
-                f.write(json.dumps(record) + "\n")
-            self.console.update(record)
-            return
+                f.write(json.dumps(ev.record(t)) + "\n")
+            self.console.step(ev.stats, t)
         elif isinstance(ev, SamplesEvent):
-            self.console.samples(ev.version, ev.as_map()["samples"])  # samples.jsonl, TensorBoard text
+            self.console.samples(ev.version, msgspec.to_builtins(ev.samples))  # samples.jsonl, TensorBoard text
             return
         elif isinstance(ev, ReadyEvent) and ev.role == "generator":
             self.progress.generator_versions[ev.source] = ev.version or 0
         elif isinstance(ev, HeartbeatEvent):
             return  # it only keeps its source's last word fresh (``ProcessReports``, supervision)
-        self.console.update(ev.as_map())
+        self.console.update(ev)
 
 
 def observe_served(records: list[dict]) -> None:

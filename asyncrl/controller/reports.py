@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from asyncrl.roles import JOINABLE
 
 if TYPE_CHECKING:
-    from asyncrl.wire.messages import DoneEvent, Event, StepEvent
+    from asyncrl.wire.messages import DoneEvent, Event, FinalReport, StepEvent
 
 
 @dataclass
@@ -24,9 +24,8 @@ class ProcessReports:
 
     last_event: dict[str, Event] = field(default_factory=dict)
     last_event_at: dict[str, float] = field(default_factory=dict)
-    finals: dict[str, dict] = field(default_factory=dict)
-    """Each process's ``final`` report, as the map it travels as (the summary's accounting and
-    JSON read it so: its fields depend on the role)."""
+    finals: dict[str, FinalReport] = field(default_factory=dict)
+    """Each process's final report (its role's type, ``asyncrl.wire.finals``)."""
     joined: dict[str, str] = field(default_factory=dict)
     """Processes that joined by address (not started by this controller): name -> role."""
 
@@ -38,8 +37,8 @@ class ProcessReports:
         self.last_event_at[source] = time.monotonic()
         if not started_here and ev.role in JOINABLE:
             self.joined.setdefault(source, ev.role)
-        if ev.type == "final":
-            self.finals[source] = ev.as_map()
+        if ev.final:
+            self.finals[source] = ev
 
     def joined_without_final(self, roles: list[str]) -> list[str]:
         """Joined processes of ``roles`` that have not sent their final report."""
@@ -67,13 +66,12 @@ class TrainingProgress:
     done_at: float = 0.0
     """Monotonic time of the learner's ``done`` (0 until then)."""
 
-    def on_step(self, ev: StepEvent) -> dict:
-        """Count a learner step; returns its record (the event's map) stamped with seconds since go
-        in ``t`` (the x axis of throughput plots)."""
+    def on_step(self, ev: StepEvent) -> float:
+        """Count a learner step; returns the seconds since go (``t``: the x axis of throughput plots)."""
         self.steps_seen += 1
         self.version = ev.version
-        self.step_seconds.append(ev.step_s)
-        return {**ev.as_map(), "t": time.monotonic() - self.go_at}
+        self.step_seconds.append(ev.stats.step_s)
+        return time.monotonic() - self.go_at
 
     def on_learner_done(self, ev: DoneEvent) -> None:
         self.learner_done = ev

@@ -24,12 +24,13 @@ from asyncrl.controller.supervision import Supervisor
 from asyncrl.observability.procmem import MemoryWatch, peak_rss_bytes
 from asyncrl.rundir.ledger_replay import reconcile_ledger
 from asyncrl.weights.timeline import PublicationTimeline, describe
+from asyncrl.wire.messages import FinalReport, GeneratorFinal
 
 
 def write_summary(
     run_dir: Path,
     samples_per_group: int,
-    finals: dict[str, dict],
+    finals: dict[str, FinalReport],
     progress: TrainingProgress,
     evaluations: Evaluations,
     supervisor: Supervisor,
@@ -45,9 +46,7 @@ def write_summary(
     phase without the evaluations that blocked it; ``resources``: ``resource_figures``."""
     summary = summarize(finals, rl_wall_s, evaluations.before, evaluations.after)
     summary["evals"] = evaluations.records
-    summary["eval_prompts_answered"] = sum(
-        f.get("eval_prompts", 0) for f in finals.values() if f["role"] == "generator"
-    )
+    summary["eval_prompts_answered"] = sum(f.eval_prompts for f in finals.values() if isinstance(f, GeneratorFinal))
     summary["controller_cpu_s"] = controller_cpu_s
     summary["train_wall_s"] = progress.done_at - progress.go_at  # steady state: from go to the last step
     summary["total_wall_s"] = total_wall_s
@@ -99,12 +98,12 @@ def write_stopped_summary(
 
 
 def resource_figures(
-    finals: dict[str, dict], memory: MemoryWatch, progress: TrainingProgress, timeline: PublicationTimeline
+    finals: dict[str, FinalReport], memory: MemoryWatch, progress: TrainingProgress, timeline: PublicationTimeline
 ) -> dict:
     """Memory and time figures of ``summary.json``: each process's peak RSS (its final report;
     the controller's own read here), the run's sampled total, learner step times, and the
     publication-to-served time of every version (``asyncrl.weights.timeline``)."""
-    peaks = {name: f.get("peak_rss_bytes") for name, f in sorted(finals.items())}
+    peaks = {name: f.peak_rss_bytes for name, f in sorted(finals.items())}
     peaks["controller"] = peak_rss_bytes()  # itself alone: its descendants are the processes above
     return {
         "peak_rss_bytes": peaks,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import Control
+from asyncrl.wire.messages import Control, Event
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -25,7 +25,7 @@ class DispatcherContext(Protocol):
     resume_dir: Path | None
     """The checkpoint to resume from (its ``dispatcher.json``), or None."""
 
-    def emit(self, type: str, **fields) -> None:
+    def emit(self, event: Event) -> None:
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 

@@ -28,9 +28,13 @@ from asyncrl.rundir.ledger import group_id_of
 from asyncrl.wire.messages import (
     CheckpointCommand,
     CheckpointCommittedCommand,
+    CheckpointPartEvent,
     Control,
+    DispatcherFinal,
     PromptRow,
+    ReadyEvent,
     RequeueCommand,
+    RequeuedEvent,
 )
 
 log = logging.getLogger(__name__)
@@ -189,7 +193,7 @@ class Dispatcher:
         if isinstance(command, RequeueCommand):
             scope, generator, ack = command.scope, command.generator, command.id
             if ack in outstanding.handled:  # the controller repeats until it hears back
-                ctx.emit("requeued", scope=scope, generator=generator, groups=0, id=ack)
+                ctx.emit(RequeuedEvent(scope=scope, generator=generator, groups=0, id=ack))
                 return
             outstanding.handled.append(ack)
             n = outstanding.requeue(scope, generator, now=time.monotonic())
@@ -198,12 +202,12 @@ class Dispatcher:
                 log.warning(
                     "dispatcher: those not yet in the buffer go out again if unseen for %.0f s", outstanding.grace_s
                 )
-            ctx.emit("requeued", scope=scope, generator=generator, groups=n, id=ack)
+            ctx.emit(RequeuedEvent(scope=scope, generator=generator, groups=n, id=ack))
         elif isinstance(command, CheckpointCommand):
             path = Path(command.dir) / "dispatcher.json"
             if not path.exists():
                 save_dispatcher(path, self.cursor, self.admission, outstanding, command.version)
-            ctx.emit("checkpoint_part", part="dispatcher.json", version=command.version)
+            ctx.emit(CheckpointPartEvent(part="dispatcher.json", version=command.version))
         elif isinstance(command, CheckpointCommittedCommand):
             outstanding.forget_trained(command.version)
             self.admission.fold(command.version)
@@ -213,12 +217,13 @@ class Dispatcher:
         # socket closes (a reply lost here is a group dispatched and never sampled).
         time.sleep(0.5)
         self.ctx.emit(
-            "final",
-            dispatched=self.admission.dispatched,
-            epoch=self.cursor.epoch,
-            index=self.cursor.index,
-            requeued=self.outstanding.requeued,
-            passed_over=self.outstanding.passed_over,
+            DispatcherFinal(
+                dispatched=self.admission.dispatched,
+                epoch=self.cursor.epoch,
+                index=self.cursor.index,
+                requeued=self.outstanding.requeued,
+                passed_over=self.outstanding.passed_over,
+            )
         )
         self.requests.close()
         self.status.close()
@@ -228,7 +233,7 @@ def run_dispatcher(ctx: DispatcherContext, model_dir: str | None = None) -> None
     """Serve prompt requests until told to stop. ``model_dir``: the policy model, whose tokenizer
     renders and measures the prompts (``asyncrl.tasks.prompts.load_run_prompts``)."""
     dispatcher = Dispatcher.from_context(ctx, model_dir)
-    ctx.emit("ready")
+    ctx.emit(ReadyEvent())
     dispatcher.wait_for_go()
     while not ctx.stop_requested():
         dispatcher.step()

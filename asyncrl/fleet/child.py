@@ -23,6 +23,7 @@ from asyncrl.fleet import malloc_trim, process_tree
 from asyncrl.fleet.context import ProcessContext, configure_process
 from asyncrl.observability import heapwatch
 from asyncrl.roles import ROLE_NAMES, Role, role
+from asyncrl.wire.messages import ErrorEvent
 from asyncrl.wire.sockets import flush_on_exit
 
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             run(ctx)
     except Exception as e:
         logging.getLogger(args.name).exception("crashed")
-        ctx.emit("error", error=f"{type(e).__name__}: {e}")
+        ctx.emit(ErrorEvent(error=f"{type(e).__name__}: {e}"))
         ctx.close()
         flush_on_exit()
         # Out at once: the interpreter's clean-up runs library destructors that can block on

@@ -23,7 +23,7 @@ from asyncrl.observability.procmem import tree_peak_rss_bytes
 from asyncrl.rundir.ledger import LedgerWriter
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import EVENTS, Control, GoCommand, Message, StopCommand
+from asyncrl.wire.messages import EVENTS, Control, Event, FinalReport, GoCommand, Message, StopCommand
 from asyncrl.wire.sockets import StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -59,20 +59,20 @@ class ProcessContext:
         self.resume_dir: Path | None = Path(resume) if resume else None
         """The checkpoint this process starts from (set by the controller on a resume), or None."""
 
-    def emit(self, type: str, **fields) -> None:
-        """Send the controller an event of ``type`` with ``fields``, the ones its type in
-        ``asyncrl.wire.messages.EVENTS`` declares (blocks at most 10 s if it is not reading). A
-        ``final`` report carries the process's peak RSS (its live descendants included) as
-        ``peak_rss_bytes``."""
-        if type not in EVENTS:
-            raise ValueError(f"event type ({type!r}) must be one of {sorted(EVENTS)}")
-        if type == "final":
-            fields.setdefault("peak_rss_bytes", tree_peak_rss_bytes())
-        event = EVENTS[type](source=self.name, role=self.role, **fields)  # an undeclared field: TypeError here
+    def emit(self, event: Event) -> None:
+        """Send the controller ``event`` (one of the types of ``asyncrl.wire.messages.EVENTS``)
+        with this process's name and role as its ``source`` and ``role``; blocks at most 10 s if
+        it is not reading. A final report (``asyncrl.wire.finals``) carries the process's peak RSS
+        (its live descendants included) as ``peak_rss_bytes``."""
+        if not isinstance(event, Event):
+            raise TypeError(f"an event must be one of {sorted(EVENTS)}, not {type(event).__name__}")
+        event.source, event.role = self.name, self.role
+        if isinstance(event, FinalReport) and event.peak_rss_bytes is None:
+            event.peak_rss_bytes = tree_peak_rss_bytes()
         try:
             self.events.send(event, timeout=10)
         except TimeoutError:
-            log.warning("%s: controller did not take event %r within 10 s", self.name, type)
+            log.warning("%s: controller did not take event %r within 10 s", self.name, event.type)
 
     def report(self, message: Message) -> None:
         """Send the controller a message of its own kind (e.g. ``EvalResult``), with this process's

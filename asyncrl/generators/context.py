@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import EvalResult
+from asyncrl.wire.messages import EvalResult, Event
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -25,7 +25,7 @@ class GeneratorContext(Protocol):
     ledger: GroupLedger
     """This process's ledger lines (``generated``, ``dropped``, ``returned``)."""
 
-    def emit(self, type: str, **fields) -> None:
+    def emit(self, event: Event) -> None:
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 

@@ -22,6 +22,7 @@ import threading
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.weights.probe import ProbeCheck
+from asyncrl.wire.messages import Event
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class InFlightApplier:
         self.poll_s = poll_s
         self.name = name
         self.error: BaseException | None = None
-        self._events: list[tuple[str, dict]] = []
+        self._events: list[Event] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{name}.weights", daemon=True)
@@ -54,17 +55,17 @@ class InFlightApplier:
                 return
             self._stop.wait(self.poll_s)
 
-    def emit(self, kind: str, **body) -> None:
+    def emit(self, event: Event) -> None:
         """What ``apply_newest_weights`` reports, kept for the main thread."""
         with self._lock:
-            self._events.append((kind, body))
+            self._events.append(event)
 
     def drain(self, ctx: GeneratorContext) -> None:
         """Emit the recorded events through ``ctx``; raise the applier's failure, if any."""
         with self._lock:
             events, self._events = self._events, []
-        for kind, body in events:
-            ctx.emit(kind, **body)
+        for event in events:
+            ctx.emit(event)
         if self.error is not None:
             raise self.error
 

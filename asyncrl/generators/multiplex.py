@@ -23,7 +23,7 @@ import threading
 import msgspec
 
 from asyncrl.generators.context import GeneratorContext
-from asyncrl.wire.messages import EvalResult
+from asyncrl.wire.messages import EvalResult, Event, GeneratorFinal, ReadyEvent, VersionEvent
 
 log = logging.getLogger(__name__)
 
@@ -58,37 +58,46 @@ class _Merged:
         self.names = names
         self.ready: set[str] = set()
         self.versions: dict[str, int] = {}
-        self.finals: dict[str, dict] = {}
+        self.finals: dict[str, GeneratorFinal] = {}
         self.reported_version = -1
 
-    def fold(self, name: str, type: str, fields: dict) -> list[tuple[str, dict]]:
-        """Events to send for loop ``name``'s event: none until every loop has said as much."""
-        if type == "ready":
+    def fold(self, name: str, event: Event) -> list[Event]:
+        """Events to send for loop ``name``'s ``event``: none until every loop has said as much."""
+        if isinstance(event, ReadyEvent):
             self.ready.add(name)
-            self.versions[name] = fields.get("version", 0)
+            self.versions[name] = event.version or 0
             if len(self.ready) < len(self.names):
                 return []
             self.reported_version = min(self.versions.values())
-            return [("ready", {"version": self.reported_version})]
-        if type == "version":
-            self.versions[name] = fields["version"]
+            return [ReadyEvent(version=self.reported_version)]
+        if isinstance(event, VersionEvent):
+            self.versions[name] = event.version
             lowest = min(self.versions.values())
             if len(self.versions) < len(self.names) or lowest <= self.reported_version:
                 return []
             self.reported_version = lowest
-            return [("version", {**fields, "version": lowest})]
-        if type == "final":
-            self.finals[name] = fields
+            return [msgspec.structs.replace(event, version=lowest)]
+        if isinstance(event, GeneratorFinal):
+            self.finals[name] = event
             if len(self.finals) < len(self.names):
                 return []
-            finals = list(self.finals.values())
-            dropped: dict[str, int] = {}
-            for f in finals:
-                for reason, count in f.get("dropped", {}).items():
-                    dropped[reason] = dropped.get(reason, 0) + count
-            summed = {k: sum(f[k] for f in finals) for k in ("generated", "tokens", "held", "busy_s", "wall_s")}
-            return [("final", {**summed, "dropped": dropped, "version": min(f["version"] for f in finals)})]
-        return [(type, {**fields, "loop": name})]
+            return [sum_finals(list(self.finals.values()))]
+        return [msgspec.structs.replace(event, loop=name)]
+
+
+def sum_finals(finals: list[GeneratorFinal]) -> GeneratorFinal:
+    """One generator's final report from its loops': counts and seconds summed, drops summed by
+    reason, the lowest version."""
+    dropped: dict[str, int] = {}
+    for f in finals:
+        for reason, count in f.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    summed = ("generated", "tokens", "held", "busy_s", "wall_s", "eval_prompts", "eval_s", "resumed")
+    return GeneratorFinal(
+        **{k: sum(getattr(f, k) for f in finals) for k in summed},
+        dropped=dropped,
+        version=min(f.version for f in finals),
+    )
 
 
 class LoopContext:
@@ -104,10 +113,10 @@ class LoopContext:
         self.endpoints = parent.endpoints
         self.ledger = _LockedLedger(parent.ledger, lock) if hasattr(parent, "ledger") else None
 
-    def emit(self, type: str, **fields) -> None:
+    def emit(self, event: Event) -> None:
         with self.lock:
-            for kind, body in self.merged.fold(self.name, type, fields):
-                self.parent.emit(kind, **body)
+            for merged in self.merged.fold(self.name, event):
+                self.parent.emit(merged)
 
     def report(self, message: EvalResult) -> None:
         with self.lock:

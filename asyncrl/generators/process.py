@@ -37,7 +37,7 @@ from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import BUSY_SECONDS, GENERATED_TOKENS, POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
 from asyncrl.weights import make_subscriber
 from asyncrl.weights.probe import ProbeCheck
-from asyncrl.wire.messages import PromptRow
+from asyncrl.wire.messages import GeneratorFinal, PromptRow, ReadyEvent
 from asyncrl.wire.schema import Group, WireError, validate_group
 from asyncrl.wire.sockets import EvalRequestReceiver
 
@@ -209,17 +209,18 @@ class Generator:
             self.ctx.ledger.write("returned", [r["group_id"] for r in rows])
         counts = self.counts
         self.ctx.emit(
-            "final",
-            generated=counts.generated,
-            tokens=counts.tokens,
-            dropped=dict(counts.dropped),
-            held=0,
-            busy_s=counts.busy_s,
-            wall_s=wall_s,
-            version=self.engine.version,
-            eval_prompts=self.eval_counters.prompts,
-            eval_s=self.eval_counters.seconds,
-            resumed=counts.resumed,
+            GeneratorFinal(
+                generated=counts.generated,
+                tokens=counts.tokens,
+                dropped=dict(counts.dropped),
+                held=0,
+                busy_s=counts.busy_s,
+                wall_s=wall_s,
+                version=self.engine.version,
+                eval_prompts=self.eval_counters.prompts,
+                eval_s=self.eval_counters.seconds,
+                resumed=counts.resumed,
+            )
         )
         if self.applier is not None:
             self.applier.close()
@@ -232,7 +233,7 @@ class Generator:
 def run_generator(ctx: GeneratorContext, model_dir: str) -> None:
     generator = Generator(ctx, model_dir)
     POLICY_VERSION.set(generator.engine.version)
-    ctx.emit("ready", version=generator.engine.version)
+    ctx.emit(ReadyEvent(version=generator.engine.version))
     loop_start = time.monotonic()
     while not ctx.stop_requested():
         generator.step()

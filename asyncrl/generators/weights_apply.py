@@ -11,6 +11,7 @@ import time
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.observability.metrics import POLICY_VERSION, WEIGHT_APPLY_SECONDS, WEIGHT_BYTES, WEIGHT_FAILURES
 from asyncrl.weights.probe import ProbeCheck
+from asyncrl.wire.messages import VersionEvent
 
 
 def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe: ProbeCheck | None = None) -> None:
@@ -58,15 +59,16 @@ def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe: ProbeChe
     WEIGHT_APPLY_SECONDS.observe(apply_s)
     WEIGHT_BYTES.inc(update.nbytes)
     ctx.emit(
-        "version",
-        version=engine.version,
-        apply_s=apply_s,
-        load_s=load_s,
-        receive_s=update.receive_s,
-        probe_s=probe_s,
-        ready_at=update.ready_at,
-        served_at=time.time(),  # wall clock, joined with the learner's published_at (asyncrl.weights.timeline)
-        bytes=update.nbytes,
-        probe_diff=None if result is None else result.mean_diff,
-        probe=result,
+        VersionEvent(
+            version=engine.version,
+            apply_s=apply_s,
+            load_s=load_s,
+            receive_s=update.receive_s,
+            probe_s=probe_s,
+            ready_at=update.ready_at,
+            served_at=time.time(),  # wall clock, joined with the learner's published_at (asyncrl.weights.timeline)
+            bytes=update.nbytes,
+            probe_diff=None if result is None else result.mean_diff,
+            probe=result,
+        )
     )

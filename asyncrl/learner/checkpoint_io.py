@@ -26,6 +26,7 @@ import numpy as np
 from asyncrl.learner.totals import Counters
 from asyncrl.rundir.checkpoints import staging_dir
 from asyncrl.rundir.ledger import GroupIdSet
+from asyncrl.wire.messages import CheckpointPartEvent
 
 if TYPE_CHECKING:
     from asyncrl.learner.context import LearnerContext
@@ -99,7 +100,7 @@ def checkpoint_if_due(
         return
     start = time.monotonic()
     save_learner_part(trainer, counters, trained_ids, staging_dir(ctx.run_dir, trainer.version) / "learner", auto)
-    ctx.emit("checkpoint_part", part="learner", version=trainer.version, seconds=time.monotonic() - start)
+    ctx.emit(CheckpointPartEvent(part="learner", version=trainer.version, seconds=time.monotonic() - start))
 
 
 def save_policy_state(trainer: TrainerParts, out_dir: str | Path) -> None:

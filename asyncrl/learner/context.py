@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Event
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -30,9 +31,9 @@ class LearnerContext(Protocol):
     resume_dir: Path | None
     """The checkpoint to restore from (its ``learner`` part), or None."""
 
-    def emit(self, type: str, **fields) -> None:
-        """Send an event (``ready``, ``broadcast``, ``checkpoint_part``, ``step``, ``done``,
-        ``final``) to the controller (bounded: see ``ProcessContext.emit``)."""
+    def emit(self, event: Event) -> None:
+        """Send an event (``ReadyEvent``, ``BroadcastEvent``, ``CheckpointPartEvent``, ``StepEvent``,
+        ``DoneEvent``, ``LearnerFinal``) to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 
     def stop_requested(self) -> bool:

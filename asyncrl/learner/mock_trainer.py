@@ -25,6 +25,7 @@ import numpy as np
 
 from asyncrl.learner.config import MockTrainerConfig
 from asyncrl.learner.data_parallel import DataParallel
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire.schema import Group, token_versions
 
 
@@ -40,7 +41,9 @@ class MockTrainer:
     def step_seconds(self, tokens: int) -> float:
         return self.cfg.step_overhead_s + self.cfg.s_per_token * tokens
 
-    def train_step(self, groups: list[Group], weights=None) -> dict:
+    def train_step(self, groups: list[Group], weights=None) -> StepStats:
+        """Sleep for the timing model's time for the batch (its prompt and response tokens); the
+        stats count the response tokens, as the real trainer's do."""
         start = time.perf_counter()
         tokens = sum(len(g.prompt_ids) * len(g.samples) + g.num_tokens for g in groups)
         staleness, lengths, token_lags = [], [], Counter()
@@ -55,20 +58,20 @@ class MockTrainer:
         time.sleep(self.step_seconds(tokens))
         self.version += 1
         rewards = [s.reward for g in groups for s in g.samples]
-        return {
+        return StepStats(
             **self.signals(lengths, staleness),
-            "version": self.version,
-            "loss": 0.0,
-            "staleness": staleness,
-            "token_staleness": dict(token_lags),
-            "stale_tokens_masked": sum(s.trained_from for g in groups for s in g.samples),
-            "stale_samples_masked": sum(0 < len(s.response_ids) <= s.trained_from for g in groups for s in g.samples),
-            "staleness_mean": float(np.mean(staleness)) if staleness else float("nan"),
-            "staleness_max": int(max(staleness, default=0)),
-            "reward_mean": float(np.mean(rewards)),
-            "tokens": tokens,
-            "seconds": time.perf_counter() - start,
-        }
+            version=self.version,
+            loss=0.0,
+            staleness=staleness,
+            token_staleness=dict(token_lags),
+            stale_tokens_masked=sum(s.trained_from for g in groups for s in g.samples),
+            stale_samples_masked=sum(0 < len(s.response_ids) <= s.trained_from for g in groups for s in g.samples),
+            staleness_mean=float(np.mean(staleness)) if staleness else float("nan"),
+            staleness_max=int(max(staleness, default=0)),
+            reward_mean=float(np.mean(rewards)),
+            tokens=sum(g.num_tokens for g in groups),
+            step_s=time.perf_counter() - start,
+        )
 
     def signals(self, lengths: list[int], staleness: list[int]) -> dict:
         """The modelled ``behaviour_kl_by_staleness`` and ``behaviour_ess`` of a batch (see the

@@ -47,8 +47,10 @@ from asyncrl.learner.staleness_control import AutoStaleness
 from asyncrl.learner.step_report import record_step_metrics, report_step
 from asyncrl.learner.totals import Counters, Reservoir, latency_summary
 from asyncrl.learner.weights_out import WeightsOut, take_part_in_initial_probe, take_part_in_publication
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.rundir.checkpoints import staging_dir
 from asyncrl.rundir.ledger import GroupIdSet
+from asyncrl.wire.messages import DoneEvent, LearnerFinal, ReadyEvent
 from asyncrl.wire.sockets import RequestClient
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
     latencies = Reservoir(10_000)  # seconds from the start of sampling to the end of training, per sample
     if trainer.version == 0:  # what the generators start from: they calibrate the probe on it
         weights.probe_initial(trainer)
-    ctx.emit("ready", version=trainer.version)
+    ctx.emit(ReadyEvent(version=trainer.version))
     if trainer.version > 0:  # generators start from the initial weights: bring them to this version
         orders.send(Order("publish", trainer.version))
         weights.publish(trainer)
@@ -93,7 +95,7 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         record_step_metrics(trainer.version, batch, stats)
         _count_step(batch, stats, first_time, dropped_stale, counters, latencies)
         if auto is not None:  # before publishing: the schedule publishes by the new bound
-            stats.update(auto.after_step(stats))
+            auto.after_step(stats)  # the bound it set goes in the step's stats
             batches.max_staleness = auto.bound
             weights.schedule.set_max_staleness(auto.bound)
         if weights.due(trainer.version):
@@ -102,12 +104,12 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         if checkpoint_due(cfg, trainer.version):
             orders.send(Order("checkpoint", trainer.version))
             checkpoint_if_due(ctx, trainer, counters, trained_ids, auto)
-        report_step(ctx, trainer.version, batch, stats)
+        report_step(ctx, batch, stats)
         report_samples(ctx, trainer.version, batch.groups)
     wall = time.monotonic() - loop_start
     orders.send(Order("finish", trainer.version))
     trainer.save_pretrained(ctx.run_dir / "final")
-    ctx.emit("done", version=trainer.version)
+    ctx.emit(DoneEvent(version=trainer.version))
     # Until the controller stops us (after the buffer): keep announcing the last version so every
     # generator hears it, and hold any batch that still arrives.
     held = 0
@@ -115,21 +117,22 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
         weights.announce()
         held += batches.take_late()
     ctx.emit(
-        "final",
-        rank=0,
-        trained=counters.trained,
-        trained_with_reuse=counters.trained_with_reuse,
-        held=held,
-        dropped=dict(counters.dropped),
-        version=trainer.version,
-        staleness_hist={str(k): v for k, v in sorted(counters.staleness_hist.items())},
-        token_staleness_hist={str(k): v for k, v in sorted(counters.token_staleness_hist.items())},
-        segments_hist={str(k): v for k, v in sorted(counters.segments_hist.items())},
-        stale_tokens_masked=counters.stale_tokens_masked,
-        latency_s=latency_summary(latencies.values),
-        trained_tokens=counters.trained_tokens,
-        busy_s=counters.busy_s,
-        wall_s=wall,
+        LearnerFinal(
+            rank=0,
+            trained=counters.trained,
+            trained_with_reuse=counters.trained_with_reuse,
+            held=held,
+            dropped=dict(counters.dropped),
+            version=trainer.version,
+            staleness_hist={str(k): v for k, v in sorted(counters.staleness_hist.items())},
+            token_staleness_hist={str(k): v for k, v in sorted(counters.token_staleness_hist.items())},
+            segments_hist={str(k): v for k, v in sorted(counters.segments_hist.items())},
+            stale_tokens_masked=counters.stale_tokens_masked,
+            latency_s=latency_summary(latencies.values),
+            trained_tokens=counters.trained_tokens,
+            busy_s=counters.busy_s,
+            wall_s=wall,
+        )
     )
     batches.close()
     weights.close()
@@ -145,7 +148,7 @@ def run_other_rank(ctx: LearnerContext, trainer) -> None:
         trainer.load_state(ctx.resume_dir / "learner")
     if trainer.version == 0:
         take_part_in_initial_probe(trainer, ctx.cfg.weights, ctx.cfg.engine.max_model_len)
-    ctx.emit("ready", version=trainer.version)
+    ctx.emit(ReadyEvent(version=trainer.version))
     start = time.monotonic()
     while True:
         order = orders.next(trainer.version)
@@ -160,7 +163,7 @@ def run_other_rank(ctx: LearnerContext, trainer) -> None:
     trainer.save_pretrained(ctx.run_dir / "final")
     while not ctx.stop_requested():  # the controller stops the learner after the buffer
         time.sleep(0.05)
-    ctx.emit("final", rank=trainer.dp.rank, version=trainer.version, wall_s=time.monotonic() - start)
+    ctx.emit(LearnerFinal(rank=trainer.dp.rank, version=trainer.version, wall_s=time.monotonic() - start))
 
 
 def _priorities(cfg, trainer, batch: Batch) -> list[float] | None:
@@ -172,7 +175,7 @@ def _priorities(cfg, trainer, batch: Batch) -> list[float] | None:
 
 
 def _count_step(
-    batch: Batch, stats: dict, first_time: int, dropped_stale: int, counters: Counters, latencies: Reservoir
+    batch: Batch, stats: StepStats, first_time: int, dropped_stale: int, counters: Counters, latencies: Reservoir
 ) -> None:
     """Add the step to the running totals: samples trained (``first_time`` of them for the first
     time: the buffer may hand a group out again; ``dropped_stale`` handed out with no token left

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from asyncrl.learner.logprobs import TokenDistribution, token_scores
-from asyncrl.wire.messages import RefLogprobs, WantRefLogprobs
+from asyncrl.wire.messages import ReadyEvent, ReferenceFinal, RefLogprobs, WantRefLogprobs
 from asyncrl.wire.sockets import ReplyServer, RequestClient
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def run_reference(ctx, model_dir: str) -> None:
     reference = ColocatedReference(model_dir, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     server = ReplyServer(ctx.endpoints.reference, name="reference.requests")
     served = 0
-    ctx.emit("ready")
+    ctx.emit(ReadyEvent())
     while not ctx.stop_requested():
         req = server.recv(timeout=0.1)
         if req is None or not isinstance(req[2], WantRefLogprobs):
@@ -103,5 +103,5 @@ def run_reference(ctx, model_dir: str) -> None:
         logprobs = reference.logprobs(input_ids, mask, score_mask, dist)
         server.reply(client, RefLogprobs(logprobs=logprobs.cpu().numpy()), body.request_id)
         served += len(input_ids)
-    ctx.emit("final", served=served)
+    ctx.emit(ReferenceFinal(served=served))
     server.close()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from asyncrl.observability.samples import cut
-from asyncrl.wire.messages import SampleText
+from asyncrl.wire.messages import SamplesEvent, SampleText
 from asyncrl.wire.schema import Group
 
 if TYPE_CHECKING:
@@ -65,4 +65,4 @@ def report_samples(ctx: LearnerContext, version: int, groups: list[Group]) -> No
     cfg = ctx.cfg
     picked = pick_groups(groups, cfg.logging.samples_per_step, cfg.run.seed, version)
     if picked:
-        ctx.emit("samples", version=version, samples=sample_texts(picked, version, cfg.logging.samples_max_chars))
+        ctx.emit(SamplesEvent(version=version, samples=sample_texts(picked, version, cfg.logging.samples_max_chars)))

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrl.observability.metrics import BEHAVIOUR_ESS, STALENESS_BOUND, STALENESS_BOUND_CHANGES
+from asyncrl.observability.step_stats import StepStats
 
 if TYPE_CHECKING:
     from asyncrl.config import AutoStalenessConfig  # the buffer's section, through the root config
@@ -61,14 +62,14 @@ class Signals:
     """The staleness of those samples."""
 
 
-def step_signals(stats: dict) -> Signals | None:
+def step_signals(stats: StepStats) -> Signals | None:
     """The signals of a step's stats (``behaviour_ess``, ``behaviour_kl_by_staleness``); None
     when the trainer did not measure them or they are not finite."""
-    ess, by_staleness = stats.get("behaviour_ess"), stats.get("behaviour_kl_by_staleness")
+    ess, by_staleness = stats.behaviour_ess, stats.behaviour_kl_by_staleness
     if ess is None or not by_staleness:
         return None
-    stalest = max(int(d) for d in by_staleness)
-    kl = float(by_staleness.get(stalest, by_staleness.get(str(stalest))))
+    stalest = max(by_staleness)
+    kl = float(by_staleness[stalest])
     if not (math.isfinite(ess) and math.isfinite(kl)):
         return None
     return Signals(ess=float(ess), kl=kl, staleness_max=stalest)
@@ -132,8 +133,8 @@ class StalenessController:
 class AutoStaleness:
     """The learner loop's side of the controller: decide after each step, record the decision.
 
-    ``after_step(stats)`` observes the step, sets the Prometheus figures and returns what goes
-    into the step's event: ``staleness_bound`` and, on a change, ``staleness_bound_reason``.
+    ``after_step(stats)`` observes the step, sets the Prometheus figures and records in the step's
+    stats ``staleness_bound`` and, on a change, ``staleness_bound_reason``.
     """
 
     def __init__(self, cfg: AutoStalenessConfig):
@@ -144,15 +145,14 @@ class AutoStaleness:
     def bound(self) -> int:
         return self.controller.bound
 
-    def after_step(self, stats: dict) -> dict:
+    def after_step(self, stats: StepStats) -> None:
         signals = step_signals(stats)
         reason = None
         if signals is not None:
             BEHAVIOUR_ESS.set(signals.ess)
             reason = self.controller.observe(signals)
         STALENESS_BOUND.labels("learner").set(self.bound)
-        out: dict = {"staleness_bound": self.bound}
+        stats.staleness_bound = self.bound
         if reason is not None:
             STALENESS_BOUND_CHANGES.labels(reason.split(" ", 1)[0]).inc()
-            out["staleness_bound_reason"] = reason
-        return out
+            stats.staleness_bound_reason = reason

@@ -54,6 +54,7 @@ from asyncrl.learner.packing import MicroBatchPlan, plan_micro_batches
 from asyncrl.learner.sharding import ShardPlan, shard_plan
 from asyncrl.learner.step_stats import add_micro_figures, merge_rank_figures, step_stats
 from asyncrl.learner.truncation import is_truncated
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire.schema import Group
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class StepInputs:
     ``algorithm.is_batch_normalise`` (``importance_weight_totals``); None otherwise."""
 
 
-def train_step(trainer: TrainerParts, groups: list[Group], weights=None) -> dict:
+def train_step(trainer: TrainerParts, groups: list[Group], weights=None) -> StepStats:
     """One learner step of ``trainer`` on ``groups`` (see ``PolicyTrainer.train_step``)."""
     start = time.perf_counter()
     algo, dp = trainer.algo, trainer.dp
@@ -133,9 +134,9 @@ def train_step(trainer: TrainerParts, groups: list[Group], weights=None) -> dict
         with_reference=trainer.reference is not None,
     )
     if trainer.reference is not None:
-        stats["kl_coef"] = beta
-        trainer.kl_controller.update(stats["ref_kl"], n_samples=len(batch))
-    stats["seconds"] = time.perf_counter() - start
+        stats.kl_coef = beta
+        trainer.kl_controller.update(stats.ref_kl, n_samples=len(batch))
+    stats.step_s = time.perf_counter() - start
     return stats
 
 

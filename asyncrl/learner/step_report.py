@@ -2,8 +2,7 @@
 
 The metrics are recorded as soon as a step is trained; the ``step`` event, which the controller
 prints in part and keeps whole, goes out at the end of the step (after its publication and
-checkpoint, if any) with the batch's reward, accuracy, size, wait and the trainer's stats named
-in ``STEP_EVENT_STATS``.
+checkpoint, if any) with the trainer's ``StepStats`` and the batch's reward, accuracy, size and wait.
 """
 
 from __future__ import annotations
@@ -20,77 +19,35 @@ from asyncrl.observability.metrics import (
     record_learner_step,
 )
 from asyncrl.tasks.answers import batch_accuracy
+from asyncrl.wire.messages import StepEvent
 
 if TYPE_CHECKING:
     from asyncrl.learner.batch_requests import Batch
     from asyncrl.learner.context import LearnerContext
-
-STEP_EVENT_STATS = (
-    "clipfrac",
-    "clipfrac_high",
-    "clipfrac_low",
-    "clipfrac_dual",
-    "ppo_kl",
-    "is_weight_mean",
-    "is_weight_max",
-    "is_weight_ess",
-    "masked_frac",
-    "behaviour_kl",
-    "mismatch_kl",
-    "entropy",
-    "ref_kl",
-    "kl_coef",
-    "grad_norm",
-    "grad_norm_max",
-    "grad_clipped",
-    "grad_clip_coef",
-    "lr",
-    "updates",
-    "approx_kl",
-    "clipfrac_by_epoch",
-    "approx_kl_by_epoch",
-    "value_loss",
-    "truncated_frac",
-    "overlong_penalty",
-    "padding_frac",
-    "outside_truncation_frac",
-    "behaviour_ess",
-    "behaviour_kl_by_staleness",
-    "staleness_bound",
-    "staleness_bound_reason",
-)
-"""Trainer stats that ride along in each "step" event (the controller prints some, keeps all)."""
+    from asyncrl.observability.step_stats import StepStats
 
 
-def record_step_metrics(version: int, batch: Batch, stats: dict) -> None:
+def record_step_metrics(version: int, batch: Batch, stats: StepStats) -> None:
     """The step's Prometheus metrics: busy and step seconds, the version, samples, staleness."""
-    BUSY_SECONDS.inc(stats["seconds"])
-    LEARNER_STEP_SECONDS.observe(stats["seconds"])
+    BUSY_SECONDS.inc(stats.step_s)
+    LEARNER_STEP_SECONDS.observe(stats.step_s)
     POLICY_VERSION.set(version)
     record_learner_step(stats)
     SAMPLES.labels("trained").inc(sum(len(g.samples) for g in batch.groups))
-    for s in stats["staleness"]:
+    for s in stats.staleness:
         STALENESS.observe(s)
-    if stats.get("stale_tokens_masked"):  # partial rollouts: tokens too stale kept as context only
-        PARTIAL_ROLLOUTS.labels("stale_tokens_masked").inc(stats["stale_tokens_masked"])
-        PARTIAL_ROLLOUTS.labels("stale_samples_dropped").inc(stats.get("stale_samples_masked", 0))
+    if stats.stale_tokens_masked:  # partial rollouts: tokens too stale kept as context only
+        PARTIAL_ROLLOUTS.labels("stale_tokens_masked").inc(stats.stale_tokens_masked)
+        PARTIAL_ROLLOUTS.labels("stale_samples_dropped").inc(stats.stale_samples_masked)
 
 
-def report_step(ctx: LearnerContext, version: int, batch: Batch, stats: dict) -> None:
-    """The ``step`` event of the step that produced ``version``."""
+def report_step(ctx: LearnerContext, batch: Batch, stats: StepStats) -> None:
+    """The ``step`` event of the step that produced ``stats.version``: its stats with the batch's
+    reward, accuracy, samples and wait."""
     groups = batch.groups
     rewards = [s.reward for g in groups for s in g.samples]
-    ctx.emit(
-        "step",
-        version=version,
-        loss=stats["loss"],
-        reward=sum(rewards) / len(rewards),
-        accuracy=batch_accuracy(groups),
-        tokens=sum(g.num_tokens for g in groups),
-        samples=sum(len(g.samples) for g in groups),
-        wait_s=batch.wait_s,
-        step_s=stats["seconds"],
-        staleness_mean=stats["staleness_mean"],
-        staleness_max=stats["staleness_max"],
-        **{k: v for k, v in stats.items() if k in STEP_EVENT_STATS},
-    )
+    stats.reward = sum(rewards) / len(rewards)
+    stats.accuracy = batch_accuracy(groups)
+    stats.samples = sum(len(g.samples) for g in groups)
+    stats.wait_s = batch.wait_s
+    ctx.emit(StepEvent(stats=stats))

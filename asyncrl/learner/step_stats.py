@@ -2,8 +2,8 @@
 
 ``add_micro_figures`` adds one micro batch's sums (losses, tokens, kept and clipped tokens,
 importance weights, KL estimates, entropy, padding) to its epoch's ``Counter``; ``step_stats``
-turns the epochs' sums into the stats ``PolicyTrainer.train_step`` returns (its docstring lists
-them). pi_prox and mu do not change within a step, so the importance-weight figures are those of
+turns the epochs' sums into the ``StepStats`` ``PolicyTrainer.train_step`` returns (its fields, in
+``asyncrl.observability.step_stats``, say what each is). pi_prox and mu do not change within a step, so the importance-weight figures are those of
 one pass (the first epoch); the others are over every update.
 """
 
@@ -17,6 +17,7 @@ import torch
 from asyncrl.learner.batch import TrainBatch, fully_masked
 from asyncrl.learner.logprobs import TokenScores
 from asyncrl.learner.packing import MicroBatchPlan
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire.schema import Group
 
 
@@ -129,8 +130,8 @@ def step_stats(
     grad_clip: float,
     penalise: bool,
     with_reference: bool,
-) -> dict:
-    """The step's stats (see ``PolicyTrainer.train_step``) from each epoch's sums.
+) -> StepStats:
+    """The step's stats (``StepStats``) from each epoch's sums.
 
     ``shaped``: the shaped rewards (the overlong penalty is their mean excess over the task's
     reward, when ``penalise``); ``truncated``, ``in_loss``: (B,) bool; ``critic_stats``: the
@@ -144,53 +145,53 @@ def step_stats(
     policy_losses = sum(e["policy_loss"] for e in epochs)
     trained_rows = ~fully_masked(groups)  # (B,) rows with a token in the loss
     staleness = (version_before - batch.policy_version)[trained_rows].tolist()
-    stats = {
-        "version": version,
-        "updates": updates,
-        "loss": float(np.mean(losses)),
-        "policy_loss": policy_losses / len(losses),
-        "lr": epochs[-1]["lr"],
+    stats = StepStats(
+        version=version,
+        updates=updates,
+        loss=float(np.mean(losses)),
+        policy_loss=policy_losses / len(losses),
+        lr=epochs[-1]["lr"],
         **clip_stats([n for e in epochs for n in e["grad_norms"]], grad_clip),
-        "clipfrac": sum(e["clipped"] for e in epochs) / max(kept, 1.0),
-        "clipfrac_high": sum(e["clipped_high"] for e in epochs) / max(kept, 1.0),
-        "clipfrac_low": sum(e["clipped_low"] for e in epochs) / max(kept, 1.0),
-        "clipfrac_dual": sum(e["clipped_dual"] for e in epochs) / max(kept, 1.0),
-        "approx_kl": sum(e["approx_kl_sum"] for e in epochs) / max(kept, 1.0),
-        "ppo_kl": sum(e["ppo_kl_sum"] for e in epochs) / max(kept, 1.0),
-        "is_weight_mean": first["raw_sum"] / total_tokens,
-        "is_weight_max": first["is_weight_max"],
-        "is_weight_ess": first["w_sum"] ** 2 / max(total_tokens * first["w_sq_sum"], 1e-12),
-        "masked_frac": 1.0 - first["kept"] / total_tokens if batch.num_tokens else 0.0,
-        "behaviour_kl": first["behaviour_kl_sum"] / total_tokens,
-        "behaviour_ess": first["raw_sum"] ** 2 / max(total_tokens * first["raw_sq_sum"], 1e-12),
-        "behaviour_kl_by_staleness": kl_by_staleness(first),
-        "mismatch_kl": first["mismatch_kl_sum"] / first["fresh_tokens"] if first["fresh_tokens"] else float("nan"),
-        "entropy": sum(e["entropy_sum"] for e in epochs) / max(tokens, 1.0),
-        "outside_truncation_frac": sum(e["outside"] for e in epochs) / max(tokens, 1.0),
-        "padding_frac": 1.0 - sum(e["slots_used"] for e in epochs) / max(sum(e["slots"] for e in epochs), 1.0),
-        "staleness": staleness,
-        "token_staleness": token_staleness(batch, version_before),
-        "stale_tokens_masked": sum(s.trained_from for g in groups for s in g.samples),
-        "stale_samples_masked": int((~trained_rows).sum()),
-        "staleness_mean": float(np.mean(staleness)) if staleness else float("nan"),
-        "staleness_max": int(max(staleness, default=0)),
-        "reward_mean": float(np.mean([s.reward for g in groups for s in g.samples])),
-        "truncated_frac": float(truncated.float().mean()),
-        "sequences": int(in_loss.sum()),
-        "tokens": batch.num_tokens,
+        clipfrac=sum(e["clipped"] for e in epochs) / max(kept, 1.0),
+        clipfrac_high=sum(e["clipped_high"] for e in epochs) / max(kept, 1.0),
+        clipfrac_low=sum(e["clipped_low"] for e in epochs) / max(kept, 1.0),
+        clipfrac_dual=sum(e["clipped_dual"] for e in epochs) / max(kept, 1.0),
+        approx_kl=sum(e["approx_kl_sum"] for e in epochs) / max(kept, 1.0),
+        ppo_kl=sum(e["ppo_kl_sum"] for e in epochs) / max(kept, 1.0),
+        is_weight_mean=first["raw_sum"] / total_tokens,
+        is_weight_max=first["is_weight_max"],
+        is_weight_ess=first["w_sum"] ** 2 / max(total_tokens * first["w_sq_sum"], 1e-12),
+        masked_frac=1.0 - first["kept"] / total_tokens if batch.num_tokens else 0.0,
+        behaviour_kl=first["behaviour_kl_sum"] / total_tokens,
+        behaviour_ess=first["raw_sum"] ** 2 / max(total_tokens * first["raw_sq_sum"], 1e-12),
+        behaviour_kl_by_staleness=kl_by_staleness(first),
+        mismatch_kl=first["mismatch_kl_sum"] / first["fresh_tokens"] if first["fresh_tokens"] else float("nan"),
+        entropy=sum(e["entropy_sum"] for e in epochs) / max(tokens, 1.0),
+        outside_truncation_frac=sum(e["outside"] for e in epochs) / max(tokens, 1.0),
+        padding_frac=1.0 - sum(e["slots_used"] for e in epochs) / max(sum(e["slots"] for e in epochs), 1.0),
+        staleness=staleness,
+        token_staleness=token_staleness(batch, version_before),
+        stale_tokens_masked=sum(s.trained_from for g in groups for s in g.samples),
+        stale_samples_masked=int((~trained_rows).sum()),
+        staleness_mean=float(np.mean(staleness)) if staleness else float("nan"),
+        staleness_max=int(max(staleness, default=0)),
+        reward_mean=float(np.mean([s.reward for g in groups for s in g.samples])),
+        truncated_frac=float(truncated.float().mean()),
+        sequences=int(in_loss.sum()),
+        tokens=sum(g.num_tokens for g in groups),
         **critic_stats,
-    }
+    )
     if len(losses) > 1:
-        stats["loss_by_update"] = losses
-        stats["grad_norm_by_update"] = [n for e in epochs for n in e["grad_norms"]]
+        stats.loss_by_update = losses
+        stats.grad_norm_by_update = [n for e in epochs for n in e["grad_norms"]]
     if len(epochs) > 1:
-        stats["clipfrac_by_epoch"] = [e["clipped"] / max(e["kept"], 1.0) for e in epochs]
-        stats["approx_kl_by_epoch"] = [e["approx_kl_sum"] / max(e["kept"], 1.0) for e in epochs]
+        stats.clipfrac_by_epoch = [e["clipped"] / max(e["kept"], 1.0) for e in epochs]
+        stats.approx_kl_by_epoch = [e["approx_kl_sum"] / max(e["kept"], 1.0) for e in epochs]
     if penalise:
         task = np.concatenate([[s.reward for s in g.samples] for g in groups])
-        stats["overlong_penalty"] = float(np.mean(np.concatenate(shaped) - task))
+        stats.overlong_penalty = float(np.mean(np.concatenate(shaped) - task))
     if with_reference:
-        stats["ref_kl"] = sum(e["ref_kl_sum"] for e in epochs) / max(tokens, 1.0)
+        stats.ref_kl = sum(e["ref_kl_sum"] for e in epochs) / max(tokens, 1.0)
     return stats
 
 

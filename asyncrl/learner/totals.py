@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire.schema import Group
 
 
@@ -42,18 +43,18 @@ class Counters:
     """Samples not trained here, by reason (``duplicate``: a copy of a group already trained;
     ``stale``: every token past the staleness bound, the rest of its group trained)."""
 
-    def add_step(self, groups: list[Group], stats: dict, first_time: int, dropped_stale: int = 0) -> None:
+    def add_step(self, groups: list[Group], stats: StepStats, first_time: int, dropped_stale: int = 0) -> None:
         """Count one learner step on ``groups``: ``stats`` is its ``train_step`` result,
         ``first_time`` how many of its samples were trained for the first time, ``dropped_stale``
         how many were handed out for the first time with no token left to train (dropped)."""
-        self.busy_s += stats["seconds"]
+        self.busy_s += stats.step_s
         self.trained += first_time
         self.trained_with_reuse += sum(len(g.samples) for g in groups) - dropped_stale
         self.trained_tokens += sum(g.num_tokens for g in groups)
-        self.stale_tokens_masked += stats.get("stale_tokens_masked", 0)
-        for s in stats["staleness"]:
+        self.stale_tokens_masked += stats.stale_tokens_masked
+        for s in stats.staleness:
             self.staleness_hist[int(s)] += 1
-        self.token_staleness_hist.update(stats.get("token_staleness", {}))
+        self.token_staleness_hist.update(stats.token_staleness)
         for g in groups:
             for s in g.samples:
                 if not 0 < len(s.response_ids) <= s.trained_from:  # trained (some token in the loss)

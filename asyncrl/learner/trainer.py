@@ -67,6 +67,7 @@ from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
 from asyncrl.models.precision import resolve_trainer_dtype
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire.schema import Group
 
 
@@ -176,7 +177,7 @@ class PolicyTrainer:
         (``group_advantages.group_advantages``; for gae, the group-centred rewards stand in)."""
         return group_advantages(self.algo, groups, rewards)
 
-    def train_step(self, groups: list[Group], weights=None) -> dict:
+    def train_step(self, groups: list[Group], weights=None) -> StepStats:
         """One learner step on ``groups``, each group's policy loss scaled by ``weights[g]``
         (importance weights from a prioritized buffer; None: all 1); returns its stats.
 
@@ -185,40 +186,8 @@ class PolicyTrainer:
         updates), then ``ppo_epochs`` passes over ``mini_batches`` mini-batches of whole groups,
         one optimizer update each; ``version += 1`` once, at the end.
 
-        Stats (averaged over the step's updates where they change between updates):
-        ``version`` (after the step), ``updates`` (optimizer updates taken, all steps), ``loss``
-        (the mean over updates of each update's total loss), ``policy_loss``, ``lr`` (the learning
-        rate of the step's last update), ``grad_norm``/``grad_norm_max`` (the global gradient norm
-        before clipping), ``grad_clipped`` (share of updates clipped) and ``grad_clip_coef`` (the
-        mean factor clipping scaled the gradient by, min(1, grad_clip / grad_norm)), ``clipfrac``
-        (kept tokens whose ratio was cut at its ceiling or floor; the dual clip apart),
-        ``clipfrac_high``/``clipfrac_low``/``clipfrac_dual`` (the ceiling's, the floor's and the
-        dual clip's shares; ``asyncrl.learner.policy_losses``), ``approx_kl`` (k3 estimate of KL
-        between the ratio's anchor and pi_theta, over kept tokens: 0 for the first update of a
-        step), ``ppo_kl`` (the mean of -log(pi_theta / anchor) over kept tokens, the k1 estimate
-        every reference reports),
-        ``clipfrac_by_epoch``/``approx_kl_by_epoch`` (lists, when ``ppo_epochs > 1``),
-        ``loss_by_update``/``grad_norm_by_update`` (lists, when the step takes several updates),
-        ``is_weight_mean``/``is_weight_max`` (pi_prox / mu per token, before truncation),
-        ``is_weight_ess`` (effective sample size of the applied weights over response tokens,
-        (sum w)^2 / (N sum w^2), in (0, 1]), ``masked_frac`` (response tokens dropped by the
-        correction), ``behaviour_kl`` (k3 estimate of KL(mu || pi_prox) over all tokens),
-        ``behaviour_kl_by_staleness`` (the same per staleness of the tokens, {d: kl}),
-        ``behaviour_ess`` (the effective sample size of the raw weights pi_prox / mu; both are what
-        ``buffer.max_staleness: auto`` steers by),
-        ``mismatch_kl`` (the same over tokens sampled by the version before the step only:
-        sampler/learner mismatch at one version; NaN when there are none), ``entropy`` (token-mean entropy of pi_theta),
-        ``outside_truncation_frac`` (response tokens outside pi_theta's top-k/top-p set, scored as
-        ``asyncrl.learner.logprobs`` says; 0 without top-k/top-p), ``padding_frac`` (padding /
-        token slots of the micro batches' forward passes, packed or not; ``asyncrl.learner.packing``),
-        ``ref_kl`` and ``kl_coef`` (when a reference is used), ``staleness`` (one int per sequence trained:
-        ``version before the step -`` the version of its oldest trained token),
-        ``token_staleness`` (response tokens in the loss by the staleness of the version that
-        sampled each), ``stale_tokens_masked``/``stale_samples_masked`` (tokens kept as context
-        only, samples with none trained: ``Sample.trained_from``), ``staleness_mean``/``staleness_max``,
-        ``reward_mean`` (the task's reward, before any shaping), ``truncated_frac`` (samples
-        cut off at the length limit), ``overlong_penalty`` (its mean, under truncation mode
-        penalise), ``sequences`` (in the loss), ``tokens`` (response tokens trained on), ``seconds``.
+        Returns the step's ``StepStats`` (``asyncrl.observability.step_stats``: one declared field
+        per statistic, each with what it measures).
         """
         return train_step(self, groups, weights)
 

@@ -18,6 +18,7 @@ from asyncrl.observability.metrics import WEIGHT_BROADCAST_SECONDS, WEIGHT_BYTES
 from asyncrl.weights import BroadcastSchedule, make_publisher
 from asyncrl.weights.probe import Probe
 from asyncrl.weights.timeline import TimedBuckets
+from asyncrl.wire.messages import BroadcastEvent
 
 if TYPE_CHECKING:
     from asyncrl.learner.context import LearnerContext
@@ -97,13 +98,17 @@ def publish_weights(trainer, publisher, wcfg, ctx: LearnerContext, probe: Probe 
     WEIGHT_BROADCAST_SECONDS.observe(stats["seconds"])
     WEIGHT_BYTES.inc(stats["bytes"])
     ctx.emit(
-        "broadcast",
-        version=trainer.version,
-        transport=publisher.transport,
-        published_at=published_at,
-        gather_s=buckets.seconds,
-        probe_s=probe_s,
-        **stats,
+        BroadcastEvent(
+            version=trainer.version,
+            transport=publisher.transport,
+            published_at=published_at,
+            gather_s=buckets.seconds,
+            probe_s=probe_s,
+            bytes=stats["bytes"],
+            buckets=stats["buckets"],
+            seconds=stats["seconds"],
+            extra_bytes=stats.get("extra_bytes"),
+        )
     )
     return stats
 

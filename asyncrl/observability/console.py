@@ -7,12 +7,18 @@
 * ``plain``: one line per learner step.
 * ``quiet``: nothing per step (log lines and the final summary only).
 * ``jsonl``: one JSON object per learner step on stdout and nothing else there, for services
-  and scripts (``{"type": "step", "version": ..., "reward": ..., "components": {...}}``).
+  and scripts (``{"type": "step", "version": ..., "reward": ..., "components": {...}}``: the
+  step's ``StepStats.record()`` with the rates and the process states).
 
 Accuracy is the held-out exact match when the run evaluated (shown before and after RL) and,
-per step, the share of the batch a correctness reward scored right (``accuracy`` in the step
-event, when such a reward ran). Tokens/s is response tokens trained per second over the last
+per step, the share of the batch a correctness reward scored right (``accuracy`` in the step's
+stats, when such a reward ran). Tokens/s is response tokens trained per second over the last
 ``WINDOW`` steps.
+
+``update(ev)`` takes every event the controller receives (their ``source``, ``type``, ``role``
+and ``version`` set the process states); ``step(stats, t)`` each learner step's ``StepStats``.
+The statistics shown are named in ``CELLS`` and ``LINE_EXTRAS``, checked against ``StepStats``
+when this module is imported.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import logging
 import sys
 import time
 from collections import deque
+
+from asyncrl.observability.step_stats import StepStats, check_names
 
 WINDOW = 10
 """Steps over which tokens/s and samples/s are averaged."""
@@ -48,21 +56,22 @@ class ComponentStates:
         self.fleet = None
         self._starts: dict[str, int] = {}
 
-    def update(self, ev: dict) -> None:
-        name, kind = ev.get("source"), ev.get("type")
+    def update(self, ev) -> None:
+        """Follow one event (``asyncrl.wire.messages.EVENTS``): its ``source``'s new state."""
+        name, kind = ev.source, ev.type
         if name is None:
             return
         if kind == "ready":
-            self.states[name] = f"serving v{ev['version']}" if ev.get("role") == "generator" else "ready"
+            self.states[name] = f"serving v{ev.version}" if ev.role == "generator" else "ready"
             if self.fleet is not None:
                 self._starts[name] = self.fleet.starts.get(name, 1)
         elif kind == "version":
-            self.states[name] = f"serving v{ev['version']}"
+            self.states[name] = f"serving v{ev.version}"
         elif kind == "step":
-            self.states[name] = f"at v{ev['version']}"
+            self.states[name] = f"at v{ev.version}"
         elif kind == "done":
-            self.states[name] = f"done at v{ev['version']}"
-        elif kind == "final":
+            self.states[name] = f"done at v{ev.version}"
+        elif ev.final:
             self.states[name] = "stopped"
         elif kind == "error":
             self.states[name] = "failed"
@@ -88,57 +97,73 @@ class ComponentStates:
         return out
 
 
-class StepStats:
-    """The last step's numbers and the windowed rates derived from the steps seen."""
+class StepWindow:
+    """The last step's stats and the rates over the last ``WINDOW`` steps."""
 
     def __init__(self, total_steps: int):
         self.total_steps = total_steps
-        self.last: dict | None = None
-        self.window: deque[dict] = deque(maxlen=WINDOW + 1)
+        self.last: StepStats | None = None
+        self.tokens_per_s: float | None = None
+        self.samples_per_s: float | None = None
+        self.window: deque[tuple[float, int, int]] = deque(maxlen=WINDOW + 1)
+        """(t, tokens, samples) of the last steps."""
         self.eval_before: float | None = None
         self.eval_after: float | None = None
         self.eval_sampled: dict[str, str] = {}
         """Sampled figures of the evaluations before and after RL, by label (``set_eval_sampled``)."""
 
-    def add(self, ev: dict) -> dict:
-        """Record a step event; return its row: the event's numbers plus tokens/s and samples/s."""
-        self.window.append(ev)
-        row = dict(ev)
-        row["tokens_per_s"], row["samples_per_s"] = self.rates()
-        self.last = row
-        return row
+    def add(self, stats: StepStats, t: float) -> None:
+        """Record a step at ``t`` seconds since go; update the rates."""
+        self.window.append((t, stats.tokens, stats.samples or 0))
+        self.last = stats
+        self.tokens_per_s, self.samples_per_s = self.rates()
 
     def rates(self) -> tuple[float | None, float | None]:
         steps = list(self.window)
-        if not steps or "t" not in steps[-1]:
+        if not steps:
             return None, None
         if len(steps) == 1:
             first_t, counted = 0.0, steps  # the first step: since go
         else:
-            first_t, counted = steps[0]["t"], steps[1:]
-        dt = steps[-1]["t"] - first_t
+            first_t, counted = steps[0][0], steps[1:]
+        dt = steps[-1][0] - first_t
         if dt <= 0:
             return None, None
-        tokens = sum(s.get("tokens", 0) for s in counted)
-        samples = sum(s.get("samples", 0) for s in counted)
-        return (tokens / dt if any("tokens" in s for s in counted) else None), samples / dt
+        return sum(s[1] for s in counted) / dt, sum(s[2] for s in counted) / dt
 
 
-def step_line(row: dict, total: int) -> str:
+LINE_EXTRAS = check_names(("clipfrac", "entropy", "ref_kl"), "console.LINE_EXTRAS")
+"""Statistics added to a ``plain`` line when measured."""
+_LINE_LABELS = {"clipfrac": ("clip", ".3f"), "entropy": ("H", ".3f"), "ref_kl": ("kl_ref", ".4f")}
+
+
+def step_line(stats: StepStats, total: int, tokens_per_s: float | None = None) -> str:
     """One learner step as a line of text (the ``plain`` console)."""
-    parts = [f"step {row['version']:4d}/{total}", f"loss {row['loss']:+.4f}", f"reward {row['reward']:.3f}"]
-    if row.get("accuracy") is not None:
-        parts.append(f"acc {row['accuracy']:.3f}")
-    parts.append(f"staleness {row['staleness_mean']:.2f}/{row['staleness_max']}")
-    if row.get("tokens_per_s") is not None:
-        parts.append(f"{row['tokens_per_s']:.0f} tok/s")
-    parts.append(f"wait {row['wait_s']:.2f}s step {row['step_s']:.2f}s")
-    if "is_weight_mean" in row:
-        parts.append(f"w {row['is_weight_mean']:.2f}/{row['is_weight_max']:.1f}")
-    for key, label, fmt in (("clipfrac", "clip", ".3f"), ("entropy", "H", ".3f"), ("ref_kl", "kl_ref", ".4f")):
-        if key in row:
-            parts.append(f"{label} {row[key]:{fmt}}")
+    parts = [f"step {stats.version:4d}/{total}", f"loss {stats.loss:+.4f}", f"reward {_fmt(stats.reward, '.3f')}"]
+    if stats.accuracy is not None:
+        parts.append(f"acc {stats.accuracy:.3f}")
+    parts.append(f"staleness {stats.staleness_mean:.2f}/{stats.staleness_max}")
+    if tokens_per_s is not None:
+        parts.append(f"{tokens_per_s:.0f} tok/s")
+    parts.append(f"wait {_fmt(stats.wait_s, '.2f')}s step {stats.step_s:.2f}s")
+    if stats.is_weight_mean is not None:
+        parts.append(f"w {stats.is_weight_mean:.2f}/{_fmt(stats.is_weight_max, '.1f')}")
+    for key in LINE_EXTRAS:
+        if (value := getattr(stats, key)) is not None:
+            label, fmt = _LINE_LABELS[key]
+            parts.append(f"{label} {value:{fmt}}")
     return "  ".join(parts)
+
+
+CELLS = (
+    ("reward", "reward", ".3f"),
+    ("accuracy", "accuracy", ".3f"),
+    ("staleness mean", "staleness_mean", ".2f"),
+    ("staleness max", "staleness_max", "d"),
+    ("loss", "loss", "+.4f"),
+)
+"""The live panel's statistics: (label, ``StepStats`` field, format); the rates go after the fourth."""
+check_names((key for _label, key, _fmt in CELLS), "console.CELLS")
 
 
 class RunConsole:
@@ -159,7 +184,7 @@ class RunConsole:
         self.mode = mode
         self.run_name = run_name
         self.components = ComponentStates()
-        self.steps = StepStats(total_steps)
+        self.steps = StepWindow(total_steps)
         self.started = time.monotonic()
         self.live = None
         self._handlers: list[tuple[logging.StreamHandler, object]] = []
@@ -172,15 +197,18 @@ class RunConsole:
         """Derive restarts and exits from the fleet's processes as well as from events."""
         self.components.fleet = fleet
 
-    def update(self, ev: dict) -> None:
+    def update(self, ev) -> None:
+        """Any event: the process states."""
         self.components.update(ev)
-        if ev.get("type") != "step":
-            return
-        row = self.steps.add(ev)
+
+    def step(self, stats: StepStats, t: float) -> None:
+        """A learner step's stats, ``t`` seconds after go: a line, a JSON object or a redraw."""
+        self.steps.add(stats, t)
         if self.mode == "plain":
-            print(step_line(row, self.steps.total_steps), file=self.out, flush=True)
+            print(step_line(stats, self.steps.total_steps, self.steps.tokens_per_s), file=self.out, flush=True)
         elif self.mode == "jsonl":
-            record = {"type": "step", **row, "components": self.components.snapshot()}
+            rates = {"tokens_per_s": self.steps.tokens_per_s, "samples_per_s": self.steps.samples_per_s}
+            record = {"type": "step", **stats.record(), "t": t, **rates, "components": self.components.snapshot()}
             print(json.dumps(record), file=self.out, flush=True)
         elif self.live is not None:
             self.live.refresh()
@@ -237,33 +265,27 @@ class RunConsole:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
-        stats, row = self.steps, self.steps.last or {}
-        version = row.get("version", 0)
+        window, last = self.steps, self.steps.last
+        version = last.version if last is not None else 0
         elapsed = time.monotonic() - self.started
         head = Table.grid(padding=(0, 2))
         head.add_row(
             f"[bold]{self.run_name}[/]",
-            f"step {version}/{stats.total_steps}",
-            ProgressBar(total=max(stats.total_steps, 1), completed=version, width=40),
+            f"step {version}/{window.total_steps}",
+            ProgressBar(total=max(window.total_steps, 1), completed=version, width=40),
             f"{elapsed:,.0f} s",
         )
         numbers = Table.grid(padding=(0, 3))
-        cells = [
-            ("reward", row.get("reward"), ".3f"),
-            ("accuracy", row.get("accuracy"), ".3f"),
-            ("staleness mean", row.get("staleness_mean"), ".2f"),
-            ("staleness max", row.get("staleness_max"), "d"),
-            ("tokens/s", row.get("tokens_per_s"), ",.0f"),
-            ("samples/s", row.get("samples_per_s"), ",.1f"),
-            ("loss", row.get("loss"), "+.4f"),
-        ]
+        cells = [(label, getattr(last, key) if last is not None else None, fmt) for label, key, fmt in CELLS[:4]]
+        cells += [("tokens/s", window.tokens_per_s, ",.0f"), ("samples/s", window.samples_per_s, ",.1f")]
+        cells += [(label, getattr(last, key) if last is not None else None, fmt) for label, key, fmt in CELLS[4:]]
         numbers.add_row(*(f"{name} [bold]{_fmt(value, fmt)}[/]" for name, value, fmt in cells))
         held_out = []
-        if stats.eval_before is not None:
-            held_out.append(f"held-out exact match before RL [bold]{stats.eval_before:.3f}[/]")
-        if stats.eval_after is not None:
-            held_out.append(f"after [bold]{stats.eval_after:.3f}[/]")
-        for label, text in stats.eval_sampled.items():
+        if window.eval_before is not None:
+            held_out.append(f"held-out exact match before RL [bold]{window.eval_before:.3f}[/]")
+        if window.eval_after is not None:
+            held_out.append(f"after [bold]{window.eval_after:.3f}[/]")
+        for label, text in window.eval_sampled.items():
             held_out.append(f"{label}: {text}")
         procs = Table(box=None, show_header=False, padding=(0, 2))
         snapshot = self.components.snapshot()

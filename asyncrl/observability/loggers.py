@@ -7,8 +7,8 @@ grows, so curves of two runs line up step for step. For W&B this is declared wit
 ``define_metric(..., step_metric="learner_version")`` rather than ``log(step=...)``, whose step
 must never repeat (a held-out eval logged at the final version would be dropped).
 
-Logged per step: every number of the event (reward, loss, staleness, clip fraction, KL...)
-under ``train/``, the throughput the console shows under ``perf/``, and the step's share of
+Logged per step: every number of the step's ``StepStats`` (reward, loss, staleness, clip
+fraction, KL...; ``StepStats.scalars``) under ``train/``, the throughput the console shows under ``perf/``, and the step's share of
 trained answers as text under ``samples`` (``asyncrl.observability.samples``); at the end, held-out
 exact match under ``eval/`` (before RL at version 0, after at the last version) and the run's
 summary numbers under ``summary/``.
@@ -24,11 +24,9 @@ from typing import Literal
 from pydantic import Field
 
 from asyncrl.configbase import Config
+from asyncrl.observability.step_stats import StepStats
 
 log = logging.getLogger(__name__)
-
-NOT_LOGGED = ("version", "t", "type", "source", "role")
-"""Event fields that are not curves (the x axis, bookkeeping)."""
 
 
 class LoggingConfig(Config):
@@ -53,15 +51,6 @@ class LoggingConfig(Config):
     samples_max_bytes: int = Field(64 << 20, ge=1 << 16)
     """Size at which samples.jsonl is moved to samples.1.jsonl (replacing it) and started afresh:
     at most twice this on disk however long the run."""
-
-
-def step_scalars(ev: dict) -> dict[str, float]:
-    """The numbers of a step event as ``train/NAME`` -> value (booleans and text left out)."""
-    return {
-        f"train/{k}": float(v)
-        for k, v in ev.items()
-        if k not in NOT_LOGGED and isinstance(v, int | float) and not isinstance(v, bool)
-    }
 
 
 class TensorBoardLogger:
@@ -128,14 +117,14 @@ class StepLoggers:
         elif cfg.wandb == "auto":
             log.debug("wandb is not installed: no W&B logging")
 
-    def log_step(self, ev: dict, extra: dict[str, float] | None = None) -> None:
+    def log_step(self, stats: StepStats, extra: dict[str, float] | None = None) -> None:
         """One learner step at its version; a version at or below the last one logged (a repeated
         event) is skipped, so the axis stays monotonic."""
-        version = int(ev["version"])
+        version = stats.version
         if version <= self.last_version:
             return
         self.last_version = version
-        self._log({**step_scalars(ev), **(extra or {})}, version)
+        self._log({**stats.scalars(), **(extra or {})}, version)
 
     def log_scalars(self, scalars: dict[str, float], version: int) -> None:
         """Scalars measured at ``version`` but reported later (a held-out evaluation during training)."""

@@ -27,6 +27,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 
+from asyncrl.observability.step_stats import StepStats
+
 REGISTRY = CollectorRegistry()
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -171,18 +173,18 @@ PARTIAL_ROLLOUTS = Counter(
 )
 
 
-def record_learner_step(stats: dict) -> None:
+def record_learner_step(stats: StepStats) -> None:
     """The per-step gauges: when the step ended, the sampler-vs-learner mismatch KL when the
     trainer measured it (only on batches with on-policy samples), the clip fractions by side
     and the PPO KL when the trainer reports them."""
     LAST_STEP_TIMESTAMP.set(time.time())
-    if stats.get("mismatch_kl") is not None:
-        MISMATCH_KL.set(stats["mismatch_kl"])
-    for side in ("high", "low", "dual"):
-        if stats.get(f"clipfrac_{side}") is not None:
-            CLIP_FRACTION.labels(side).set(stats[f"clipfrac_{side}"])
-    if stats.get("ppo_kl") is not None:
-        PPO_KL.set(stats["ppo_kl"])
+    if stats.mismatch_kl is not None:
+        MISMATCH_KL.set(stats.mismatch_kl)
+    for side, value in (("high", stats.clipfrac_high), ("low", stats.clipfrac_low), ("dual", stats.clipfrac_dual)):
+        if value is not None:
+            CLIP_FRACTION.labels(side).set(value)
+    if stats.ppo_kl is not None:
+        PPO_KL.set(stats.ppo_kl)
 
 
 # -- reward workers ------------------------------------------------------------------------------

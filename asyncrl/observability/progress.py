@@ -2,9 +2,9 @@
 
 ``RunProgress(cfg, run_dir)`` builds the console (``run.console``) and the step loggers
 (``logging``: TensorBoard, W&B); the controller calls ``watch(fleet)`` once its processes exist,
-``update(ev)`` for every event it receives (after it has stamped step events with ``t``),
-``samples(version, samples)`` for each step's share of answers, and ``close(summary)`` at the
-end (also on failure, with no summary).
+``update(ev)`` for every event it receives, ``step(stats, t)`` for each learner step's
+``StepStats`` (``t``: seconds since go), ``samples(version, samples)`` for each step's share of
+answers, and ``close(summary)`` at the end (also on failure, with no summary).
 
 The controller is a process like the others: it serves ``/metrics`` and ``/health`` too
 (``RUN_DIR/metrics/controller.port``, in the scrape config), with the last learner version it
@@ -26,6 +26,7 @@ from asyncrl.observability.metrics import (
     write_metrics_snapshot,
 )
 from asyncrl.observability.samples import SamplesLog, samples_markdown
+from asyncrl.observability.step_stats import StepStats
 
 EVAL_SCALARS = (
     "exact_match",
@@ -57,13 +58,18 @@ class RunProgress:
         """A process state no event reports (e.g. 'restarting' while the controller restarts it)."""
         self.console.components.set(name, state)
 
-    def update(self, ev: dict) -> None:
+    def update(self, ev) -> None:
+        """Any event (``asyncrl.wire.messages.EVENTS``): the console's process states."""
         self.console.update(ev)
-        if ev.get("type") == "step":
-            POLICY_VERSION.set(ev["version"])
-            row = self.console.steps.last or {}
-            perf = {f"perf/{k}": row[k] for k in ("tokens_per_s", "samples_per_s") if row.get(k) is not None}
-            self.loggers.log_step(ev, perf)
+
+    def step(self, stats: StepStats, t: float) -> None:
+        """A learner step: the console, the controller's version gauge, the step loggers (its
+        statistics under ``train/``, the console's rates under ``perf/``)."""
+        self.console.step(stats, t)
+        POLICY_VERSION.set(stats.version)
+        window = self.console.steps
+        rates = {"perf/tokens_per_s": window.tokens_per_s, "perf/samples_per_s": window.samples_per_s}
+        self.loggers.log_step(stats, {k: v for k, v in rates.items() if v is not None})
 
     def samples(self, version: int, samples: list[dict]) -> None:
         """A learner step's share of answers (a ``samples`` event): one line each in

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.wire.endpoints import Endpoints
+from asyncrl.wire.messages import Event
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -20,7 +21,7 @@ class RewardContext(Protocol):
     endpoints: Endpoints
     """The run's addresses (the owner binds ``reward_in`` and ``reward_share``)."""
 
-    def emit(self, type: str, **fields) -> None:
+    def emit(self, event: Event) -> None:
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""
         ...
 

@@ -84,5 +84,5 @@ def run_reward_worker(ctx: RewardContext, owner: bool = True) -> None:
     try:
         asyncio.run(worker.run())
     finally:
-        ctx.emit("final", **worker.final_counts())
+        ctx.emit(worker.final_report())
         worker.close()

@@ -19,7 +19,7 @@ from asyncrl.rewards.base import Known, Reward, score_greedy_baseline, score_wit
 from asyncrl.rewards.channels import BufferOutbox, GroupInbox, PeerShare, ShareClient
 from asyncrl.rewards.config import RewardConfig
 from asyncrl.rewards.context import RewardContext
-from asyncrl.wire.messages import Run, WantGroups, WantRun
+from asyncrl.wire.messages import ReadyEvent, RewardFinal, Run, WantGroups, WantRun
 from asyncrl.wire.schema import Group
 
 log = logging.getLogger(__name__)
@@ -86,21 +86,21 @@ class RewardWorker:
         groups = [w.group for w in self.waiting] + list(self.outgoing)
         return sum(len(g.samples) for g in groups) + sum(len(g.samples) for g in self.running.values())
 
-    def final_counts(self) -> dict:
-        return {
-            "received": self.taken - self.handed_out,
-            "forwarded": self.forwarded,
-            "held": self.held(),
-            "handed_out": self.handed_out,
-            "requeued": self.requeued,
-            "unscored": self.unscored,
-            "rejected_frames": self.inbox.rejected if self.owner else self.client.rejected,
-        }
+    def final_report(self) -> RewardFinal:
+        return RewardFinal(
+            received=self.taken - self.handed_out,
+            forwarded=self.forwarded,
+            held=self.held(),
+            handed_out=self.handed_out,
+            requeued=self.requeued,
+            unscored=self.unscored,
+            rejected_frames=self.inbox.rejected if self.owner else self.client.rejected,
+        )
 
     # -- the loop -------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        self.ctx.emit("ready")
+        self.ctx.emit(ReadyEvent())
         while True:
             if self.crash is not None:
                 raise self.crash

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire.message_base import Event
 
 
@@ -38,57 +39,22 @@ class RequeuedEvent(Event, kw_only=True, tag="requeued"):
 
 
 class StepEvent(Event, kw_only=True, tag="step"):
-    """The learner's step that produced ``version``; the trainer's optional stats ride along."""
+    """The learner's step that produced ``stats.version``, with everything it measured (one
+    declared field per statistic: ``asyncrl.observability.step_stats.StepStats``)."""
 
-    version: int
-    loss: float
-    reward: float
-    accuracy: float | None
-    """None when no correctness reward scored the batch (``asyncrl.tasks.answers.batch_accuracy``)."""
-    tokens: int
-    samples: int
-    wait_s: float
-    step_s: float
-    staleness_mean: float
-    staleness_max: float
-    clipfrac: float | None = None
-    """Kept tokens whose ratio was cut at its ceiling or floor (the dual clip is ``clipfrac_dual``)."""
-    clipfrac_high: float | None = None
-    clipfrac_low: float | None = None
-    clipfrac_dual: float | None = None
-    ppo_kl: float | None = None
-    """Mean of -log(pi_theta / anchor) over kept tokens (verl's and OpenRLHF's ``ppo_kl``)."""
-    is_weight_mean: float | None = None
-    is_weight_max: float | None = None
-    is_weight_ess: float | None = None
-    masked_frac: float | None = None
-    behaviour_kl: float | None = None
-    mismatch_kl: float | None = None
-    entropy: float | None = None
-    ref_kl: float | None = None
-    kl_coef: float | None = None
-    grad_norm: float | None = None
-    grad_norm_max: float | None = None
-    grad_clipped: float | None = None
-    grad_clip_coef: float | None = None
-    lr: float | None = None
-    updates: int | None = None
-    approx_kl: float | None = None
-    clipfrac_by_epoch: list[float] | None = None
-    approx_kl_by_epoch: list[float] | None = None
-    value_loss: float | None = None
-    truncated_frac: float | None = None
-    overlong_penalty: float | None = None
-    padding_frac: float | None = None
-    outside_truncation_frac: float | None = None
-    behaviour_ess: float | None = None
-    """ESS of the raw importance weights pi_prox / mu over the batch's tokens, (Σw)² / (N·Σw²)."""
-    behaviour_kl_by_staleness: dict[int, float] | None = None
-    """Staleness -> mean k3 KL(mu ‖ pi_prox) per token of the samples that stale."""
-    staleness_bound: int | None = None
-    """Under ``buffer.max_staleness: auto``: the bound set after this step (for the batches to come)."""
-    staleness_bound_reason: str | None = None
-    """Under auto, on the steps that changed the bound: why (the signal and its limit)."""
+    stats: StepStats
+
+    @property
+    def version(self) -> int:
+        return self.stats.version
+
+    def record(self, t: float) -> dict:
+        """The step's line of ``steps.jsonl``: ``type``, ``source``, ``role`` (and ``loop``), the
+        stats' ``record()`` (their names as keys) and ``t``, seconds since the run's go."""
+        head = {"type": self.type, "source": self.source, "role": self.role}
+        if self.loop is not None:
+            head["loop"] = self.loop
+        return {**head, **self.stats.record(), "t": t}
 
 
 class SampleText(msgspec.Struct, kw_only=True):

@@ -90,20 +90,12 @@ class Event(Message, kw_only=True, tag_field="type"):
     source: str | None = None
     role: str | None = None
     loop: str | None = None
+    final: ClassVar[bool] = False
+    """True for the final reports (``asyncrl.wire.finals``)."""
 
     @property
     def type(self) -> str:
         return type(self).__struct_config__.tag
-
-    def as_map(self) -> dict:
-        """The flat map it travels as, less ``kind``, ``schema`` and the optional fields left unset
-        (None; a required field that is None, such as a step's ``accuracy``, stays): for the
-        controller's records (``steps.jsonl``, final reports, the console)."""
-        out = msgspec.to_builtins(self)
-        unset = {
-            f.encode_name for f in msgspec.structs.fields(self) if not f.required and out.get(f.encode_name) is None
-        }
-        return {k: v for k, v in out.items() if k not in ("kind", "schema") and k not in unset}
 
 
 class Control(Message, kw_only=True, tag_field="command"):

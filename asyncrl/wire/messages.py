@@ -66,7 +66,16 @@ from asyncrl.wire.events import (
     StepEvent,
     VersionEvent,
 )
-from asyncrl.wire.finals import FinalEvent
+from asyncrl.wire.finals import (
+    FINALS,
+    BufferFinal,
+    DispatcherFinal,
+    FinalReport,
+    GeneratorFinal,
+    LearnerFinal,
+    ReferenceFinal,
+    RewardFinal,
+)
 from asyncrl.wire.message_base import (
     Control,
     Event,
@@ -322,7 +331,7 @@ EVENTS: dict[str, type[Event]] = {
         BroadcastEvent,
         VersionEvent,
         HeartbeatEvent,
-        FinalEvent,
+        *FINALS.values(),
     )
 }
 """Event type -> its declared type: every event a process may send."""
@@ -378,7 +387,14 @@ __all__ = [
     "EvalResult",
     "Event",
     "Exchange",
-    "FinalEvent",
+    "FINALS",
+    "BufferFinal",
+    "DispatcherFinal",
+    "FinalReport",
+    "GeneratorFinal",
+    "LearnerFinal",
+    "ReferenceFinal",
+    "RewardFinal",
     "GoCommand",
     "GroupMessage",
     "Groups",

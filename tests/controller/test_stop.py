@@ -55,9 +55,9 @@ def test_the_stop_waits_for_a_joined_workers_final_report():
     stop, reports, receiver = stopper(
         [
             event("reward-hot", "ready"),  # joined mid-run: not one of the fleet's
-            event("reward-0", "final", received=4),
+            event("reward-0", "reward_final", received=4, forwarded=4),
             *[event("reward-hot", "ready")] * 3,  # still draining
-            event("reward-hot", "final", received=2),
+            event("reward-hot", "reward_final", received=2, forwarded=2),
         ]
     )
     stop.stop(["reward"])
@@ -67,7 +67,9 @@ def test_the_stop_waits_for_a_joined_workers_final_report():
 
 def test_a_joined_worker_that_never_reports_is_waited_for_only_so_long(monkeypatch, caplog):
     monkeypatch.setattr(stopping_module, "JOINED_STOP_S", 0.3)
-    stop, reports, _ = stopper([event("reward-hot", "ready"), event("reward-0", "final", received=4)])
+    stop, reports, _ = stopper(
+        [event("reward-hot", "ready"), event("reward-0", "reward_final", received=4, forwarded=4)]
+    )
     with caplog.at_level(logging.WARNING, logger="asyncrl"):
         stop.stop(["reward"])
     assert set(reports.finals) == {"reward-0"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import Event, StopCommand
+from asyncrl.wire.messages import Event, FinalReport, StopCommand
 from asyncrl.wire.sockets import Publisher, StreamReceiver
 
 
@@ -38,8 +38,9 @@ class Harness:
         )
 
     def wait_for(self, source: str, type: str, timeout: float = 60) -> Event:
+        """The first event of ``type`` from ``source`` (``final``: its final report, whatever its role)."""
         for ev in self.seen:
-            if ev.source == source and ev.type == type:
+            if ev.source == source and _is(ev, type):
                 return ev
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -49,12 +50,12 @@ class Harness:
             if msg is None:
                 continue
             self.seen.append(msg[1])
-            if msg[1].source == source and msg[1].type == type:
+            if msg[1].source == source and _is(msg[1], type):
                 return msg[1]
         raise TimeoutError(f"no {type!r} event from {source} within {timeout} s")
 
-    def stop(self, roles: list[str], names: list[str], timeout: float = 30) -> dict[str, dict]:
-        """Stop ``roles`` and return each of ``names``' final report, as the map it travels as."""
+    def stop(self, roles: list[str], names: list[str], timeout: float = 30) -> dict[str, FinalReport]:
+        """Stop ``roles`` and return each of ``names``' final report (its role's type)."""
         finals = {}
         deadline = time.monotonic() + timeout
         while len(finals) < len(names) and time.monotonic() < deadline:
@@ -62,7 +63,7 @@ class Harness:
             for n in names:
                 if n not in finals:
                     try:
-                        finals[n] = self.wait_for(n, "final", timeout=0.3).as_map()
+                        finals[n] = self.wait_for(n, "final", timeout=0.3)
                     except TimeoutError:
                         pass
         assert len(finals) == len(names), f"no final report from {set(names) - set(finals)}"
@@ -78,6 +79,10 @@ class Harness:
                 p.kill()
         self.events.close()
         self.control.close()
+
+
+def _is(ev: Event, type: str) -> bool:
+    return ev.final if type == "final" else ev.type == type
 
 
 def metric(port: int, name: str, labels: str) -> float:

@@ -100,8 +100,8 @@ def test_bad_frames_are_rejected_counted_logged_once_and_serving_goes_on(stream,
 
     finals = h.stop(["reward"], ["reward-0"])
     finals.update(h.stop(["buffer"], ["buffer"]))
-    assert finals["reward-0"]["rejected_frames"] == 5 and finals["reward-0"]["forwarded"] == 4
-    assert finals["buffer"]["sampled"] == 8 and finals["buffer"]["held"] == 0
+    assert finals["reward-0"].rejected_frames == 5 and finals["reward-0"].forwarded == 4
+    assert finals["buffer"].sampled == 8 and finals["buffer"].held == 0
     for name in ("reward-0", "buffer"):
         log = (tmp_path / f"{name}.log").read_text()
         assert log.count("rejected a frame (nonfinite_logprobs") == 1, log  # logged once, counted twice

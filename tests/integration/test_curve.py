@@ -66,7 +66,7 @@ def test_a_curve_run_serves_keyed_clients_and_refuses_and_counts_others(curve_ru
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read() == b"ok\n"
 
     finals = h.stop(["buffer"], ["buffer"])
-    assert finals["buffer"]["sampled"] == 4
+    assert finals["buffer"].sampled == 4
     log = (h.run_dir / "buffer.log").read_text()
     assert log.count("failed the CURVE handshake") == 1, log
     config = (h.run_dir / "config.yaml").read_text()

@@ -62,7 +62,7 @@ def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path)
             interval=0.1,
         )
         h.procs["reward-hot"].send_signal(signal.SIGTERM)  # leaves mid-stream, holding groups
-        hot = h.wait_for("reward-hot", "final", timeout=30).as_map()
+        hot = h.wait_for("reward-hot", "final", timeout=30)
         assert h.procs["reward-hot"].wait(30) == 0
         start_hot_worker(h, "reward-hot2", connect=h.endpoints.reward_share)  # a second one joins by address
         h.wait_for("reward-hot2", "ready")
@@ -74,11 +74,11 @@ def test_a_hot_plugged_worker_joins_and_leaves_without_losing_a_sample(tmp_path)
         server.close()
 
     rewards = [finals[n] for n in ("reward-0", "reward-hot", "reward-hot2")]
-    assert hot["received"] > 0 and hot["held"] == 0 and hot["forwarded"] == hot["received"]
-    assert sum(r["received"] for r in rewards) == 120  # what the generators sent, counted once
-    assert sum(r["forwarded"] for r in rewards) == 120 and sum(r["held"] for r in rewards) == 0
-    assert finals["buffer"]["inserted"] == 120 and finals["buffer"]["dropped"] == {}  # no duplicate
-    assert finals["buffer"]["held"] == 120
+    assert hot.received > 0 and hot.held == 0 and hot.forwarded == hot.received
+    assert sum(r.received for r in rewards) == 120  # what the generators sent, counted once
+    assert sum(r.forwarded for r in rewards) == 120 and sum(r.held for r in rewards) == 0
+    assert finals["buffer"].inserted == 120 and finals["buffer"].dropped == {}  # no duplicate
+    assert finals["buffer"].held == 120
     # Each sample was scored exactly once, with its uid in the idempotency key (the server reads it back).
     assert sorted(server.attempts) == sorted(s.uid for g in groups for s in g.samples)
     assert set(server.attempts.values()) == {1}
@@ -114,10 +114,10 @@ def test_failed_groups_are_requeued_then_dropped_by_reason(tmp_path):
         h.close()
         server.close()
     reward = finals["reward-0"]
-    assert reward["received"] == reward["forwarded"] == 12 and reward["held"] == 0
-    assert reward["requeued"] == 8 and reward["unscored"] == 4  # flaky and broken once; broken for good
-    assert finals["buffer"]["dropped"] == {"reward_failed: scorer: http_5xx": 4}
-    assert finals["buffer"]["held"] == 8
+    assert reward.received == reward.forwarded == 12 and reward.held == 0
+    assert reward.requeued == 8 and reward.unscored == 4  # flaky and broken once; broken for good
+    assert finals["buffer"].dropped == {"reward_failed: scorer: http_5xx": 4}
+    assert finals["buffer"].held == 8
     assert server.attempts["broken/0"] == 2 and server.attempts["flaky/0"] == 2 and server.attempts["fine/0"] == 1
     assert server.attempts["flaky/1"] == 1  # requeued, the group re-requested only its unscored sample
 

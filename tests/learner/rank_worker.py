@@ -104,7 +104,7 @@ def run_case(model_dir: Path, out_dir: Path, case: str) -> None:
         stats = trainer.train_step(groups)
     state = trainer.full_state_dict(rank0_only=True)  # collective under ZeRO-3
     if trainer.dp.rank == 0:
-        figures = {name: stats[name] for name in FIGURES if name in stats}
+        figures = {name: getattr(stats, name) for name in FIGURES if getattr(stats, name) is not None}
         torch.save({"state": state, "figures": figures, "world": trainer.dp.world}, out_dir / f"{case}.pt")
 
 

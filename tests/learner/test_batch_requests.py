@@ -6,9 +6,11 @@ from asyncrl.buffer.replay import ReplayBuffer
 from asyncrl.config import RunConfig
 from asyncrl.learner.batch_requests import BatchRequester
 from asyncrl.learner.totals import Counters
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.rundir.ledger import GroupIdSet, LedgerWriter
 from asyncrl.rundir.ledger_replay import reconcile_ledger
 from asyncrl.wire.messages import Batch as BatchReply
+from asyncrl.wire.messages import BufferFinal, GeneratorFinal, LearnerFinal, RewardFinal
 from tests.factories import make_group
 
 
@@ -150,7 +152,8 @@ def test_stale_segments_leave_the_loss_and_a_sample_with_none_trained_is_dropped
     assert [s.trained_from for s in batch.groups[0].samples] == [1, 3, 0, 0]
     first_time, dropped = batches.trained(batch, 6)
     assert (first_time, dropped) == (7, 1) and counters.dropped == {"stale": 1}
-    stats = {"seconds": 0.1, "staleness": [1] * 7, "token_staleness": {1: 20}, "stale_tokens_masked": 4}
+    stats = StepStats(version=6, loss=0.0, tokens=24, staleness_mean=1.0, staleness_max=1, step_s=0.1)
+    stats.staleness, stats.token_staleness, stats.stale_tokens_masked = [1] * 7, {1: 20}, 4
     counters.add_step(batch.groups, stats, first_time, dropped)
     assert counters.trained_with_reuse == 7 and counters.segments_hist == {1: 6, 2: 1}
     ledger.close()
@@ -158,22 +161,21 @@ def test_stale_segments_leave_the_loss_and_a_sample_with_none_trained_is_dropped
     replayed = reconcile_ledger(tmp_path, samples_per_group=4)
     assert replayed["trained"] == 7 and replayed["dropped"] == {"stale": 1} and replayed["lost"] == 0
     assert replayed["stale_tokens_masked"] == 4
-    learner = {
-        "role": "learner",
-        "version": 6,
-        "trained": counters.trained,
-        "trained_with_reuse": counters.trained_with_reuse,
-        "dropped": dict(counters.dropped),
-        "staleness_hist": {"1": 7},
-        "token_staleness_hist": {str(k): v for k, v in counters.token_staleness_hist.items()},
-        "segments_hist": {str(k): v for k, v in counters.segments_hist.items()},
-        "stale_tokens_masked": counters.stale_tokens_masked,
-        "busy_s": 1.0,
-        "wall_s": 2.0,
-    }
-    generator = {"role": "generator", "generated": 8, "dropped": {}, "held": 0, "tokens": 24, "busy_s": 1, "wall_s": 2}
-    rewards = {"role": "reward", "received": 8, "forwarded": 8, "held": 0}
-    buffer = {"role": "buffer", **buf.reconcile()}
+    learner = LearnerFinal(
+        version=6,
+        trained=counters.trained,
+        trained_with_reuse=counters.trained_with_reuse,
+        dropped=dict(counters.dropped),
+        staleness_hist={"1": 7},
+        token_staleness_hist={str(k): v for k, v in counters.token_staleness_hist.items()},
+        segments_hist={str(k): v for k, v in counters.segments_hist.items()},
+        stale_tokens_masked=counters.stale_tokens_masked,
+        busy_s=1.0,
+        wall_s=2.0,
+    )
+    generator = GeneratorFinal(generated=8, tokens=24, version=6, busy_s=1, wall_s=2)
+    rewards = RewardFinal(received=8, forwarded=8)
+    buffer = BufferFinal(**buf.reconcile())
     summary = summarize({"g": generator, "r": rewards, "b": buffer, "l": learner}, 1.0, None, None)
     assert summary["reconciles"] and all(v == 0 for v in summary["unaccounted_by_link"].values())
     assert summary["dropped"] == {"stale": 1} and summary["trained"] == 7

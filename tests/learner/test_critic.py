@@ -101,8 +101,8 @@ def test_ppo_with_a_critic_trains(model_dir, targets):
     losses = []
     for _ in range(3):
         stats = trainer.train_step(groups)
-        assert math.isfinite(stats["loss"]) and math.isfinite(stats["value_loss"])
-        losses.append(stats["value_loss"])
+        assert math.isfinite(stats.loss) and math.isfinite(stats.value_loss)
+        losses.append(stats.value_loss)
     if targets == "gae":  # fixed targets: the value loss falls (V-trace's move with pi_prox)
         assert losses[-1] < losses[0]
     after = trainer.full_state_dict()

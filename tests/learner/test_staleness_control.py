@@ -10,6 +10,7 @@ from asyncrl.buffer.config import AutoStalenessConfig
 from asyncrl.config import RunConfig
 from asyncrl.learner.staleness_control import AutoStaleness, Signals, StalenessController, step_signals
 from asyncrl.observability import metrics as m
+from asyncrl.observability.step_stats import StepStats
 
 # Limits of every test unless it says otherwise: kl_max 0.05 (healthy <= 0.025), ess_min 0.5
 # (healthy >= 0.75).
@@ -95,23 +96,28 @@ def test_state_round_trips_and_a_saved_bound_outside_the_limits_is_brought_withi
     assert d.bound == 6
 
 
+def stats(**measured) -> StepStats:
+    return StepStats(version=1, loss=0.0, tokens=8, staleness_mean=0.0, staleness_max=0, **measured)
+
+
 def test_step_signals_read_the_stalest_samples_kl_and_the_ess():
-    s = step_signals({"behaviour_ess": 0.8, "behaviour_kl_by_staleness": {0: 0.001, 2: 0.03, 1: 0.01}})
+    s = step_signals(stats(behaviour_ess=0.8, behaviour_kl_by_staleness={0: 0.001, 2: 0.03, 1: 0.01}))
     assert s == Signals(ess=0.8, kl=0.03, staleness_max=2)
-    # keys as strings, as in steps.jsonl
-    assert step_signals({"behaviour_ess": 0.8, "behaviour_kl_by_staleness": {"0": 0.5}}).kl == 0.5
-    assert step_signals({"behaviour_ess": math.nan, "behaviour_kl_by_staleness": {0: 0.1}}) is None
-    assert step_signals({"loss": 0.0}) is None  # a trainer that measured nothing
+    assert step_signals(stats(behaviour_ess=math.nan, behaviour_kl_by_staleness={0: 0.1})) is None
+    assert step_signals(stats()) is None  # a trainer that measured nothing
 
 
 def test_auto_staleness_puts_the_bound_and_the_reason_in_the_step_and_the_metrics():
     auto = AutoStaleness(AutoStalenessConfig(**{**CFG, "raise_after": 1}))
     raises = m.STALENESS_BOUND_CHANGES.labels("raise")._value.get()
-    out = auto.after_step({"behaviour_ess": 0.99, "behaviour_kl_by_staleness": {3: 0.0}})
-    assert out["staleness_bound"] == 4 and out["staleness_bound_reason"].startswith("raise 3 -> 4")
+    out = stats(behaviour_ess=0.99, behaviour_kl_by_staleness={3: 0.0})
+    auto.after_step(out)
+    assert out.staleness_bound == 4 and out.staleness_bound_reason.startswith("raise 3 -> 4")
     assert m.STALENESS_BOUND.labels("learner")._value.get() == 4
     assert m.STALENESS_BOUND_CHANGES.labels("raise")._value.get() == raises + 1
-    assert auto.after_step({"loss": 0.0}) == {"staleness_bound": 4}  # no signals: the bound holds
+    held = stats()
+    auto.after_step(held)
+    assert (held.staleness_bound, held.staleness_bound_reason) == (4, None)  # no signals: the bound holds
 
 
 def test_auto_config_is_checked_with_the_value_and_the_rule():
@@ -138,18 +144,20 @@ def test_the_bound_survives_the_learners_checkpoint(tmp_path):
     from asyncrl.rundir.ledger import GroupIdSet
 
     cfg = AutoStalenessConfig(**{**CFG, "raise_after": 2})
-    healthy_at = {"behaviour_ess": 0.99, "behaviour_kl_by_staleness": {3: 0.0}}
+    healthy_at = dict(behaviour_ess=0.99, behaviour_kl_by_staleness={3: 0.0})
     auto, trainer = AutoStaleness(cfg), MockTrainer(MockTrainerConfig())
-    auto.after_step(healthy_at)
-    auto.after_step(healthy_at)  # raise 3 -> 4
-    auto.after_step({**healthy_at, "behaviour_kl_by_staleness": {4: 0.0}})  # one of two towards 5
+    auto.after_step(stats(**healthy_at))
+    auto.after_step(stats(**healthy_at))  # raise 3 -> 4
+    auto.after_step(stats(**{**healthy_at, "behaviour_kl_by_staleness": {4: 0.0}}))  # one of two towards 5
     save_learner_part(trainer, Counters(), GroupIdSet(), tmp_path / "with", auto)
     save_learner_part(trainer, Counters(), GroupIdSet(), tmp_path / "without")  # a run under a fixed bound
     resumed = AutoStaleness(cfg)
     load_learner_part(MockTrainer(MockTrainerConfig()), Counters(), tmp_path / "with", resumed)
     assert resumed.controller.state() == {"bound": 4, "healthy": 1, "breached": 0}
     # the resumed run goes on where the saved one stood: one more healthy step raises
-    assert resumed.after_step({**healthy_at, "behaviour_kl_by_staleness": {4: 0.0}})["staleness_bound"] == 5
+    step = stats(**{**healthy_at, "behaviour_kl_by_staleness": {4: 0.0}})
+    resumed.after_step(step)
+    assert step.staleness_bound == 5
     started = AutoStaleness(cfg)
     load_learner_part(MockTrainer(MockTrainerConfig()), Counters(), tmp_path / "without", started)
     assert started.bound == cfg.start

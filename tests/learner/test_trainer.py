@@ -111,31 +111,31 @@ def test_two_steps_at_each_zero_stage(stage, model_dir, hf_state, groups, refere
         torch.testing.assert_close(tensor, hf_weights[name])
 
     first = trainer.train_step(groups)
-    assert trainer.version == 1 and first["version"] == 1
-    assert first["staleness"] == [0] * 16  # sampled by version 0, trained at version 0
+    assert trainer.version == 1 and first.version == 1
+    assert first.staleness == [0] * 16  # sampled by version 0, trained at version 0
     after_one = trainer.full_state_dict()
     assert any(not torch.equal(after_one[k], before[k]) for k in before), "weights did not change"
 
     second = trainer.train_step(groups)
     assert trainer.version == 2
-    assert second["staleness"] == [1] * 16 and second["staleness_max"] == 1
+    assert second.staleness == [1] * 16 and second.staleness_max == 1
     for stats in (first, second):
-        assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
-        assert stats["sequences"] == 16 and stats["tokens"] == sum(g.num_tokens for g in groups)
-        assert stats["seconds"] > 0 and stats["clipfrac"] == 0.0
-        assert 0.5 < stats["is_weight_mean"] < 2.0 and stats["is_weight_max"] >= stats["is_weight_mean"]
-        assert 0 < stats["is_weight_ess"] <= 1.0 and stats["masked_frac"] == 0.0
-        assert stats["entropy"] > 0 and stats["behaviour_kl"] >= 0
-        assert 0 < stats["behaviour_ess"] <= 1.0
+        assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm) and stats.grad_norm > 0
+        assert stats.sequences == 16 and stats.tokens == sum(g.num_tokens for g in groups)
+        assert stats.step_s > 0 and stats.clipfrac == 0.0
+        assert 0.5 < stats.is_weight_mean < 2.0 and stats.is_weight_max >= stats.is_weight_mean
+        assert 0 < stats.is_weight_ess <= 1.0 and stats.masked_frac == 0.0
+        assert stats.entropy > 0 and stats.behaviour_kl >= 0
+        assert 0 < stats.behaviour_ess <= 1.0
     # one staleness per step here: its KL is the step's
-    assert list(first["behaviour_kl_by_staleness"]) == [0] and list(second["behaviour_kl_by_staleness"]) == [1]
-    assert second["behaviour_kl_by_staleness"][1] == pytest.approx(second["behaviour_kl"], rel=1e-5)
+    assert list(first.behaviour_kl_by_staleness) == [0] and list(second.behaviour_kl_by_staleness) == [1]
+    assert second.behaviour_kl_by_staleness[1] == pytest.approx(second.behaviour_kl, rel=1e-5)
 
     # 4 micro batches per call, accumulated into ONE optimizer step per call: the gradient is the
     # full batch's token-mean gradient (same norm) and the weights equal two full-batch steps of
     # plain torch (up to float reduction order)
     weights, grad_norms = reference_weights
-    assert [first["grad_norm"], second["grad_norm"]] == pytest.approx(grad_norms, rel=1e-4)
+    assert [first.grad_norm, second.grad_norm] == pytest.approx(grad_norms, rel=1e-4)
     after_two = trainer.full_state_dict()
     for name, tensor in after_two.items():
         torch.testing.assert_close(tensor, weights[name], atol=1e-4, rtol=0)
@@ -157,7 +157,7 @@ def test_lr_schedule_sets_each_updates_rate_and_reports_it(model_dir, groups):
     norms = []
     for lr in expected_lrs:
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group.lr = lr
         lp = token_logprobs(
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
         )
@@ -169,12 +169,12 @@ def test_lr_schedule_sets_each_updates_rate_and_reports_it(model_dir, groups):
 
     trainer = PolicyTrainer(model_dir, config(2, **schedule))
     stats = [trainer.train_step(groups) for _ in expected_lrs]
-    assert [s["lr"] for s in stats] == pytest.approx(expected_lrs, rel=1e-12)
+    assert [s.lr for s in stats] == pytest.approx(expected_lrs, rel=1e-12)
     assert trainer.updates == 4
-    assert [s["grad_norm"] for s in stats] == pytest.approx(norms, rel=1e-4)
+    assert [s.grad_norm for s in stats] == pytest.approx(norms, rel=1e-4)
     for s, norm in zip(stats, norms):
-        assert s["grad_clipped"] == float(norm > GRAD_CLIP)
-        assert s["grad_clip_coef"] == pytest.approx(min(1.0, GRAD_CLIP / norm), rel=1e-4)
+        assert s.grad_clipped == float(norm > GRAD_CLIP)
+        assert s.grad_clip_coef == pytest.approx(min(1.0, GRAD_CLIP / norm), rel=1e-4)
     after = trainer.full_state_dict()
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(after[name], tensor, atol=1e-5, rtol=0)
@@ -191,7 +191,7 @@ def test_small_logit_chunks_and_gradient_checkpointing_land_on_the_same_weights(
     torch on full logits."""
     trainer = PolicyTrainer(model_dir, config(stage, logits_chunk_tokens=3, gradient_checkpointing=True))
     assert trainer.engine.module.is_gradient_checkpointing
-    norms = [trainer.train_step(groups)["grad_norm"] for _ in range(2)]
+    norms = [trainer.train_step(groups).grad_norm for _ in range(2)]
     weights, grad_norms = reference_weights
     assert norms == pytest.approx(grad_norms, rel=1e-4)
     for name, tensor in trainer.full_state_dict().items():
@@ -204,7 +204,7 @@ def test_small_zero_buckets_land_on_the_same_weights(model_dir, groups, referenc
     trainer = PolicyTrainer(model_dir, config(2, zero_bucket_elements=1000))
     assert trainer.engine.zero_reduce_bucket_size() == 1000
     assert trainer.engine.zero_allgather_bucket_size() == 1000
-    norms = [trainer.train_step(groups)["grad_norm"] for _ in range(2)]
+    norms = [trainer.train_step(groups).grad_norm for _ in range(2)]
     weights, grad_norms = reference_weights
     assert norms == pytest.approx(grad_norms, rel=1e-4)
     for name, tensor in trainer.full_state_dict().items():
@@ -226,8 +226,8 @@ def test_bf16_step_on_cpu_scores_close_to_fp32_and_trains(model_dir, hf_state, g
     torch.testing.assert_close(lp16[mask], lp32[mask], rtol=0, atol=0.05)  # bf16 rounding of the weights
     before = trainer.full_state_dict()
     stats = trainer.train_step(groups)
-    assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
-    assert stats["entropy"] > 0 and 0.5 < stats["is_weight_mean"] < 2.0
+    assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm) and stats.grad_norm > 0
+    assert stats.entropy > 0 and 0.5 < stats.is_weight_mean < 2.0
     after = trainer.full_state_dict()
     assert any(not torch.equal(after[k], before[k]) for k in before), "weights did not change"
 
@@ -246,14 +246,14 @@ def test_behaviour_weights_are_one_when_behaviour_is_the_model(model_dir, hf_sta
         own.append(Group(group.group_id, group.prompt_uid, "t", "", "", group.prompt_ids, 0, "gen", samples))
     trainer = PolicyTrainer(model_dir, config(0, temperature=temperature))
     stats = trainer.train_step(own)
-    assert stats["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert stats["is_weight_max"] == pytest.approx(1.0, abs=1e-5)
-    assert stats["is_weight_ess"] == pytest.approx(1.0, abs=1e-6)
-    assert stats["behaviour_ess"] == pytest.approx(1.0, abs=1e-6)
-    assert stats["behaviour_kl_by_staleness"] == {0: pytest.approx(0.0, abs=1e-6)}
-    assert stats["masked_frac"] == 0.0
-    assert stats["behaviour_kl"] == pytest.approx(0.0, abs=1e-6)
-    assert stats["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)  # staleness 0: all tokens count
+    assert stats.is_weight_mean == pytest.approx(1.0, abs=1e-5)
+    assert stats.is_weight_max == pytest.approx(1.0, abs=1e-5)
+    assert stats.is_weight_ess == pytest.approx(1.0, abs=1e-6)
+    assert stats.behaviour_ess == pytest.approx(1.0, abs=1e-6)
+    assert stats.behaviour_kl_by_staleness == {0: pytest.approx(0.0, abs=1e-6)}
+    assert stats.masked_frac == 0.0
+    assert stats.behaviour_kl == pytest.approx(0.0, abs=1e-6)
+    assert stats.mismatch_kl == pytest.approx(0.0, abs=1e-6)  # staleness 0: all tokens count
 
 
 def test_bf16_zero3_step_and_save_pretrained_roundtrip(model_dir, groups, tmp_path):
@@ -261,7 +261,7 @@ def test_bf16_zero3_step_and_save_pretrained_roundtrip(model_dir, groups, tmp_pa
 
     trainer = PolicyTrainer(model_dir, config(3, dtype="bf16"))
     stats = trainer.train_step(groups)
-    assert math.isfinite(stats["loss"]) and trainer.version == 1
+    assert math.isfinite(stats.loss) and trainer.version == 1
     weights = trainer.full_state_dict()
     assert all(t.dtype == torch.float32 for t in weights.values())
 
@@ -316,7 +316,7 @@ def test_importance_weights_scale_each_groups_token_loss(model_dir, groups):
 
     trainer = PolicyTrainer(model_dir, config(0))
     stats = trainer.train_step(groups, weights=weights)
-    assert stats["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    assert stats.grad_norm == pytest.approx(grad_norm, rel=1e-4)
     after = trainer.full_state_dict()
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(after[name], tensor, atol=1e-5, rtol=0)
@@ -403,7 +403,7 @@ def test_bf16_if_native_trains_in_what_this_cpu_multiplies_natively(model_dir, g
     want = torch.bfloat16 if native_bf16(cuda=False) else torch.float32
     assert trainer.cfg.dtype == ("bf16" if want == torch.bfloat16 else "fp32")
     assert next(trainer.engine.module.parameters()).dtype == want
-    assert math.isfinite(trainer.train_step(groups)["loss"])
+    assert math.isfinite(trainer.train_step(groups).loss)
 
 
 def plain_torch_steps(model_dir, groups, algo, steps=2):
@@ -451,8 +451,8 @@ def test_algorithms_in_micro_batches_match_plain_torch(name, model_dir, groups):
     trainer = PolicyTrainer(model_dir, config(0), algo)
     for _ in range(2):
         stats = trainer.train_step(groups)
-        assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
-        assert stats["masked_frac"] > 0 or algo.rejection == "none"  # the rejections drop some tokens
+        assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
+        assert stats.masked_frac > 0 or algo.rejection == "none"  # the rejections drop some tokens
     after = trainer.full_state_dict()
     for key, tensor in expected.items():
         torch.testing.assert_close(after[key], tensor, atol=1e-4, rtol=0)
@@ -465,11 +465,11 @@ def test_packed_micro_batches_land_on_the_same_weights(stage, model_dir, groups,
     trainer = PolicyTrainer(model_dir, config(stage, micro_batch_tokens=24))
     stats = [trainer.train_step(groups) for _ in range(2)]
     weights, grad_norms = reference_weights
-    assert [s["grad_norm"] for s in stats] == pytest.approx(grad_norms, rel=1e-4)
+    assert [s.grad_norm for s in stats] == pytest.approx(grad_norms, rel=1e-4)
     for name, tensor in trainer.full_state_dict().items():
         torch.testing.assert_close(tensor, weights[name], atol=1e-4, rtol=0)
     padded = PolicyTrainer(model_dir, config(stage)).train_step(groups)
-    assert 0 <= stats[0]["padding_frac"] <= padded["padding_frac"] < 1
+    assert 0 <= stats[0].padding_frac <= padded.padding_frac < 1
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -491,13 +491,13 @@ def test_kl_to_the_reference_and_the_adaptive_controller(model_dir, groups):
     algo = AlgorithmConfig(kl={"coef": 0.2, "controller": "adaptive", "target": 1e-6, "horizon": 16})
     trainer = PolicyTrainer(model_dir, config(0), algo)
     first = trainer.train_step(groups)
-    assert first["ref_kl"] == pytest.approx(0.0, abs=1e-7) and first["kl_coef"] == pytest.approx(0.2)
+    assert first.ref_kl == pytest.approx(0.0, abs=1e-7) and first.kl_coef == pytest.approx(0.2)
     second = trainer.train_step(groups)
-    assert second["ref_kl"] > 0
-    assert second["kl_coef"] == pytest.approx(0.2 * (1 - 0.2))  # KL 0 < target: -20% over 16 samples
+    assert second.ref_kl > 0
+    assert second.kl_coef == pytest.approx(0.2 * (1 - 0.2))  # KL 0 < target: -20% over 16 samples
     assert trainer.kl_controller.value == pytest.approx(0.2 * 0.8 * 1.2)  # KL >> target: +20%
     # first step: every sample fresh -> mismatch KL defined; second: all stale -> NaN
-    assert first["mismatch_kl"] >= 0 and math.isnan(second["mismatch_kl"])
+    assert first.mismatch_kl >= 0 and math.isnan(second.mismatch_kl)
 
 
 def test_kl_as_reward_penalty_changes_the_advantages(model_dir, groups):
@@ -505,16 +505,16 @@ def test_kl_as_reward_penalty_changes_the_advantages(model_dir, groups):
         model_dir, config(0), AlgorithmConfig(kl={"coef": 1.0, "use_in": "reward", "estimator": "k1"})
     )
     stats = fixed.train_step(groups)
-    assert math.isfinite(stats["loss"]) and stats["kl_coef"] == 1.0
+    assert math.isfinite(stats.loss) and stats.kl_coef == 1.0
     # mu (the groups' logprobs) is not the reference, so the penalised rewards differ per sample
     plain = PolicyTrainer(model_dir, config(0))
-    assert stats["loss"] != pytest.approx(plain.train_step(groups)["loss"])
+    assert stats.loss != pytest.approx(plain.train_step(groups).loss)
 
 
 def test_masked_importance_sampling_reports_the_masked_fraction(model_dir, groups):
     trainer = PolicyTrainer(model_dir, config(0), AlgorithmConfig(correction="mis", mis_low=0.9, mis_high=1.1))
     stats = trainer.train_step(groups)
-    assert 0 < stats["masked_frac"] < 1 and stats["is_weight_ess"] < 1
+    assert 0 < stats.masked_frac < 1 and stats.is_weight_ess < 1
 
 
 def test_log_linear_proximal_equals_recompute_with_one_step_per_batch(model_dir, groups):
@@ -524,7 +524,7 @@ def test_log_linear_proximal_equals_recompute_with_one_step_per_batch(model_dir,
     a = PolicyTrainer(model_dir, config(0), AlgorithmConfig(proximal="log_linear"))
     b = PolicyTrainer(model_dir, config(0), AlgorithmConfig(proximal="recompute"))
     sa, sb = a.train_step(stale), b.train_step(stale)
-    assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-6) and sa["staleness"] == [3] * 16
+    assert sa.loss == pytest.approx(sb.loss, rel=1e-6) and sa.staleness == [3] * 16
     wa, wb = a.full_state_dict(), b.full_state_dict()
     for key in wa:
         torch.testing.assert_close(wa[key], wb[key])
@@ -544,15 +544,15 @@ def test_a_reference_in_its_own_process_trains_exactly_like_a_colocated_one(mode
             model_dir, config(0), AlgorithmConfig(kl={**kl, "reference": "process"}), h.endpoints.reference
         )
         remote_stats = [remote.train_step(groups) for _ in range(2)]
-        served = h.stop(["reference"], ["reference"])["reference"]["served"]
+        served = h.stop(["reference"], ["reference"])["reference"].served
     finally:
         h.close()
     local = PolicyTrainer(model_dir, config(0), AlgorithmConfig(kl=kl))
     local_stats = [local.train_step(groups) for _ in range(2)]
     assert served == 2 * sum(len(g.samples) for g in groups)
     for r, c in zip(remote_stats, local_stats):
-        assert r["ref_kl"] == pytest.approx(c["ref_kl"], abs=1e-7) and r["kl_coef"] == c["kl_coef"]
-        assert r["loss"] == pytest.approx(c["loss"], rel=1e-6, abs=1e-8)
+        assert r.ref_kl == pytest.approx(c.ref_kl, abs=1e-7) and r.kl_coef == c.kl_coef
+        assert r.loss == pytest.approx(c.loss, rel=1e-6, abs=1e-8)
     with pytest.raises(ValueError, match="needs the reference process's address"):
         PolicyTrainer(model_dir, config(0), AlgorithmConfig(kl={**kl, "reference": "process"}))
 
@@ -565,7 +565,7 @@ def test_remax_uses_each_groups_greedy_reward_as_baseline(model_dir, groups):
         rows = trainer.advantages(groups)
         for g, row in zip(groups, rows):
             np.testing.assert_allclose(row, [s.reward - 1.0 for s in g.samples])
-        assert math.isfinite(trainer.train_step(groups)["loss"])
+        assert math.isfinite(trainer.train_step(groups).loss)
         del groups[0].meta["greedy_reward"]
         with pytest.raises(ValueError, match="greedy_reward"):
             trainer.advantages(groups)
@@ -588,13 +588,13 @@ def test_checkpoint_round_trip_continues_bit_for_bit(stage, model_dir, groups, t
     original.train_step(groups)
     original.save_state(tmp_path / "ckpt")
     saved_coef = original.kl_controller.value
-    uninterrupted_lrs = [original.train_step(groups)["lr"] for _ in range(2)]
+    uninterrupted_lrs = [original.train_step(groups).lr for _ in range(2)]
     uninterrupted = original.full_state_dict()
 
     resumed = PolicyTrainer(model_dir, cfg, algo)
     resumed.load_state(tmp_path / "ckpt")
     assert resumed.version == 1 and resumed.updates == 1 and resumed.kl_controller.value == saved_coef
-    resumed_lrs = [resumed.train_step(groups)["lr"] for _ in range(2)]
+    resumed_lrs = [resumed.train_step(groups).lr for _ in range(2)]
     assert resumed.version == 3
     assert resumed_lrs == uninterrupted_lrs == [LR, pytest.approx(LR * (0.1 + 0.9 * 0.5))]
     for name, tensor in resumed.full_state_dict().items():
@@ -657,8 +657,8 @@ def test_truncation_keep_trains_on_truncated_answers_as_they_are(model_dir, grou
     cut = with_truncated(groups)
     kept = PolicyTrainer(model_dir, config(0)).train_step(cut)
     plain = PolicyTrainer(model_dir, config(0)).train_step(groups)
-    assert kept["truncated_frac"] == 4 / 16 and plain["truncated_frac"] == 0.0
-    assert kept["loss"] == plain["loss"] and kept["grad_norm"] == plain["grad_norm"]
+    assert kept.truncated_frac == 4 / 16 and plain.truncated_frac == 0.0
+    assert kept.loss == plain.loss and kept.grad_norm == plain.grad_norm
 
 
 @pytest.mark.parametrize("stage", [0, 2])
@@ -683,9 +683,9 @@ def test_truncation_mask_takes_truncated_answers_out_of_the_loss_but_not_the_bas
 
     trainer = PolicyTrainer(model_dir, config(stage), AlgorithmConfig(truncation={"mode": "mask"}))
     stats = trainer.train_step(cut)
-    assert stats["truncated_frac"] == 5 / 16 and stats["sequences"] == 11
-    assert stats["tokens"] == int(mask.sum())
-    assert stats["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert stats.truncated_frac == 5 / 16 and stats.sequences == 11
+    assert stats.tokens == int(mask.sum())
+    assert stats.loss == pytest.approx(loss.item(), rel=1e-5)
     after = trainer.full_state_dict()
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(after[name], tensor, atol=1e-5, rtol=0)
@@ -709,8 +709,8 @@ def test_truncation_penalise_adds_dapos_overlong_penalty_to_the_reward(model_dir
     for row, expected in zip(penalised.advantages(groups), reference.advantages(shifted)):
         np.testing.assert_allclose(row, expected, rtol=1e-6)
     stats = penalised.train_step(groups)
-    assert stats["overlong_penalty"] == pytest.approx(float(np.mean(penalties)), rel=1e-6)
-    assert stats["reward_mean"] == pytest.approx(np.mean([s.reward for g in groups for s in g.samples]))
+    assert stats.overlong_penalty == pytest.approx(float(np.mean(penalties)), rel=1e-6)
+    assert stats.reward_mean == pytest.approx(np.mean([s.reward for g in groups for s in g.samples]))
     reference.train_step(shifted)
     a, b = penalised.full_state_dict(), reference.full_state_dict()
     for name in a:
@@ -753,17 +753,17 @@ def test_epochs_and_mini_batches_clip_against_the_policy_before_the_first_update
 
     trainer = PolicyTrainer(model_dir, config(2, micro_batch_tokens=micro_batch_tokens), ppo_epochs=2, mini_batches=2)
     stats = trainer.train_step(groups)
-    assert trainer.version == 1 and stats["version"] == 1 and trainer.updates == stats["updates"] == 4
-    assert stats["staleness"] == [0] * 16
-    assert stats["grad_norm_by_update"] == pytest.approx(norms, rel=1e-4)
-    assert stats["grad_norm"] == pytest.approx(np.mean(norms), rel=1e-4)
-    assert len(stats["loss_by_update"]) == 4
+    assert trainer.version == 1 and stats.version == 1 and trainer.updates == stats.updates == 4
+    assert stats.staleness == [0] * 16
+    assert stats.grad_norm_by_update == pytest.approx(norms, rel=1e-4)
+    assert stats.grad_norm == pytest.approx(np.mean(norms), rel=1e-4)
+    assert len(stats.loss_by_update) == 4
     # the policy moves away from pi_prox over the updates; pi_prox / mu is the same throughout
-    assert len(stats["approx_kl_by_epoch"]) == 2 and 0 < stats["approx_kl_by_epoch"][0] < stats["approx_kl_by_epoch"][1]
-    assert len(stats["clipfrac_by_epoch"]) == 2 and stats["clipfrac"] >= 0
-    assert stats["clipfrac"] == pytest.approx(stats["clipfrac_high"] + stats["clipfrac_low"])
-    assert stats["clipfrac_dual"] == 0.0 and stats["ppo_kl"] != 0.0  # no dual clip set; the policy moved
-    assert 0.5 < stats["is_weight_mean"] < 2.0
+    assert len(stats.approx_kl_by_epoch) == 2 and 0 < stats.approx_kl_by_epoch[0] < stats.approx_kl_by_epoch[1]
+    assert len(stats.clipfrac_by_epoch) == 2 and stats.clipfrac >= 0
+    assert stats.clipfrac == pytest.approx(stats.clipfrac_high + stats.clipfrac_low)
+    assert stats.clipfrac_dual == 0.0 and stats.ppo_kl != 0.0  # no dual clip set; the policy moved
+    assert 0.5 < stats.is_weight_mean < 2.0
     after = trainer.full_state_dict()
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(after[name], tensor, atol=1e-4, rtol=0)
@@ -776,14 +776,14 @@ def test_one_epoch_one_mini_batch_is_exactly_the_first_of_several_updates(model_
     over one update), so its weights are the first update's."""
     single = PolicyTrainer(model_dir, config(0))
     one = single.train_step(groups)
-    assert "loss_by_update" not in one and "clipfrac_by_epoch" not in one and one["approx_kl"] == 0.0
-    assert one["ppo_kl"] == one["clipfrac_high"] == one["clipfrac_low"] == one["clipfrac_dual"] == 0.0
+    assert one.loss_by_update is None and one.clipfrac_by_epoch is None and one.approx_kl == 0.0
+    assert one.ppo_kl == one.clipfrac_high == one.clipfrac_low == one.clipfrac_dual == 0.0
     decayed = config(0, lr_schedule="linear", lr_decay_steps=1)
     several = PolicyTrainer(model_dir, decayed, ppo_epochs=2)
     two = several.train_step(groups)
-    assert two["lr"] == 0.0 and several.updates == 2
-    assert two["loss_by_update"][0] == one["loss"]
-    assert two["grad_norm_by_update"][0] == one["grad_norm"]
+    assert two.lr == 0.0 and several.updates == 2
+    assert two.loss_by_update[0] == one.loss
+    assert two.grad_norm_by_update[0] == one.grad_norm
     a, b = single.full_state_dict(), several.full_state_dict()
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -820,15 +820,15 @@ def test_staleness_figures_count_each_segment_at_its_own_version(model_dir, hf_s
     stats = trainer.train_step(spanning)
     samples = [s for g in spanning for s in g.samples]
     tokens = sum(len(s.response_ids) for s in samples)
-    assert stats["staleness"] == [3] * len(samples)
-    assert stats["token_staleness"] == {0: tokens - 2 * len(samples), 3: 2 * len(samples)}
+    assert stats.staleness == [3] * len(samples)
+    assert stats.token_staleness == {0: tokens - 2 * len(samples), 3: 2 * len(samples)}
     batch = collate(spanning, [np.zeros(len(g.samples)) for g in spanning], pad_id=0)
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     raw = (token_logprobs(logits, batch.input_ids) - batch.behaviour_logprobs).exp()  # pi_prox / mu
     fresh = batch.response_mask * (batch.behaviour_version == 3)
     k3 = (raw - 1) - raw.log()
-    assert stats["mismatch_kl"] == pytest.approx(float((k3 * fresh).sum() / fresh.sum()), rel=1e-4)
+    assert stats.mismatch_kl == pytest.approx(float((k3 * fresh).sum() / fresh.sum()), rel=1e-4)
 
 
 def test_masking_removes_exactly_the_stale_tokens_from_the_loss(model_dir, hf_state):
@@ -850,9 +850,9 @@ def test_masking_removes_exactly_the_stale_tokens_from_the_loss(model_dir, hf_st
     stats, weights, groups = step()
     samples = [s for g in groups for s in g.samples]
     masked = sum(s.trained_from for s in samples)
-    assert stats["tokens"] == sum(len(s.response_ids) for s in samples) - masked
-    assert stats["stale_tokens_masked"] == masked and stats["stale_samples_masked"] == 1
-    assert stats["sequences"] == len(samples) - 1 and len(stats["staleness"]) == len(samples) - 1
+    assert stats.tokens == sum(len(s.response_ids) for s in samples) - masked
+    assert stats.stale_tokens_masked == masked and stats.stale_samples_masked == 1
+    assert stats.sequences == len(samples) - 1 and len(stats.staleness) == len(samples) - 1
     _, same, _ = step(garbage_at=1)  # inside every masked prefix
     for key in weights:
         torch.testing.assert_close(same[key], weights[key], rtol=0, atol=0)

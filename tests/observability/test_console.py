@@ -8,35 +8,35 @@ import pytest
 from rich.console import Console
 
 from asyncrl.observability.console import ComponentStates, RunConsole, step_line
+from asyncrl.observability.step_stats import StepStats
 
 
-def step(version, t, **extra):
-    return {
-        "type": "step",
-        "source": "learner",
-        "role": "learner",
-        "version": version,
-        "t": t,
-        "loss": 0.01,
-        "reward": 0.5,
-        "accuracy": 0.25,
-        "samples": 16,
-        "tokens": 320,
-        "wait_s": 0.1,
-        "step_s": 0.2,
-        "staleness_mean": 1.5,
-        "staleness_max": 3,
-        **extra,
-    }
+def event(type, source, role, **fields):
+    return types.SimpleNamespace(type=type, source=source, role=role, final=type.endswith("_final"), **fields)
 
 
+def stats(version, **extra):
+    figures = dict(loss=0.01, reward=0.5, accuracy=0.25, samples=16, tokens=320, wait_s=0.1, step_s=0.2)
+    return StepStats(version=version, staleness_mean=1.5, staleness_max=3, **{**figures, **extra})
+
+
+STEPS = [(stats(1), 2.0), (stats(2), 4.0)]
 EVENTS = [
-    {"type": "ready", "source": "buffer", "role": "buffer"},
-    {"type": "ready", "source": "generator-0", "role": "generator", "version": 0},
-    {"type": "version", "source": "generator-0", "role": "generator", "version": 2, "apply_s": 0.01},
-    step(1, 2.0),
-    step(2, 4.0),
+    event("ready", "buffer", "buffer"),
+    event("ready", "generator-0", "generator", version=0),
+    event("version", "generator-0", "generator", version=2),
+    event("step", "learner", "learner", version=1),
+    event("step", "learner", "learner", version=2),
 ]
+
+
+def feed(console):
+    """The events, and each step's stats after its event, as the controller routes them."""
+    steps = iter(STEPS)
+    for ev in EVENTS:
+        console.update(ev)
+        if ev.type == "step":
+            console.step(*next(steps))
 
 
 class TTY(io.StringIO):
@@ -47,8 +47,7 @@ class TTY(io.StringIO):
 def test_plain_prints_one_line_per_step_with_accuracy_and_tokens_per_s():
     out = io.StringIO()
     console = RunConsole("plain", total_steps=10, out=out)
-    for ev in EVENTS:
-        console.update(ev)
+    feed(console)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("step    1/10") and "acc 0.250" in lines[0] and "staleness 1.50/3" in lines[0]
@@ -59,8 +58,7 @@ def test_plain_prints_one_line_per_step_with_accuracy_and_tokens_per_s():
 def test_jsonl_is_one_json_object_per_step_with_component_states():
     out = io.StringIO()
     console = RunConsole("jsonl", total_steps=10, out=out)
-    for ev in EVENTS:
-        console.update(ev)
+    feed(console)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [r["version"] for r in records] == [1, 2] and all(r["type"] == "step" for r in records)
     assert records[-1]["tokens_per_s"] == 160 and records[-1]["samples_per_s"] == 8
@@ -70,8 +68,7 @@ def test_jsonl_is_one_json_object_per_step_with_component_states():
 def test_quiet_prints_nothing_and_live_falls_back_to_plain_off_a_terminal():
     out = io.StringIO()
     quiet = RunConsole("quiet", total_steps=10, out=out)
-    for ev in EVENTS:
-        quiet.update(ev)
+    feed(quiet)
     assert out.getvalue() == ""
     assert RunConsole("live", total_steps=10, out=io.StringIO()).mode == "plain"
 
@@ -92,14 +89,14 @@ def test_states_follow_events_restarts_and_exits():
     assert states.snapshot() == {"generator-0": "starting", "reward-0": "starting", "dispatcher": "starting"}
     for ev in EVENTS[:3]:
         states.update(ev)
-    states.update({"type": "ready", "source": "reward-0", "role": "reward"})
+    states.update(event("ready", "reward-0", "reward"))
     fleet.procs["dispatcher"] = proc(-9)  # killed, no final report
     fleet.starts["reward-0"] = 2  # started again after a death: restarting until it is ready
     snap = states.snapshot()
     assert snap["generator-0"] == "serving v2" and snap["reward-0"] == "restarting"
     assert snap["dispatcher"] == "exited (-9)"
-    states.update({"type": "ready", "source": "reward-0", "role": "reward"})
-    states.update({"type": "final", "source": "generator-0", "role": "generator"})
+    states.update(event("ready", "reward-0", "reward"))
+    states.update(event("generator_final", "generator-0", "generator"))
     snap = states.snapshot()
     assert snap["reward-0"] == "ready" and snap["generator-0"] == "stopped"
 
@@ -108,8 +105,7 @@ def test_live_panel_shows_step_numbers_eval_and_processes():
     console = RunConsole("live", total_steps=10, run_name="demo", out=TTY())
     assert console.mode == "live"
     try:
-        for ev in EVENTS:
-            console.update(ev)
+        feed(console)
         console.set_eval(before=0.125)
         screen = io.StringIO()
         Console(file=screen, width=160).print(console.render())
@@ -122,7 +118,15 @@ def test_live_panel_shows_step_numbers_eval_and_processes():
 
 
 def test_step_line_without_optional_fields():
-    row = step(3, 1.0)
-    row.pop("accuracy"), row.pop("tokens")
-    line = step_line({**row, "tokens_per_s": None}, 5)
-    assert "acc" not in line and "tok/s" not in line and line.startswith("step    3/5")
+    line = step_line(stats(3, accuracy=None), 5)
+    assert "acc" not in line and "tok/s" not in line and "clip" not in line and line.startswith("step    3/5")
+    assert "clip 0.125" in step_line(stats(3, clipfrac=0.125), 5)
+
+
+def test_a_statistic_the_console_names_must_be_a_step_stat():
+    from asyncrl.observability.step_stats import check_names
+
+    with pytest.raises(AttributeError, match=r"\['clipfrc'\] are not StepStats fields"):
+        check_names(("clipfrac", "clipfrc"), "console.LINE_EXTRAS")
+    with pytest.raises(AttributeError, match="clipfrc"):
+        _ = stats(1).clipfrc

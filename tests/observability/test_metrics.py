@@ -8,6 +8,7 @@ import urllib.request
 from prometheus_client import generate_latest
 
 import asyncrl.observability.metrics as m
+from asyncrl.observability.step_stats import StepStats
 from tests.integration.test_simulated_pipeline import find_promtool
 
 ISSUE_NAMES = {
@@ -44,16 +45,20 @@ def test_component_label_is_this_process_name(monkeypatch):
     assert m.REGISTRY.get_sample_value("asyncrl_busy_seconds_total", {"component": "generator-3"}) >= 1.5
 
 
+def stats(**measured) -> StepStats:
+    return StepStats(version=1, loss=0.0, tokens=8, staleness_mean=0.0, staleness_max=0, **measured)
+
+
 def test_learner_step_sets_timestamp_and_mismatch_kl():
-    m.record_learner_step({"mismatch_kl": 0.0125})
+    m.record_learner_step(stats(mismatch_kl=0.0125))
     assert m.REGISTRY.get_sample_value("asyncrl_mismatch_kl") == 0.0125
     assert m.REGISTRY.get_sample_value("asyncrl_last_step_timestamp_seconds") > 1.7e9
-    m.record_learner_step({})  # a batch without on-policy samples keeps the last value
+    m.record_learner_step(stats())  # a batch without on-policy samples keeps the last value
     assert m.REGISTRY.get_sample_value("asyncrl_mismatch_kl") == 0.0125
 
 
 def test_learner_step_sets_the_clip_fractions_by_side_and_the_ppo_kl():
-    m.record_learner_step({"clipfrac_high": 0.25, "clipfrac_low": 0.125, "clipfrac_dual": 0.0, "ppo_kl": 0.002})
+    m.record_learner_step(stats(clipfrac_high=0.25, clipfrac_low=0.125, clipfrac_dual=0.0, ppo_kl=0.002))
     for side, value in (("high", 0.25), ("low", 0.125), ("dual", 0.0)):
         assert m.REGISTRY.get_sample_value("asyncrl_clip_fraction", {"side": side}) == value
     assert m.REGISTRY.get_sample_value("asyncrl_ppo_kl") == 0.002

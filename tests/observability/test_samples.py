@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import numpy as np
 
 from asyncrl.cli import main
@@ -64,7 +65,7 @@ def test_whole_groups_are_picked_reproducibly_and_their_answers_carry_reward_ver
 def records(version: int, groups=2) -> list[dict]:
     texts = sample_texts([group(i) for i in range(groups)], version=version, max_chars=200)
     ev = SamplesEvent(source="learner", role="learner", version=version, samples=texts)
-    return [{"version": version, **s} for s in ev.as_map()["samples"]]
+    return [{"version": version, **s} for s in msgspec.to_builtins(ev.samples)]
 
 
 def test_the_file_gets_a_line_per_answer_rotates_at_its_bound_and_inspect_prints_the_last(tmp_path, capsys):

@@ -3,6 +3,7 @@ and one of an unknown type, a missing or a mistyped field is rejected with a nam
 
 import pytest
 
+from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire import WireError, decode, encode, encode_map
 from asyncrl.wire.messages import (
     COMMANDS,
@@ -17,18 +18,22 @@ from asyncrl.wire.messages import (
 
 def step(**fields):
     body = dict(version=3, loss=0.5, reward=1.0, accuracy=None, tokens=12, samples=4, wait_s=0.1, step_s=0.2)
-    return StepEvent(source="learner", role="learner", staleness_mean=0.5, staleness_max=1, **{**body, **fields})
+    stats = StepStats(staleness_mean=0.5, staleness_max=1, staleness=[0, 1], **{**body, **fields})
+    return StepEvent(source="learner", role="learner", stats=stats)
 
 
-def test_an_event_travels_as_its_flat_map_and_decodes_to_its_type():
-    kind, ev = decode(encode(step(clipfrac=0.25)))
+def test_an_event_decodes_to_its_type_and_a_step_to_its_stats():
+    kind, ev = decode(encode(step(clipfrac=0.25, behaviour_kl_by_staleness={0: 0.01, 2: 0.03})))
     assert kind == "event" and isinstance(ev, StepEvent) and ev.type == "step"
-    assert ev.version == 3 and ev.clipfrac == 0.25 and ev.accuracy is None
-    record = ev.as_map()
-    # an optional stat left unset is not in the map; a required one that is None is
+    assert ev.version == 3 and ev.stats.clipfrac == 0.25 and ev.stats.accuracy is None
+    assert ev.stats.behaviour_kl_by_staleness == {0: 0.01, 2: 0.03}  # int keys, as declared
+    record = ev.record(t=1.5)
+    # steps.jsonl: a stat left unmeasured is not in the line; accuracy always is; no per-sequence list
     assert "entropy" not in record and record["accuracy"] is None and "kind" not in record
-    assert record["type"] == "step" and record["source"] == "learner"
-    assert set(EVENTS) >= {"ready", "error", "step", "done", "version", "broadcast", "final", "checkpoint_part"}
+    assert "staleness" not in record and record["staleness_max"] == 1 and record["t"] == 1.5
+    assert record["type"] == "step" and record["source"] == "learner" and record["clipfrac"] == 0.25
+    expected = {"ready", "error", "step", "done", "version", "broadcast", "checkpoint_part", "learner_final"}
+    assert set(EVENTS) >= expected
 
 
 def test_a_command_decodes_to_its_type():
@@ -68,4 +73,5 @@ def test_a_version_event_keeps_a_ready_time_that_is_none():
     ev = VersionEvent(
         version=2, apply_s=0.1, load_s=0.05, receive_s=0.02, probe_s=0.0, ready_at=None, served_at=10.0, bytes=64
     )
-    assert decode(encode(ev))[1] == ev and ev.as_map()["ready_at"] is None
+    decoded = decode(encode(ev))[1]
+    assert decoded == ev and decoded.ready_at is None
