@@ -84,7 +84,7 @@ def make_group(index: int, n: int, tokens: int) -> Group:
         policy_version=3,
         generator="generator-0",
         samples=samples,
-        meta={"sampled_at": 1.0},
+        sampled_at=1.0,
     )
 
 

@@ -186,7 +186,7 @@ class ReplayBuffer:
         nbytes = group_nbytes(group)
         version = gate_version(group, self.partial_rollouts)  # what its staleness is measured from
         if not group.scored:
-            reason = group.meta.get("unscored_reason", "reward_failed")
+            reason = group.unscored_reason or "reward_failed"
         elif group.group_id in self.storage:
             reason = "duplicate"  # at-least-once delivery upstream: the first copy stands
         elif n > self.storage.capacity_samples or nbytes > self.storage.capacity_bytes:

@@ -33,6 +33,7 @@ import numpy as np
 
 from asyncrl import wire
 from asyncrl.buffer.storage import GroupStorage
+from asyncrl.wire.codec import upgrade
 
 FORMAT = 1
 _COUNTERS = ("inserted", "sampled", "resampled", "dropped", "removed")
@@ -142,7 +143,8 @@ def restore_buffer(buf, path) -> None:
     slots = storage.load_state(part["storage"])
     if is_groups:
         frames = msgpack.unpackb(blobs["groups"], raw=False)
-        storage.load_payload(slots, [wire.decode(frame)[1].group for frame in frames])
+        # a snapshot of an older schema's groups is upgraded to this one (``asyncrl.wire.codec.upgrade``)
+        storage.load_payload(slots, [wire.decode(upgrade(frame))[1].group for frame in frames])
     else:
         storage.load_payload(slots, part["payload"])
     sampler_state = dict(header["sampler_state"])

@@ -47,8 +47,8 @@ class GeneratorConfig(Config):
     """Seconds a request for prompts waits before it is asked again, with the version then served
     (short, because the dispatcher's admission is computed from the version in the request)."""
     greedy_baseline: bool = False
-    """Also decode each prompt greedily and send that answer with its group (``meta['greedy_text']``),
-    for ReMax's baseline; the reward worker scores it into ``meta['greedy_reward']``."""
+    """Also decode each prompt greedily and send that answer with its group (``Group.greedy_text``),
+    for ReMax's baseline; the reward worker scores it into ``Group.greedy_reward``."""
     send_timeout_s: float = Field(30.0, gt=0)
     """Seconds a finished group waits for a reward worker to take it before the wait is reported."""
     partial_rollouts: Literal["off", "mask", "resume"] = "off"

@@ -288,7 +288,7 @@ class ContinuousLoop:
                 [flight.row], [completions], self.gen.engine.version, self.gen.ctx.name, rollout_s, flight.sampled_at
             )
             if greedy is not None:
-                group.meta["greedy_text"] = greedy
+                group.greedy_text = greedy
             ROLLOUT_SECONDS.observe(rollout_s)
             self.gen.ctx.ledger.write("generated", [key], version=group.policy_version)
             record_resumed(self.gen.ctx.ledger, self.gen.counts, key, completions)

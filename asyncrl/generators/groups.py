@@ -44,7 +44,7 @@ def build_groups(
                 generator=generator,
                 samples=samples,
                 rollout_s=rollout_s,
-                meta={"sampled_at": sampled_at},  # wall clock, for end-to-end latency
+                sampled_at=sampled_at,  # wall clock, for end-to-end latency
                 columns=row.get("columns"),
             )
         )

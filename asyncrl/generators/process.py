@@ -177,7 +177,7 @@ class Generator:
         groups = build_groups(rows, completions, version, self.ctx.name, rollout_s, sampled_at)
         for index, group in enumerate(groups):
             if greedy is not None:
-                group.meta["greedy_text"] = greedy[index]
+                group.greedy_text = greedy[index]
             ROLLOUT_SECONDS.observe(rollout_s)
         return groups
 

@@ -67,10 +67,10 @@ def group_advantages(
     if rewards is None:
         rewards = shaped_rewards(algo, groups)
     if algo.adv_estimator == "remax":  # baseline: the reward of each prompt's greedy answer
-        missing = [g.group_id for g in groups if "greedy_reward" not in g.meta]
+        missing = [g.group_id for g in groups if g.greedy_reward is None]
         if missing:
-            raise ValueError(f"groups {missing[:3]} have no meta['greedy_reward'] (generator.greedy_baseline)")
-        greedy = [float(g.meta["greedy_reward"]) for g in groups]
+            raise ValueError(f"groups {missing[:3]} have no greedy_reward (generator.greedy_baseline)")
+        greedy = [float(g.greedy_reward) for g in groups]
         return [remax_advantages(r[None], np.array([b], dtype=np.float32))[0] for r, b in zip(rewards, greedy)]
     # gae's advantages are per token and need the critic (the training step); here, for replay
     # priorities, it stands in with the group-centred rewards.

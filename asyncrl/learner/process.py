@@ -183,4 +183,4 @@ def _count_step(
     groups = batch.groups
     counters.add_step(groups, stats, first_time, dropped_stale)
     now = time.time()
-    latencies.extend(now - g.meta.get("sampled_at", now) for g in groups for _ in g.samples)
+    latencies.extend(now - (g.sampled_at or now) for g in groups for _ in g.samples)

@@ -8,7 +8,7 @@ one result per sample, in order:
   scalar reward, the array travels in ``Sample.token_rewards``);
 - ``Unscored(reason)``: the reward could not score this sample (timeout, HTTP 429 after retries,
   unparsable judge output...). Never a 0 by accident: an unscored sample has ``reward = None``
-  and its group carries ``meta['unscored_reason']``, so the buffer drops it by that reason.
+  and its group carries ``unscored_reason``, so the buffer drops it by that reason.
 
 Rewards are async (``async def score(group)``); a synchronous scorer subclasses ``SyncReward``
 and runs in a thread, so it does not stall the worker's other requests.
@@ -136,24 +136,24 @@ def _subgroup(group: Group, indices: list[int]) -> Group:
 
 
 async def score_greedy_baseline(group: Group, rewards: list[tuple[Reward, float]]) -> None:
-    """Score ``meta['greedy_text']`` (ReMax's baseline answer) with the same rewards, into
-    ``meta['greedy_reward']``; if it cannot be scored the group is unscored with that reason
+    """Score ``group.greedy_text`` (ReMax's baseline answer) with the same rewards, into
+    ``group.greedy_reward``; if it cannot be scored the group is unscored with that reason
     (its samples' advantages would have no baseline)."""
     answer = Sample(
         uid=f"{group.group_id}/greedy",
         response_ids=np.zeros(0, dtype=np.int32),
         logprobs=np.zeros(0, dtype=np.float32),
-        text=group.meta["greedy_text"],
+        text=group.greedy_text,
         finish_reason="stop",
     )
-    twin = dataclasses.replace(group, samples=[answer], meta={})
+    twin = dataclasses.replace(group, samples=[answer], meta={}, greedy_text=None, unscored_reason=None)
     await score_with(twin, rewards)
     if twin.scored:
-        group.meta["greedy_reward"] = float(answer.reward)
+        group.greedy_reward = float(answer.reward)
         return
     for sample in group.samples:
         sample.reward = None
-    group.meta["unscored_reason"] = f"{twin.meta.get('unscored_reason', 'reward_failed')} (greedy baseline)"
+    group.unscored_reason = f"{twin.unscored_reason or 'reward_failed'} (greedy baseline)"
 
 
 async def _timed(reward: Reward, group: Group) -> tuple[list[RewardResult], float | list[float]]:
@@ -182,8 +182,8 @@ def combine(group: Group, parts: list[tuple[str, float, list[RewardResult], floa
 
     ``parts`` holds (name, weight, per-sample results, seconds: one for the group or one per sample)
     for each reward. Samples any reward
-    left unscored keep ``reward = None``; the group then gets ``meta['unscored_reason']``
-    (``reward_failed: {name}: {reason}`` of the first such sample) and ``meta['unscored_detail']``.
+    left unscored keep ``reward = None``; the group then gets ``unscored_reason``
+    (``reward_failed: {name}: {reason}`` of the first such sample) and ``unscored_detail``.
     """
     group.meta["rewards"] = ",".join(name for name, *_ in parts)
     first_failure = None
@@ -220,8 +220,7 @@ def combine(group: Group, parts: list[tuple[str, float, list[RewardResult], floa
         for sample in group.samples:  # the buffer keeps groups whole: a partly scored group is unscored
             sample.reward = None
             sample.token_rewards = None
-        group.meta["unscored_reason"] = f"reward_failed: {name}: {unscored.reason}"
-        group.meta["unscored_detail"] = unscored.detail[:200]
+        group.unscored_reason = f"reward_failed: {name}: {unscored.reason}"
+        group.unscored_detail = unscored.detail[:200]
     else:
-        group.meta.pop("unscored_reason", None)
-        group.meta.pop("unscored_detail", None)
+        group.unscored_reason = group.unscored_detail = None

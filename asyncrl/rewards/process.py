@@ -24,7 +24,7 @@ What blocks: the owner reading ``reward_in`` (stops while its queue is full), ev
 to the buffer (a group waits in the worker, counted as held, until the buffer takes it; intake
 pauses meanwhile). What is dropped: nothing in the worker. A group some reward left unscored
 (after the HTTP client's retries) is either forwarded unscored — the buffer drops it, counted by
-``meta['unscored_reason']`` — (``on_failure: drop``) or scored again later, up to
+``Group.unscored_reason`` — (``on_failure: drop``) or scored again later, up to
 ``max_requeues`` times, then forwarded unscored (``on_failure: requeue``). Scored again, the
 HTTP rewards re-request only the samples they have not scored yet (the worker keeps their results
 with the group; a requeued group the owner hands to a peer is scored whole there).

@@ -154,13 +154,13 @@ class MathVerifyReward:
 
 
 def score_group(group: Group) -> Group:
-    """Score every sample in place by exact match; on failure set ``meta['unscored_reason']``."""
+    """Score every sample in place by exact match; on failure set ``unscored_reason``."""
     start = time.perf_counter()
     try:
         results: list[RewardResult] = [exact_match_reward(group.task, s.text, group.answer) for s in group.samples]
     except Exception as e:  # a scorer bug must not kill the worker: the group is dropped by reason
-        group.meta["unscored_reason"] = f"reward_failed: {type(e).__name__}"
-        group.meta["unscored_detail"] = str(e)[:200]
+        group.unscored_reason = f"reward_failed: {type(e).__name__}"
+        group.unscored_detail = str(e)[:200]
         group.reward_s = time.perf_counter() - start
         return group
     combine(group, [("exact_match", 1.0, results, time.perf_counter() - start)])

@@ -232,7 +232,7 @@ class RewardWorker:
             sample.reward_seconds.clear()
         rewards = self.by_task.get(group.task, self.rewards)
         await score_with(group, rewards, item.known)
-        if group.scored and "greedy_text" in group.meta:  # ReMax's baseline answer
+        if group.scored and group.greedy_text is not None:  # ReMax's baseline answer
             await score_greedy_baseline(group, rewards)
         REWARD_SECONDS.observe(group.reward_s)
         if not group.scored and self.cfg.on_failure == "requeue" and item.requeues < self.cfg.max_requeues:

@@ -6,7 +6,8 @@ every receiver counts and logs once:
 1. ``oversized``: the frame is longer than the receiving socket's limit (checked before parsing);
 2. ``malformed``: not msgpack, not a map, or nested too deeply (an envelope decode that reads
    only ``schema`` and ``kind``, ~2 µs for a 70 kB group: the other fields are skipped);
-3. ``bad_schema``: ``schema`` is not ``SCHEMA_VERSION``; 4. ``bad_kind``: ``kind`` is unknown;
+3. ``bad_schema``: ``schema`` is not ``SCHEMA_VERSION`` (an older one: the message says what
+   changed, ``SCHEMA_CHANGES``); 4. ``bad_kind``: ``kind`` is unknown;
 5. the kind's type (for ``event`` and ``control``, the variant its ``type`` or ``command`` tag
    names: an unknown one fails like a bad field): msgspec decodes the frame into it, checking every field's type and bounds
    (the type's ``reject_reason``, ``bad_fields`` unless it says otherwise; ``bad_array`` for an
@@ -14,6 +15,7 @@ every receiver counts and logs once:
 
 Arrays travel as ``__nd__`` maps (``asyncrl.wire.schema``), restored without a copy where a type
 declares ``np.ndarray``. ``encode_map`` writes a raw map of any keys, for frames built by hand.
+``upgrade`` rewrites a stored frame of an older schema (a buffer snapshot's groups) to this one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ import msgspec
 import numpy as np
 
 from asyncrl.wire.messages import KINDS, TYPES, VARIANTS, Message
-from asyncrl.wire.schema import SCHEMA_VERSION, WireError, array_from_map, array_to_map, is_array_map, restore_arrays
+from asyncrl.wire.schema import (
+    MOVED_FROM_META,
+    SCHEMA_CHANGES,
+    SCHEMA_VERSION,
+    WireError,
+    array_from_map,
+    array_to_map,
+    is_array_map,
+    restore_arrays,
+)
 
 
 def _enc_hook(obj):
@@ -81,7 +92,10 @@ def decode(frame: bytes, max_bytes: int | None = None) -> tuple[str, Message]:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         raise WireError("malformed", f"{type(e).__name__}: {e}") from None
     if envelope.schema != SCHEMA_VERSION:
-        raise WireError("bad_schema", f"schema ({envelope.schema!r:.40}) must be {SCHEMA_VERSION}")
+        why = SCHEMA_CHANGES.get(envelope.schema) if type(envelope.schema) is int else None
+        raise WireError(
+            "bad_schema", f"schema ({envelope.schema!r:.40}) must be {SCHEMA_VERSION}" + (f" ({why})" if why else "")
+        )
     kind = envelope.kind
     cls = TYPES.get(kind) if type(kind) is str else None
     if cls is None:
@@ -108,3 +122,25 @@ def _decode_open(cls: type[Message], frame: bytes) -> Message:
     message = msgspec.convert(declared, cls, dec_hook=_dec_hook)
     message.extra = body
     return message
+
+
+def upgrade(frame: bytes) -> bytes:
+    """A stored frame of schema 1 rewritten as this schema's: each group's ``sampled_at``,
+    ``greedy_text``, ``greedy_reward``, ``unscored_reason`` and ``unscored_detail`` moved from its
+    ``meta`` to their fields. A frame of this schema (or one that is not a map of schema 1) comes
+    back as is, for ``decode`` to judge. For what this package wrote to disk (buffer snapshots);
+    the sockets refuse older schemas."""
+    try:
+        body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception:  # garbage is decode's to reject, with its reason
+        return frame
+    if type(body) is not dict or body.get("schema") != 1:
+        return frame
+    groups = [body.get("group")] + list(body.get("groups") or [])
+    for group in groups:
+        if type(group) is dict and type(group.get("meta")) is dict:
+            for name in MOVED_FROM_META:
+                if name in group["meta"]:
+                    group[name] = group["meta"].pop(name)
+    body["schema"] = SCHEMA_VERSION
+    return msgpack.packb(body, use_bin_type=True)

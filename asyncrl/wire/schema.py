@@ -12,10 +12,20 @@ by producing and consuming these maps:
   and dropped. Each sample carries its ``uid``, the ``policy_version`` that sampled it, and its
   behaviour ``logprobs`` (log-probabilities under the sampler actually used, temperature applied).
 - Once scored, a sample carries its combined ``reward`` (or None: unscored, and then the group's
-  ``meta['unscored_reason']`` says why), optionally ``token_rewards`` (a (T,) float32 array of
+  ``unscored_reason`` says why), optionally ``token_rewards`` (a (T,) float32 array of
   per-token rewards), and ``reward_parts`` / ``reward_seconds``: per reward name, its value and the
   seconds it took. These three keys are optional on the wire (older senders omit them), as is a
   group's ``columns`` (the dataset row the prompt came from, for rewards that read its fields).
+- A group declares what every part of the system reads of it: ``sampled_at`` (when its sampling
+  began), ``greedy_text`` / ``greedy_reward`` (ReMax's baseline answer and its reward) and
+  ``unscored_reason`` / ``unscored_detail`` (why its rewards failed); ``meta`` keeps free-form notes
+  only (the names of the rewards that scored it, its requeues).
+
+Schema 2 declared those group fields; schema 1 carried them in ``meta``. A frame of schema 1 is
+refused on the sockets like any other schema (``bad_schema``, with a message that says what
+changed: every process of a run runs one version), and migrated where it was stored: a buffer
+snapshot written under schema 1 is upgraded as it is restored (``asyncrl.wire.codec.upgrade``),
+so a checkpoint taken before the change still resumes.
 
 Decoding validates (``codec.decode``): a frame that is not msgpack, has another schema, an unknown
 kind, wrongly typed or shaped fields, or non-finite logprobs raises ``WireError`` with the reason,
@@ -32,8 +42,17 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
-"""The wire protocol's version: every message carries it as ``schema``, and a receiver rejects any other."""
+SCHEMA_VERSION = 2
+"""The wire protocol's version: every message carries it as ``schema``, and a receiver rejects any
+other (2: a group's ``sampled_at``, ``greedy_text``, ``greedy_reward``, ``unscored_reason`` and
+``unscored_detail`` are declared fields, no longer in its ``meta``)."""
+SCHEMA_CHANGES = {
+    1: "schema 1 carried a group's sampled_at, greedy_text, greedy_reward, unscored_reason and "
+    "unscored_detail in its meta; schema 2 declares them: run one asyncrl version in every process",
+}
+"""Why each older schema is refused: said in the ``bad_schema`` rejection."""
+MOVED_FROM_META = ("sampled_at", "greedy_text", "greedy_reward", "unscored_reason", "unscored_detail")
+"""The group fields schema 1 carried in ``meta``."""
 _ND = "__nd__"
 
 
@@ -122,6 +141,18 @@ class Group:
     """Seconds from the generator receiving the prompt to the group being complete."""
     reward_s: float = 0.0
     """Seconds spent scoring the group (0 until scored)."""
+    sampled_at: float = 0.0
+    """Wall clock (Unix seconds) when the generator began sampling it: the start of the per-sample
+    latency the learner reports. 0: not stamped."""
+    greedy_text: str | None = None
+    """The prompt's greedy answer, sent with the group for ReMax's baseline (``generator.greedy_baseline``)."""
+    greedy_reward: float | None = None
+    """The reward of ``greedy_text``, by the same rewards as the samples (set by the reward worker)."""
+    unscored_reason: str | None = None
+    """Why the group is unscored (``reward_failed: {reward}: {reason}``): the buffer drops it by
+    this reason. None while scored or not yet scored."""
+    unscored_detail: str | None = None
+    """More about the failure (at most 200 characters)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form annotations (msgpack-able scalars/strings only)."""
     columns: dict[str, Any] | None = None
@@ -161,6 +192,13 @@ def validate_group(g: Group) -> None:
             raise WireError("bad_fields", f"group: {name} ({getattr(g, name)!r:.80}) must be a string")
     if g.columns is not None and not isinstance(g.columns, dict):
         raise WireError("bad_fields", f"group {g.group_id}: columns must be a map or absent")
+    for name in ("greedy_text", "unscored_reason", "unscored_detail"):
+        if (value := getattr(g, name)) is not None and not isinstance(value, str):
+            raise WireError("bad_fields", f"group {g.group_id}: {name} ({value!r:.40}) must be a string or absent")
+    for name in ("sampled_at", "greedy_reward"):
+        value = getattr(g, name)
+        if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
+            raise WireError("bad_fields", f"group {g.group_id}: {name} ({value!r:.40}) must be a finite number")
     if not isinstance(g.meta, dict) or not isinstance(g.samples, list):
         raise WireError("bad_fields", f"group {g.group_id}: meta must be a map and samples a list")
     if not isinstance(g.policy_version, int) or g.policy_version < 0:

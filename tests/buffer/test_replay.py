@@ -73,7 +73,7 @@ def test_staleness_gate_drops_groups_older_than_the_bound():
 def test_bad_input_is_rejected_and_counted_by_reason():
     buf = buffer(capacity_samples=8)
     unscored = make_group("u")
-    unscored.meta["unscored_reason"] = "reward_failed: TimeoutError"
+    unscored.unscored_reason = "reward_failed: TimeoutError"
     buf.insert(unscored)
     buf.insert(scored("a"))
     assert buf.insert(scored("a")) is None  # the same group twice (at-least-once delivery)

@@ -560,18 +560,18 @@ def test_a_reference_in_its_own_process_trains_exactly_like_a_colocated_one(mode
 def test_remax_uses_each_groups_greedy_reward_as_baseline(model_dir, groups):
     trainer = PolicyTrainer(model_dir, config(0), AlgorithmConfig(adv_estimator="remax"))
     for g in groups:
-        g.meta["greedy_reward"] = 1.0
+        g.greedy_reward = 1.0
     try:
         rows = trainer.advantages(groups)
         for g, row in zip(groups, rows):
             np.testing.assert_allclose(row, [s.reward - 1.0 for s in g.samples])
         assert math.isfinite(trainer.train_step(groups).loss)
-        del groups[0].meta["greedy_reward"]
+        groups[0].greedy_reward = None
         with pytest.raises(ValueError, match="greedy_reward"):
             trainer.advantages(groups)
     finally:
         for g in groups:
-            g.meta.pop("greedy_reward", None)
+            g.greedy_reward = None
 
 
 @pytest.mark.parametrize("stage", [2, 3])

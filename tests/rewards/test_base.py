@@ -57,8 +57,8 @@ def test_an_unscored_sample_leaves_its_group_unscored_never_zero():
     group = make_group(n=3)
     combine(group, [("a", 1.0, [1.0, Unscored("http_429", "after 4 retries"), 0.0], 0.1)])
     assert all(s.reward is None for s in group.samples) and not group.scored
-    assert group.meta["unscored_reason"] == "reward_failed: a: http_429"
-    assert group.meta["unscored_detail"] == "after 4 retries"
+    assert group.unscored_reason == "reward_failed: a: http_429"
+    assert group.unscored_detail == "after 4 retries"
 
 
 def test_a_crashing_or_miscounting_reward_unscores_the_group():
@@ -73,10 +73,10 @@ def test_a_crashing_or_miscounting_reward_unscores_the_group():
 
     group = make_group(n=2)
     asyncio.run(score_with(group, [(Broken(), 1.0)]))
-    assert group.meta["unscored_reason"] == "reward_failed: broken: error: RuntimeError"
+    assert group.unscored_reason == "reward_failed: broken: error: RuntimeError"
     group = make_group(n=2)
     asyncio.run(score_with(group, [(Constant("short", [1.0]), 1.0)]))
-    assert group.meta["unscored_reason"] == "reward_failed: short: error: ValueError"
+    assert group.unscored_reason == "reward_failed: short: error: ValueError"
 
 
 def test_format_reward_checks_the_pattern():
@@ -99,7 +99,7 @@ def test_the_greedy_baseline_is_scored_with_the_same_rewards():
 
     rewards = [(build_reward(RewardSpec(kind="exact_match")), 1.0)]
     g = make_group(n=2)  # texts "0", "1"; answer "3"
-    g.meta["greedy_text"] = "3"
+    g.greedy_text = "3"
     asyncio.run(score_with(g, rewards))
     asyncio.run(score_greedy_baseline(g, rewards))
-    assert g.meta["greedy_reward"] == 1.0 and [s.reward for s in g.samples] == [0.0, 0.0]
+    assert g.greedy_reward == 1.0 and [s.reward for s in g.samples] == [0.0, 0.0]

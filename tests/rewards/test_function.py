@@ -96,7 +96,7 @@ def test_an_unscored_sample_leaves_its_group_unscored_and_counted_by_reason():
     finally:
         asyncio.run(reward.close())
     assert not group.scored
-    assert group.meta["unscored_reason"] == "reward_failed: mine: python_error"
+    assert group.unscored_reason == "reward_failed: mine: python_error"
 
 
 @pytest.mark.parametrize(

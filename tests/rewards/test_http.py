@@ -104,7 +104,7 @@ def test_a_group_with_a_failed_sample_is_unscored_with_the_reward_and_reason(ser
     asyncio.run(score_with(group, [(reward, 1.0)]))
     asyncio.run(reward.close())
     assert not group.scored and all(s.reward is None for s in group.samples)
-    assert group.meta["unscored_reason"].startswith("reward_failed: scorer: ")
+    assert group.unscored_reason.startswith("reward_failed: scorer: ")
     assert group.samples[0].reward_parts == {"scorer": 0.0} and "scorer" in group.samples[0].reward_seconds
 
 

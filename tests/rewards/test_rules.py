@@ -24,7 +24,7 @@ def test_a_failing_scorer_leaves_the_group_unscored_with_a_reason_not_zero():
     g.task, g.answer = "no-answer-task", ""  # exact match of a task without answers raises
     score_group(g)
     assert not g.scored and all(s.reward is None for s in g.samples)
-    assert g.meta["unscored_reason"] == "reward_failed: ValueError"
+    assert g.unscored_reason == "reward_failed: ValueError"
 
 
 def test_math_verify_checks_equivalence_in_a_child_process():
