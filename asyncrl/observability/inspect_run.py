@@ -23,6 +23,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.configbase import UserFileError
+from asyncrl.observability.step_stats import StepStats, check_names
 
 SHOWN = {
     "asyncrl_policy_version": "version",
@@ -33,6 +34,10 @@ SHOWN = {
     "asyncrl_last_step_timestamp_seconds": "last_step_at",
     "asyncrl_mismatch_kl": "mismatch_kl",
 }
+
+
+RUN_STEP = check_names(("reward", "accuracy", "staleness_mean"), "inspect_run.RUN_STEP")
+"""The last step's statistics the ``run`` row shows (when measured)."""
 
 
 def scrape(port: int, path: str, timeout: float = 1.0) -> str | None:
@@ -85,11 +90,11 @@ def run_row(run_dir: Path) -> dict:
     steps = run_dir / "steps.jsonl"
     lines = steps.read_text().splitlines() if steps.exists() else []
     if lines:
-        last = json.loads(lines[-1])
-        row["step"] = last["version"]
-        for key in ("reward", "accuracy", "staleness_mean"):
-            if last.get(key) is not None:
-                row[key] = last[key]
+        last = StepStats.from_record(json.loads(lines[-1]))
+        row["step"] = last.version
+        for key in RUN_STEP:
+            if (value := getattr(last, key)) is not None:
+                row[key] = value
         row["since_last_step_s"] = time.time() - steps.stat().st_mtime
     return row
 

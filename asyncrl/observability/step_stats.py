@@ -5,8 +5,8 @@ the simulated one: ``asyncrl.learner.mock_trainer``), the learner process adds w
 says (``reward``, ``accuracy``, ``samples``, ``wait_s``) and the staleness bound it set, and sends it
 whole in the ``step`` event (``asyncrl.wire.events.StepEvent``). Every reader takes its figures as
 attributes: the console, ``steps.jsonl`` (``record``: one key per field, the names unchanged since the
-stats were a map), TensorBoard (``scalars``), Prometheus (``asyncrl.observability.metrics``) and
-``asyncrl inspect``. A misspelt name is an ``AttributeError`` where it is read and a ``TypeError``
+stats were a map; ``from_record`` reads a line back), TensorBoard (``scalars``), Prometheus
+(``asyncrl.observability.metrics``) and ``asyncrl inspect``. A misspelt name is an ``AttributeError`` where it is read and a ``TypeError``
 where it is set, and the name lists below are checked against the fields when this module is
 imported, so a statistic cannot go missing from a dashboard without a test failing.
 
@@ -162,6 +162,13 @@ class StepStats(msgspec.Struct, kw_only=True):
         was measured (not None; ``accuracy`` always), less ``NOT_RECORDED``."""
         out = msgspec.to_builtins(self)
         return {k: v for k, v in out.items() if k not in self.NOT_RECORDED and (v is not None or k == "accuracy")}
+
+    @classmethod
+    def from_record(cls, record: dict) -> StepStats:
+        """The stats of a ``steps.jsonl`` line (``record``'s output, read back with ``json``): its
+        other keys (``type``, ``source``, ``t``...) ignored, map keys back to ints. A line that is
+        not a step's (a required field missing or mistyped) raises ``msgspec.ValidationError``."""
+        return msgspec.convert(record, cls, strict=False)
 
     def scalars(self) -> dict[str, float]:
         """The step's numbers as ``train/NAME`` -> value (TensorBoard, W&B): every int or float
