@@ -68,7 +68,7 @@ class MockTrainer:
             stale_samples_masked=sum(0 < len(s.response_ids) <= s.trained_from for g in groups for s in g.samples),
             staleness_mean=float(np.mean(staleness)) if staleness else float("nan"),
             staleness_max=int(max(staleness, default=0)),
-            reward_mean=float(np.mean(rewards)),
+            reward=float(np.mean(rewards)),
             tokens=sum(g.num_tokens for g in groups),
             step_s=time.perf_counter() - start,
         )

@@ -2,7 +2,7 @@
 
 The metrics are recorded as soon as a step is trained; the ``step`` event, which the controller
 prints in part and keeps whole, goes out at the end of the step (after its publication and
-checkpoint, if any) with the trainer's ``StepStats`` and the batch's reward, accuracy, size and wait.
+checkpoint, if any) with the trainer's ``StepStats`` and the batch's accuracy, size and wait.
 """
 
 from __future__ import annotations
@@ -43,10 +43,8 @@ def record_step_metrics(version: int, batch: Batch, stats: StepStats) -> None:
 
 def report_step(ctx: LearnerContext, batch: Batch, stats: StepStats) -> None:
     """The ``step`` event of the step that produced ``stats.version``: its stats with the batch's
-    reward, accuracy, samples and wait."""
+    accuracy, samples and wait."""
     groups = batch.groups
-    rewards = [s.reward for g in groups for s in g.samples]
-    stats.reward = sum(rewards) / len(rewards)
     stats.accuracy = batch_accuracy(groups)
     stats.samples = sum(len(g.samples) for g in groups)
     stats.wait_s = batch.wait_s

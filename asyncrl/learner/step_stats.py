@@ -175,7 +175,7 @@ def step_stats(
         stale_samples_masked=int((~trained_rows).sum()),
         staleness_mean=float(np.mean(staleness)) if staleness else float("nan"),
         staleness_max=int(max(staleness, default=0)),
-        reward_mean=float(np.mean([s.reward for g in groups for s in g.samples])),
+        reward=float(np.mean([s.reward for g in groups for s in g.samples])),
         truncated_frac=float(truncated.float().mean()),
         sequences=int(in_loss.sum()),
         tokens=sum(g.num_tokens for g in groups),

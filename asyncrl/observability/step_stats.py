@@ -45,9 +45,10 @@ class StepStats(msgspec.Struct, kw_only=True):
     """Largest of ``staleness`` (0 when none)."""
     step_s: float = 0.0
     """Seconds the step took (``train_step``)."""
-    # -- set by the learner process from the step's batch, after ``train_step``
     reward: float | None = None
-    """Mean reward of the batch's samples (shaped as the rewards combined it)."""
+    """Mean reward of the batch's samples, as the reward workers combined it (before any shaping
+    of the algorithm's: the overlong penalty, a KL penalty in the reward)."""
+    # -- set by the learner process from the step's batch, after ``train_step``
     accuracy: float | None = None
     """Share of the batch a correctness reward scored right; None when no such reward ran
     (``asyncrl.tasks.answers.batch_accuracy``). Kept in ``steps.jsonl`` even when None."""
@@ -128,8 +129,6 @@ class StepStats(msgspec.Struct, kw_only=True):
     # -- the batch
     sequences: int | None = None
     """Sequences in the loss."""
-    reward_mean: float | None = None
-    """The task's mean reward, before any shaping."""
     truncated_frac: float | None = None
     """Samples cut off at the length limit."""
     overlong_penalty: float | None = None

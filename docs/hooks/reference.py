@@ -6,7 +6,8 @@ Generated at build time (never committed, so they cannot go stale):
 - ``reference/cli.md``: every ``asyncrl`` command's ``--help`` (``cliref``);
 - ``reference/recipes.md``: the recipes in ``configs/``, each with its header comment;
 - ``benchmarks.md``: ``bench/README.md``, the measured figures, as one page of the site;
-- in ``reference/metrics.md``, the table of every metric, from the processes' registry (``metricsref``).
+- in ``reference/metrics.md``, the table of every metric, from the processes' registry (``metricsref``),
+  and the table of a learner step's statistics, from ``StepStats`` (``statsref``).
 
 Every page, README.md too, is checked (``checks``): config keys, YAML config blocks, repository
 paths and module names must exist. Problems are logged as warnings, so ``mkdocs build --strict``
@@ -24,6 +25,7 @@ import checks
 import cliref
 import configref
 import metricsref
+import statsref
 from mkdocs.structure.files import File
 
 log = logging.getLogger("mkdocs.hooks.reference")
@@ -106,6 +108,7 @@ def problems(markdown: str) -> list[str]:
 
 
 EVERY_METRIC = "<!-- every metric: generated from the registry when the site is built -->"
+EVERY_STEP_STAT = "<!-- every step statistic: generated from StepStats when the site is built -->"
 
 
 def on_page_markdown(markdown, page, config, files):
@@ -113,6 +116,8 @@ def on_page_markdown(markdown, page, config, files):
         return markdown  # generated from the code itself
     if EVERY_METRIC in markdown:
         markdown = markdown.replace(EVERY_METRIC, metricsref.render())
+    if EVERY_STEP_STAT in markdown:
+        markdown = markdown.replace(EVERY_STEP_STAT, statsref.render())
     for problem in problems(markdown):
         log.warning(f"{page.file.src_uri}: {problem}")
     return markdown

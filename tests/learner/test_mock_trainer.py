@@ -12,7 +12,7 @@ def test_mock_trainer_counts_staleness_and_versions_like_the_real_one():
     stats = t.train_step(groups)
     assert t.version == 1 and stats.staleness == [0] * 8 and stats.tokens == 8 * 3  # response tokens, as the real one
     stats = t.train_step(groups)
-    assert stats.staleness == [1] * 8 and stats.reward_mean == pytest.approx(1 / 8)
+    assert stats.staleness == [1] * 8 and stats.reward == pytest.approx(1 / 8)
     assert t.full_state_dict()["weights"].numel() == 16
     assert t.step_seconds(100) == 0
 

@@ -710,7 +710,7 @@ def test_truncation_penalise_adds_dapos_overlong_penalty_to_the_reward(model_dir
         np.testing.assert_allclose(row, expected, rtol=1e-6)
     stats = penalised.train_step(groups)
     assert stats.overlong_penalty == pytest.approx(float(np.mean(penalties)), rel=1e-6)
-    assert stats.reward_mean == pytest.approx(np.mean([s.reward for g in groups for s in g.samples]))
+    assert stats.reward == pytest.approx(np.mean([s.reward for g in groups for s in g.samples]))
     reference.train_step(shifted)
     a, b = penalised.full_state_dict(), reference.full_state_dict()
     for name in a:
