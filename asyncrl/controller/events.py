@@ -123,10 +123,10 @@ class EventRouter:
         elif isinstance(ev, ErrorEvent):
             self.supervisor.on_error(ev)
         elif isinstance(ev, BroadcastEvent):
-            observe_served(self.timeline.on_broadcast(msgspec.to_builtins(ev)))
+            observe_served(self.timeline.on_broadcast(ev))
         elif isinstance(ev, VersionEvent):
             self.progress.generator_versions[ev.source] = ev.version
-            observe_served(self.timeline.on_served(msgspec.to_builtins(ev)))
+            observe_served(self.timeline.on_served(ev))
             log.info("%s now serves policy version %d (applied in %.0f ms)", ev.source, ev.version, 1000 * ev.apply_s)
             if ev.probe is not None:  # one line per (version, generator): the probe's statistics
                 record = {"version": ev.version, "generator": ev.source, **msgspec.structs.asdict(ev.probe)}

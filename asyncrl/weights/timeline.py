@@ -34,6 +34,8 @@ import time
 
 import numpy as np
 
+from asyncrl.wire.messages import BroadcastEvent, VersionEvent
+
 STAGES = ("learner_probe_s", "gather_s", "transport_out_s", "transport_in_s", "wait_s", "reload_s", "probe_s")
 
 
@@ -41,18 +43,19 @@ class PublicationTimeline:
     """Joins ``broadcast`` and ``version`` events into per-version, per-generator timings.
 
     >>> t = PublicationTimeline()
-    >>> t.on_broadcast({"version": 2, "published_at": 100.0, "gather_s": 0.5, "seconds": 1.5})
+    >>> t.on_broadcast(BroadcastEvent(version=2, transport="shm", published_at=100.0, gather_s=0.5,
+    ...     probe_s=0.0, bytes=64, buckets=1, seconds=1.5))
     []
-    >>> [r["total_s"] for r in t.on_served({"source": "generator-0", "version": 2, "served_at": 104.0,
-    ...     "ready_at": 102.0, "apply_s": 1.0, "load_s": 0.8, "receive_s": 0.3, "probe_s": 0.2})]
+    >>> [r["total_s"] for r in t.on_served(VersionEvent(source="generator-0", version=2, served_at=104.0,
+    ...     ready_at=102.0, apply_s=1.0, load_s=0.8, receive_s=0.3, probe_s=0.2, bytes=64))]
     [4.0]
     """
 
     def __init__(self, max_pending: int = 1000, keep: int = 1000):
         if keep < 1:
             raise ValueError(f"keep ({keep}) must be >= 1 version")
-        self.broadcasts: dict[int, dict] = {}  # the last `keep` versions' broadcasts
-        self.pending: dict[tuple[int, str], dict] = {}  # version events that came before their broadcast
+        self.broadcasts: dict[int, BroadcastEvent] = {}  # the last `keep` versions' broadcasts
+        self.pending: dict[tuple[int, str], VersionEvent] = {}  # version events that came before their broadcast
         self.versions: dict[int, dict[str, dict]] = {}  # version -> generator -> stages, the last `keep` versions
         self.max_pending = max_pending
         self.keep = keep
@@ -61,11 +64,9 @@ class PublicationTimeline:
         self._sums = dict.fromkeys(("total_s", *STAGES), 0.0)
         self._max_total = float("-inf")
 
-    def on_broadcast(self, ev: dict) -> list[dict]:
-        """The learner published ``ev['version']``; returns records completed by it."""
-        if "published_at" not in ev:
-            return []  # a sender that does not time its publications
-        version = int(ev["version"])
+    def on_broadcast(self, ev: BroadcastEvent) -> list[dict]:
+        """The learner published ``ev.version``; returns records completed by it."""
+        version = ev.version
         self.broadcasts[version] = ev
         _keep_last(self.broadcasts, self.keep)
         done = []
@@ -73,32 +74,30 @@ class PublicationTimeline:
             done.append(self._join(ev, self.pending.pop(key)))
         return done
 
-    def on_served(self, ev: dict) -> list[dict]:
-        """A generator serves ``ev['version']``; returns the record if its broadcast is known."""
-        if "served_at" not in ev:
-            return []
-        version = int(ev["version"])
+    def on_served(self, ev: VersionEvent) -> list[dict]:
+        """A generator serves ``ev.version``; returns the record if its broadcast is known."""
+        version = ev.version
         broadcast = self.broadcasts.get(version)
         if broadcast is None:
             if len(self.pending) < self.max_pending:
-                self.pending[(version, ev["source"])] = ev
+                self.pending[(version, ev.source)] = ev
             return []
         return [self._join(broadcast, ev)]
 
-    def _join(self, broadcast: dict, served: dict) -> dict:
-        gather = float(broadcast.get("gather_s", 0.0))
-        began_apply = served["served_at"] - served.get("apply_s", 0.0)
+    def _join(self, broadcast: BroadcastEvent, served: VersionEvent) -> dict:
+        gather = broadcast.gather_s
+        began_apply = served.served_at - served.apply_s
         record = {
-            "total_s": served["served_at"] - broadcast["published_at"],
-            "learner_probe_s": float(broadcast.get("probe_s") or 0.0),
+            "total_s": served.served_at - broadcast.published_at,
+            "learner_probe_s": broadcast.probe_s,
             "gather_s": gather,
-            "transport_out_s": max(0.0, float(broadcast["seconds"]) - gather),
-            "transport_in_s": float(served.get("receive_s") or 0.0),
-            "wait_s": max(0.0, began_apply - served["ready_at"]) if served.get("ready_at") else 0.0,
-            "reload_s": float(served.get("load_s") or 0.0),
-            "probe_s": float(served.get("probe_s") or 0.0),
+            "transport_out_s": max(0.0, broadcast.seconds - gather),
+            "transport_in_s": served.receive_s,
+            "wait_s": max(0.0, began_apply - served.ready_at) if served.ready_at else 0.0,
+            "reload_s": served.load_s,
+            "probe_s": served.probe_s,
         }
-        self.versions.setdefault(int(served["version"]), {})[served["source"]] = record
+        self.versions.setdefault(served.version, {})[served.source] = record
         _keep_last(self.versions, self.keep)
         self.records += 1
         for key in self._sums:
