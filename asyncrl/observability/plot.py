@@ -16,13 +16,16 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.configbase import UserFileError
+from asyncrl.observability.step_stats import StepStats
 
 
-def load_steps(run_dir: Path) -> list[dict]:
+def load_steps(run_dir: Path) -> list[tuple[float, StepStats]]:
+    """Each line of ``steps.jsonl``: (``t``, seconds since go; its ``StepStats``)."""
     path = run_dir / "steps.jsonl"
     if not path.exists():
         raise UserFileError(f"{path} is missing: is {run_dir} a run directory with at least one learner step?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(r["t"], StepStats.from_record(r)) for r in records]
 
 
 def staleness_histogram(run_dir: Path, summary: dict) -> dict[int, float]:
@@ -46,18 +49,18 @@ def staleness_histogram(run_dir: Path, summary: dict) -> dict[int, float]:
     return hist
 
 
-def throughput(steps: list[dict]) -> tuple[list[float], list[float], list[float]]:
+def throughput(steps: list[tuple[float, StepStats]]) -> tuple[list[float], list[float], list[float]]:
     """(time, samples/s, tokens/s) of each step's interval since the previous step (or since go)."""
     times, samples, tokens = [], [], []
     previous = 0.0
-    for s in steps:
-        dt = s["t"] - previous
-        previous = s["t"]
+    for t, s in steps:
+        dt = t - previous
+        previous = t
         if dt <= 0:
             continue
-        times.append(s["t"])
-        samples.append(s["samples"] / dt)
-        tokens.append(s["tokens"] / dt if "tokens" in s else float("nan"))
+        times.append(t)
+        samples.append((s.samples or 0) / dt)
+        tokens.append(s.tokens / dt)
     return times, samples, tokens
 
 
@@ -71,11 +74,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     steps = load_steps(run_dir)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    versions = [s["version"] for s in steps]
+    versions = [s.version for _, s in steps]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
 
-    ax1.plot(versions, [s["reward"] for s in steps], label="mean reward of the batch")
-    accuracy = [(s["version"], s["accuracy"]) for s in steps if s.get("accuracy") is not None]
+    ax1.plot(versions, [s.reward for _, s in steps], label="mean reward of the batch")
+    accuracy = [(s.version, s.accuracy) for _, s in steps if s.accuracy is not None]
     if accuracy:
         ax1.plot(*zip(*accuracy), label="accuracy of the batch")
     if summary.get("eval_before") is not None:

@@ -54,3 +54,15 @@ def test_inspect_reads_the_last_step_by_field(tmp_path):
     row = inspect_run.run_row(tmp_path)
     assert row["status"] == "live" and row["step"] == 3 and row["reward"] == 0.75 and row["staleness_mean"] == 0.5
     assert "accuracy" not in row
+
+
+def test_plot_reads_the_steps_by_field(tmp_path):
+    from asyncrl.observability.plot import load_steps, plot_run, throughput
+
+    lines = [StepEvent(source="learner", role="learner", stats=stats(version=v)).record(t=2.0 * v) for v in (1, 2)]
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / "summary.json").write_text(json.dumps({"staleness_hist": {"0": 5, "1": 3}}))
+    steps = load_steps(tmp_path)
+    assert [(t, s.version) for t, s in steps] == [(2.0, 1), (4.0, 2)]
+    assert throughput(steps) == ([2.0, 4.0], [4.0, 4.0], [20.0, 20.0])  # 8 samples, 40 tokens every 2 s
+    assert plot_run(tmp_path).stat().st_size > 10_000
