@@ -59,14 +59,14 @@ def small_qwen2(vocab_size: int, tied: bool = False, attn: str | None = None):
 
 
 class RecordingContext:
-    """Stands in for a process context where the weight path reports: keeps each ``emit``
-    as ``(kind, body)`` in ``events``."""
+    """Stands in for a process context where the weight path reports: keeps each event it is
+    sent in ``events``."""
 
     def __init__(self):
-        self.events: list[tuple[str, dict]] = []
+        self.events: list = []
 
-    def emit(self, kind, **body):
-        self.events.append((kind, body))
+    def emit(self, event):
+        self.events.append(event)
 
 
 def two_tiny_models(root: Path) -> dict[str, Path]:

@@ -33,7 +33,7 @@ publication's messages (``asyncrl.wire.weight_messages``).
 | weights | WeightsAnnouncement | learner -> generators (PUB) |
 | weights_ack / weights_error | WeightsAck / WeightsError | generator -> learner (shm transport) |
 | weights_begin / weights_bucket / weights_end | WeightsBegin / WeightsBucket / WeightsEnd | learner -> generators (stream) |
-| event | Event (ReadyEvent, StepEvent... by ``type``) | any process -> controller |
+| event | Event (ReadyEvent, StepEvent... and each role's final report, BufferFinal... by ``type``) | any process -> controller |
 | control | Control (StopCommand, CheckpointCommand... by ``command``) | controller -> every process (PUB) |
 """
 

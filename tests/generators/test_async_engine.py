@@ -140,8 +140,8 @@ def test_shm_update_applied_in_flight_by_the_applier_passes_the_probe(engine, hf
         applier.drain(ctx)
     finally:
         applier.close()
-    ((kind, ev),) = ctx.events
-    assert kind == "version" and ev["version"] == version and ev["probe_diff"] <= 1e-3
+    (ev,) = ctx.events
+    assert ev.type == "version" and ev.version == version and ev.probe_diff <= 1e-3
     segments = [c.version_segments for c in completions]
     assert all(seg[0] == [0, version - 1] for seg in segments), segments
     assert all(seg[-1][1] in (version - 1, version) for seg in segments), segments

@@ -45,8 +45,8 @@ class Context:
     def __init__(self, cfg):
         self.cfg, self.ledger, self.events = cfg, Ledger(), []
 
-    def emit(self, kind, **body):
-        self.events.append((kind, body))
+    def emit(self, event):
+        self.events.append(event)
 
 
 class Outbox:

@@ -103,8 +103,8 @@ def test_weights_swapped_while_a_group_runs_pass_the_probe_and_split_its_segment
         applier.close()
         pub.close()
         sub.close()
-    ((kind, event),) = ctx.events
-    assert kind == "version" and event["version"] == version and event["probe_diff"] <= 1e-3
+    (event,) = ctx.events
+    assert event.type == "version" and event.version == version and event.probe_diff <= 1e-3
     assert key == "spanning" and [len(c.response_ids) for c in completions] == [240, 240]
     for c in completions:
         (start, v0), (swap_at, v1) = c.version_segments

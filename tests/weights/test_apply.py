@@ -34,8 +34,8 @@ def test_an_applied_update_is_reported_with_its_version_and_acked():
     sub = OneUpdate(WeightUpdate(3, [("w", torch.zeros(2))], nbytes=8))
     apply_newest_weights(engine, sub, ctx, probe=ProbeCheck(atol=1e-3))
     assert engine.version == 3 and sub.reports == [None]
-    ((kind, ev),) = ctx.events
-    assert kind == "version" and ev["version"] == 3 and ev["bytes"] == 8
+    (ev,) = ctx.events
+    assert ev.type == "version" and ev.version == 3 and ev.bytes == 8
     apply_newest_weights(engine, sub, ctx)  # nothing newer: nothing happens
     assert len(ctx.events) == 1
 

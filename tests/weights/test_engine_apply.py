@@ -76,8 +76,8 @@ def test_apply_between_requests_serves_the_published_weights(engine, learner, tr
     pub.publish(iter_buckets(model, 64 << 10), version, meta={"probe": probe})
     _apply(engine, sub, pub, ctx)
     assert engine.version == version
-    ((kind, ev),) = ctx.events
-    assert kind == "version" and ev["version"] == version and ev["probe_diff"] <= 1e-3 and ev["bytes"] > 0
+    (ev,) = ctx.events
+    assert ev.type == "version" and ev.version == version and ev.probe_diff <= 1e-3 and ev.bytes > 0
     assert abs(before - probe["logprobs"]).max() > 1e-3 or transport != "shm"  # it really changed (first test)
     pub.close()
     sub.close()
