@@ -33,17 +33,26 @@ KL_REWARD = {"kl": {"coef": 0.1, "use_in": "reward"}}
 
 CASES: dict[str, tuple[int, dict, dict, int, int]] = {}
 """Case name -> (ZeRO stage, trainer overrides, algorithm overrides, ppo_epochs, mini_batches)."""
+PER_STAGE = {
+    "token-mean": ({}, 1, 1),
+    "ppo-critic": (CRITIC, 1, 1),  # the critic is a second engine, partitioned like the policy
+    "epochs-minis": ({"entropy_coef": 0.01}, 2, 2),  # several optimizer steps, accumulation boundaries
+}
+"""What the ZeRO stage changes: how gradients, optimizer states and parameters are split over the
+ranks, for each DeepSpeed engine (policy, critic) and across optimizer steps. These run at every
+stage. The losses (aggregations, KL to the frozen reference, which is a plain module outside
+DeepSpeed) are computed before the backward and do not depend on it: they run at stage 2, the
+default, only."""
 for _stage in (1, 2, 3):
-    CASES |= {
-        f"z{_stage}-token-mean": (_stage, {}, {}, 1, 1),
-        f"z{_stage}-seq-mean-token-sum": (_stage, {}, {"loss_agg_mode": "seq-mean-token-sum"}, 1, 1),
-        f"z{_stage}-seq-mean-token-mean": (_stage, {}, {"loss_agg_mode": "seq-mean-token-mean"}, 1, 1),
-        f"z{_stage}-seq-mean-token-sum-norm": (_stage, {}, {"loss_agg_mode": "seq-mean-token-sum-norm"}, 1, 1),
-        f"z{_stage}-ppo-critic": (_stage, {}, CRITIC, 1, 1),
-        f"z{_stage}-kl-loss": (_stage, {}, KL_LOSS, 1, 1),
-        f"z{_stage}-kl-reward": (_stage, {}, KL_REWARD, 1, 1),
-        f"z{_stage}-epochs-minis": (_stage, {}, {"entropy_coef": 0.01}, 2, 2),
-    }
+    for _name, (_algo, _epochs, _minis) in PER_STAGE.items():
+        CASES[f"z{_stage}-{_name}"] = (_stage, {}, _algo, _epochs, _minis)
+CASES |= {
+    "z2-kl-loss": (2, {}, KL_LOSS, 1, 1),
+    "z2-seq-mean-token-sum": (2, {}, {"loss_agg_mode": "seq-mean-token-sum"}, 1, 1),
+    "z2-seq-mean-token-mean": (2, {}, {"loss_agg_mode": "seq-mean-token-mean"}, 1, 1),
+    "z2-seq-mean-token-sum-norm": (2, {}, {"loss_agg_mode": "seq-mean-token-sum-norm"}, 1, 1),
+    "z2-kl-reward": (2, {}, KL_REWARD, 1, 1),
+}
 CASES |= {
     "z0-token-mean": (0, {}, {}, 1, 1),
     "z2-packed": (2, {"micro_batch_tokens": 40}, {}, 1, 1),

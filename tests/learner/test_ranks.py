@@ -2,7 +2,8 @@
 
 Each case (``rank_worker.CASES``: every aggregation mode, PPO with a critic, KL in the loss and in
 the reward, several epochs and mini-batches with an entropy bonus, packed micro batches, the
-batch-whitened REINFORCE++; at ZeRO stages 1, 2 and 3) runs two steps on the same ragged batch of
+batch-whitened REINFORCE++; at ZeRO stage 2, and those the stage changes at stages 1 and 3: see
+``rank_worker.PER_STAGE``) runs two steps on the same ragged batch of
 5 groups, once in a group of one process and once in a group of two whose ranks get 3 and 2
 groups of different token counts and different numbers of micro batches. The weights after the
 steps and the steps' figures must agree to float32 rounding. (Adam divides each element's
@@ -27,7 +28,7 @@ from tests.learner.rank_worker import CASES, FIGURES
 pytestmark = pytest.mark.slow
 
 WORKER_TIMEOUT_S = 900
-"""Seconds one world may take for every case (about 70 trainers built and stepped twice)."""
+"""Seconds one world may take for every case (about 40 trainers built and stepped twice)."""
 
 
 @pytest.fixture(scope="module")
