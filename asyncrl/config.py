@@ -205,6 +205,28 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _check_publication_keeps_up(self) -> RunConfig:
+        """Under ``weights.schedule: every_k`` the generators serve a version up to
+        ``broadcast_every - 1`` steps behind the learner, and the dispatcher admits groups against
+        the version they serve (``asyncrl.dispatcher.admission``): the learner at version v needs
+        groups sampled at v - s or later, so with a bound s < broadcast_every - 1 nothing can be
+        admitted for it and the run waits for work forever. Under auto the lowest bound counts."""
+        if self.weights.schedule != "every_k":
+            return self
+        auto = self.buffer.auto
+        bound = self.buffer.auto_staleness.min if auto else self.buffer.max_staleness
+        name = "buffer.auto_staleness.min" if auto else "buffer.max_staleness"
+        every = self.learner.broadcast_every
+        if bound is not None and every - 1 > bound:
+            raise ValueError(
+                f"learner.broadcast_every ({every}) must be <= {name} ({bound}) + 1: the generators serve a "
+                f"version up to {every - 1} steps behind the learner, past the staleness bound, so no group "
+                "could be admitted for the next step and the run would never progress (publish more often, "
+                "or allow more staleness)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_zero_variance_filter(self) -> RunConfig:
         zv, estimator = self.buffer.zero_variance, self.algorithm.adv_estimator
         if not zv.drop:

@@ -93,6 +93,29 @@ def test_a_lead_beyond_the_staleness_bound_is_refused():
     assert load_config(None, ["dispatcher.ahead_versions=2"]).dispatcher.ahead_versions == 2
 
 
+def test_a_publication_period_past_the_staleness_bound_is_refused_when_the_config_is_read():
+    """At max_staleness 0 with a broadcast every 2 steps, after step 1 the learner (version 1) needs
+    groups of version 1 while the generators serve 0: the rule admits none, and the run would wait
+    for work forever. The config refuses it, naming both keys."""
+    from asyncrl.config import load_config
+
+    a = Admission(batch_groups=4, max_staleness=0)
+    a.dispatched = 4  # step 1 trained the first 4
+    a.update(version=1, dropped_groups=0)
+    assert a.capacity(version=0) == 0 and not a.may_sample(0)  # served version 0: nothing to admit
+    assert a.capacity(version=1) == 4  # had version 1 been published
+    with pytest.raises(ValueError, match=r"learner.broadcast_every \(2\) must be <= buffer.max_staleness \(0\) \+ 1"):
+        load_config(None, ["buffer.max_staleness=0", "learner.broadcast_every=2"])
+    with pytest.raises(
+        ValueError, match=r"learner.broadcast_every \(3\) must be <= buffer.auto_staleness.min \(1\) \+ 1"
+    ):
+        load_config(None, ["buffer.max_staleness=auto", "buffer.auto_staleness.min=1", "learner.broadcast_every=3"])
+    assert load_config(None, ["buffer.max_staleness=0", "learner.broadcast_every=1"]).learner.broadcast_every == 1
+    assert load_config(None, ["buffer.max_staleness=1", "learner.broadcast_every=2"]).learner.broadcast_every == 2
+    every_s = load_config(None, ["buffer.max_staleness=0", "learner.broadcast_every=2", "weights.schedule=every_s"])
+    assert every_s.weights.schedule == "every_s"  # publications by time: the period is not in steps
+
+
 def test_a_step_that_trains_fewer_than_b_groups_is_charged_the_groups_it_lacks():
     a = Admission(batch_groups=4, max_staleness=1)
     a.dispatched = 8

@@ -46,7 +46,11 @@ def test_only_answers_past_the_bound_are_resumed_and_they_keep_their_tokens():
 
 
 def test_a_resumed_group_is_named_in_the_ledger_once_per_interruption(dispatcher):  # noqa: F811
-    h = Harness(dispatcher, ["generator.partial_rollouts=resume", "buffer.max_staleness=0"], engine=SLOW)
+    h = Harness(
+        dispatcher,
+        ["generator.partial_rollouts=resume", "buffer.max_staleness=0", "learner.broadcast_every=1"],
+        engine=SLOW,
+    )
     lengths_in_turn(h.engine, [60, 2])
     answer(h, dispatcher, [row("g0")])
     h.run_until(lambda: h.loop.stream.active and h.loop.stream.active[0].done > 5, 5, "g0 to have 5 tokens")
