@@ -116,7 +116,9 @@ def run_vllm_bench(recipe: str, overrides: list[str], out: Path) -> dict:
     from asyncrl.models.tiny import build_tiny_model
 
     cfg = load_config(recipe, overrides)
-    model_dir = resolve_model_path(cfg.model.path) if cfg.model.path else build_tiny_model(cfg.model.tiny, out / "model")
+    model_dir = (
+        resolve_model_path(cfg.model.path) if cfg.model.path else build_tiny_model(cfg.model.tiny, out / "model")
+    )
     cfg = load_config(
         recipe,
         [
