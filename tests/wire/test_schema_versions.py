@@ -60,3 +60,26 @@ def test_a_declared_group_field_of_the_wrong_type_is_rejected():
     assert e.value.reason == "bad_fields"
     with pytest.raises(wire.WireError, match="greedy_text"):
         wire.validate_group(dataclasses.replace(make_group("g"), greedy_text=7))
+
+
+def test_a_buffer_snapshot_written_under_schema_1_restores(tmp_path):
+    from asyncrl.buffer.config import BufferConfig
+    from asyncrl.buffer.replay import ReplayBuffer
+
+    cfg = BufferConfig(capacity_samples=32, seed=1)
+    buf = ReplayBuffer.from_config(cfg)
+    for i in range(3):
+        buf.insert(dataclasses.replace(make_group(f"g{i}", rewards=[1.0, 0.0, 0.0, 1.0]), sampled_at=10.0 + i))
+    buf.snapshot(tmp_path / "snap")
+    frames = msgpack.unpackb((tmp_path / "snap" / "groups.bin").read_bytes(), raw=False)
+    old = []  # as schema 1 wrote them: the declared fields in meta
+    for frame in frames:
+        body = msgpack.unpackb(frame, raw=False)
+        body["schema"], group = 1, body["group"]
+        group["meta"] = {name: group.pop(name) for name in MOVED_FROM_META if group[name] is not None}
+        old.append(msgpack.packb(body, use_bin_type=True))
+    (tmp_path / "snap" / "groups.bin").write_bytes(msgpack.packb(old, use_bin_type=True))
+    restored = ReplayBuffer.from_config(cfg)
+    restored.restore(tmp_path / "snap")
+    assert restored.reconcile() == buf.reconcile()
+    assert sorted(g.sampled_at for g in restored.sample(3).items) == [10.0, 11.0, 12.0]
