@@ -1,7 +1,7 @@
 """What ``asyncrl train`` shows while it runs: ``run.console`` = live | plain | quiet | jsonl.
 
 * ``live``: a panel redrawn in place (rich) with the step and a progress bar, reward, accuracy,
-  staleness, tokens/s, and one line per process with its state: starting, ready, serving vN
+  staleness, loss, tokens/s, and one line per process with its state: starting, ready, serving vN
   (a generator), at vN (the learner), restarting, exited (rc), stopped. Falls back to ``plain``
   when stdout is not a terminal (a log file, a CI job).
 * ``plain``: one line per learner step.
@@ -162,7 +162,7 @@ CELLS = (
     ("staleness max", "staleness_max", "d"),
     ("loss", "loss", "+.4f"),
 )
-"""The live panel's statistics: (label, ``StepStats`` field, format); the rates go after the fourth."""
+"""The live panel's statistics: (label, ``StepStats`` field, format), followed by the rates."""
 check_names((key for _label, key, _fmt in CELLS), "console.CELLS")
 
 
@@ -276,9 +276,8 @@ class RunConsole:
             f"{elapsed:,.0f} s",
         )
         numbers = Table.grid(padding=(0, 3))
-        cells = [(label, getattr(last, key) if last is not None else None, fmt) for label, key, fmt in CELLS[:4]]
+        cells = [(label, getattr(last, key) if last is not None else None, fmt) for label, key, fmt in CELLS]
         cells += [("tokens/s", window.tokens_per_s, ",.0f"), ("samples/s", window.samples_per_s, ",.1f")]
-        cells += [(label, getattr(last, key) if last is not None else None, fmt) for label, key, fmt in CELLS[4:]]
         numbers.add_row(*(f"{name} [bold]{_fmt(value, fmt)}[/]" for name, value, fmt in cells))
         held_out = []
         if window.eval_before is not None:
