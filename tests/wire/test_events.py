@@ -75,3 +75,16 @@ def test_a_version_event_keeps_a_ready_time_that_is_none():
     )
     decoded = decode(encode(ev))[1]
     assert decoded == ev and decoded.ready_at is None
+
+
+def test_each_role_has_its_final_report_type():
+    from asyncrl.roles import ROLE_NAMES
+    from asyncrl.wire.messages import FINALS, LearnerFinal
+
+    assert set(FINALS) == set(ROLE_NAMES) and all(cls.final for cls in FINALS.values())
+    ev = LearnerFinal(source="learner", role="learner", version=4, trained=12, latency_s={"p50": 0.5})
+    _, back = decode(encode(ev))
+    assert isinstance(back, LearnerFinal) and back.type == "learner_final" and back == ev
+    with pytest.raises(WireError) as err:  # a count of the wrong type
+        decode(encode_map("event", {"type": "learner_final", "version": 4, "trained": "twelve"}))
+    assert err.value.reason == "bad_fields"
