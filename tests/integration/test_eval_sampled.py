@@ -21,7 +21,9 @@ def test_a_run_reports_sampled_and_completed_figures_per_source_and_set(tmp_path
     ]
     data = tmp_path / "words.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    reward = [{"kind": "python", "name": "words_reward", "options": {"function": "configs/rewards/word_arithmetic.py:reward"}}]
+    reward = [
+        {"kind": "python", "name": "words_reward", "options": {"function": "configs/rewards/word_arithmetic.py:reward"}}
+    ]
     cfg = load_config(
         "configs/bench_pipeline.yaml",
         [

@@ -24,7 +24,9 @@ def test_the_default_is_the_first_correctness_reward_and_eval_reward_names_anoth
     assert eval_reward_specs(cfg)["addition"].kind == "math_verify"
     cfg = RunConfig(reward={"rewards": [{"kind": "format"}, PYTHON]})
     assert eval_reward_specs(cfg)["addition"].label == "mine"
-    cfg = RunConfig(reward={"rewards": [{"kind": "math_verify"}, {"kind": "exact_match"}]}, eval={"reward": "exact_match"})
+    cfg = RunConfig(
+        reward={"rewards": [{"kind": "math_verify"}, {"kind": "exact_match"}]}, eval={"reward": "exact_match"}
+    )
     assert eval_reward_specs(cfg)["addition"].kind == "exact_match"
 
 
@@ -48,7 +50,10 @@ def test_a_rule_reward_scores_each_answer_and_skips_prompts_without_an_answer():
 
 
 def test_a_python_reward_scores_in_its_child_processes_and_unscored_answers_are_none():
-    specs = {"addition": RewardSpec(**PYTHON), "words": RewardSpec(kind="python", options={"function": "tests.rewards.user_rewards:picky"})}
+    specs = {
+        "addition": RewardSpec(**PYTHON),
+        "words": RewardSpec(kind="python", options={"function": "tests.rewards.user_rewards:picky"}),
+    }
     scorer = EvalScorer(specs)
     prompts = [Prompt("a", "1+1=", "2", "addition"), Prompt("w", "one plus one", "2", "words")]
     answers = [[("2", "stop"), (" 3", "stop")], [("0", "stop"), ("two", "stop")]]

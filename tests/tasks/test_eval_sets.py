@@ -16,7 +16,10 @@ from asyncrl.wire.messages import EvalResult
 def test_extra_sets_follow_the_task_split_and_take_its_template(tmp_path):
     hard = tmp_path / "hard.jsonl"
     hard.write_text("".join(json.dumps({"question": f"{a}*{a}?", "answer": f"#### {a * a}"}) + "\n" for a in range(5)))
-    cfg = RunConfig(task={"name": "gsm8k", "test_size": 3}, eval={"num_prompts": 3, "sets": [{"name": "hard", "data": {"test": str(hard)}, "num_prompts": 4}]})
+    cfg = RunConfig(
+        task={"name": "gsm8k", "test_size": 3},
+        eval={"num_prompts": 3, "sets": [{"name": "hard", "data": {"test": str(hard)}, "num_prompts": 4}]},
+    )
     prompts, sets = load_eval_prompts(cfg, None)
     assert sets == ["test"] * 3 + ["hard"] * 4
     extra = prompts[3:]
@@ -43,8 +46,15 @@ def test_each_set_is_reported_under_its_name_with_sampled_figures():
     r = EvalRound("v2", 2, prompts, EvalConfig(chunk_prompts=4, samples_k=2), sets=["test", "test", "extra", "extra"])
     assert len(r.request(0).seeds) == 4 and r.request(0).seeds == EvalRound("v4", 4, prompts, r.cfg).request(0).seeds
     body = EvalResult(
-        round="v2", chunk=0, version=2, generator="g", texts=["1", "x", "3", "x"], seconds=0.1, queued_s=0,
-        finish_reasons=["stop", "length", "stop", "stop"], samples=[["1", "1"], ["x", "x"], ["3", "x"], ["x", "x"]],
+        round="v2",
+        chunk=0,
+        version=2,
+        generator="g",
+        texts=["1", "x", "3", "x"],
+        seconds=0.1,
+        queued_s=0,
+        finish_reasons=["stop", "length", "stop", "stop"],
+        samples=[["1", "1"], ["x", "x"], ["3", "x"], ["x", "x"]],
         sample_finish_reasons=[["stop", "stop"]] * 4,
     )
     r.answer(body)

@@ -91,8 +91,18 @@ def test_the_held_out_score_is_reported_by_task_too(tmp_path):
     r = EvalRound("before", 0, prompts, EvalConfig(chunk_prompts=len(prompts)))
     texts = [right[p.task](p) for p in prompts]
     finish = ["stop"] * len(texts)
-    r.answer(SimpleNamespace(chunk=0, version=0, generator="g", texts=texts, finish_reasons=finish, samples=[],
-                             sample_finish_reasons=[], seconds=0.1))
+    r.answer(
+        SimpleNamespace(
+            chunk=0,
+            version=0,
+            generator="g",
+            texts=texts,
+            finish_reasons=finish,
+            samples=[],
+            sample_finish_reasons=[],
+            seconds=0.1,
+        )
+    )
     r.score(0, [[score_answer(p.task, t, p.answer)] for p, t in zip(prompts, texts)])
     record = r.record()
     assert record["exact_match"] == 0.5
