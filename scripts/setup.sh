@@ -33,4 +33,7 @@ $pip install -q "torch==2.13.0"
 $pip install -q -e ".[$EXTRA,dev]" "torch==2.13.0"
 # PyPI's torchvision/torchaudio are CUDA builds that break `import vllm` on the CPU.
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# The numba kernels (the buffer's sum tree, the weights' checksum) compile once per install into
+# numba's cache (~10 s), here rather than in the first run or test that uses them.
+"$VENV/bin/python" -c "from asyncrl.buffer.compiled_tree import compile_kernels; from asyncrl.weights import fletcher; compile_kernels(); fletcher.warm()"
 echo "$want" > "$stamp"

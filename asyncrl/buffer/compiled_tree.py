@@ -374,7 +374,7 @@ class CompiledSumTree(SumTree):
     def __init__(self, capacity: int):
         super().__init__(capacity)
         self._state_view[:] = (_INF, 0.0, 1.0, 0.0)  # smallest leaf, its count, known, cum fresh
-        _compile()
+        compile_kernels()
 
     # -- the smallest leaf and the total, kept in the buffer's state the kernels update --------
 
@@ -440,14 +440,15 @@ class CompiledSumTree(SumTree):
 _compiled = False
 
 
-def _compile() -> None:
+def compile_kernels() -> None:
     """Compile (or load from numba's cache) every kernel once per process, on a small tree, so
-    that no call on a real tree pays for it."""
+    that no call on a real tree pays for it. ``scripts/setup.sh`` calls it once per install, so
+    that numba's cache holds the machine code before the first run (compiling takes ~10 s)."""
     global _compiled
     if _compiled:
         return
     _compiled = True
-    tree = CompiledSumTree(2 * SumTree.TOP_NODES * SumTree.FANOUT)  # (its _compile returns at once)
+    tree = CompiledSumTree(2 * SumTree.TOP_NODES * SumTree.FANOUT)  # (its compile_kernels returns at once)
     leaves = np.arange(1.0, tree.capacity + 1)
     tree.set_all(leaves)
     tree.update(np.arange(0, tree.capacity, 7), leaves[::7] / 2)

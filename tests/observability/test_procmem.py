@@ -1,3 +1,4 @@
+import mmap
 import os
 import subprocess
 import sys
@@ -24,13 +25,18 @@ def own_rss_bytes() -> int:
 
 def test_peak_rss_holds_what_the_process_touched():
     before = own_rss_bytes()
-    block = bytearray(64 << 20)  # 64 MiB, written so that the pages are resident
-    block[::4096] = b"x" * len(block[::4096])
-    now = own_rss_bytes()
-    assert now >= before + (60 << 20)
-    assert peak_rss_bytes() >= now  # the high-water mark is at least where we are
-    assert tree_rss_bytes(os.getpid()) >= now
-    del block
+    # 64 MiB of fresh anonymous pages, written so that they are resident: a mapping of its own, not
+    # malloc's, whose arenas may hold pages a test before this one freed and left resident
+    block = mmap.mmap(-1, 64 << 20)
+    try:
+        for offset in range(0, len(block), mmap.PAGESIZE):
+            block[offset] = 1
+        now = own_rss_bytes()
+        assert now >= before + (60 << 20)
+        assert peak_rss_bytes() >= now  # the high-water mark is at least where we are
+        assert tree_rss_bytes(os.getpid()) >= now
+    finally:
+        block.close()
 
 
 def test_tree_counts_a_live_child_and_its_peak():
