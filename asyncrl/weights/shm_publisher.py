@@ -49,8 +49,10 @@ def remove_stale(root: Path) -> None:
 class ShmWeightPublisher:
     """Writes versions into shared memory, bucket by bucket, and announces the newest.
 
-    >>> pub = ShmWeightPublisher("tcp://127.0.0.1:0")  # doctest: +SKIP
-    >>> pub.publish(state_dict_buckets(model.state_dict(), 64 << 20), version=1)  # doctest: +SKIP
+    On the learner, with its model (tests/weights/test_transports.py runs it)::
+
+        pub = ShmWeightPublisher("tcp://127.0.0.1:0")
+        pub.publish(state_dict_buckets(model.state_dict(), 64 << 20), version=1)
     """
 
     transport = "shm"
