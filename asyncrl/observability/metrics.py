@@ -211,6 +211,12 @@ REWARD_ERRORS = Counter(
     ["reward", "kind"],
     registry=REGISTRY,
 )
+REWARD_MISMATCHED = Counter(
+    "asyncrl_reward_mismatched_replies",
+    "Replies that echoed the id of another request (a shuffled or cached reply), rejected and retried, by reward.",
+    ["reward"],
+    registry=REGISTRY,
+)
 REWARD_UNSCORED = Counter(
     "asyncrl_reward_unscored_samples",
     "Samples a reward left unscored, by reason.",

@@ -19,9 +19,10 @@ One ``HttpClient`` per reward. An attempt of a call (``post_json``) goes through
    scoring the same sample never share a key) and ``Authorization: Bearer`` with the key from the
    environment variable ``api_key_env`` (read, stripped and checked when the client is built,
    never logged or put in errors);
-6. on a timeout, a connection error, 429, 5xx or a reply that is not a JSON object (truncated,
-   malformed): up to ``max_retries`` retries, sleeping ``uniform(0, min(backoff_max_s,
-   backoff_base_s · 2^attempt))`` (exponential backoff, full jitter), or the server's
+6. on a timeout, a connection error, 429, 5xx, a reply that is not a JSON object (truncated,
+   malformed) or one the caller's ``check`` rejects (a reply echoing another request's id,
+   ``mismatched_reply``, counted in ``asyncrl_reward_mismatched_replies``): up to ``max_retries``
+   retries, sleeping ``uniform(0, min(backoff_max_s, backoff_base_s · 2^attempt))`` (exponential backoff, full jitter), or the server's
    ``Retry-After`` seconds in full when it sends one; a ``Retry-After`` beyond
    ``max_retry_after_s`` fails the call at once (``retry_after_too_long``). Other 4xx fail at
    once: retrying would give the same answer.
@@ -41,17 +42,18 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 
 from pydantic import Field
 
 from asyncrl.configbase import Config
-from asyncrl.observability.metrics import REWARD_ERRORS, REWARD_REQUESTS, REWARD_RETRIES
+from asyncrl.observability.metrics import REWARD_ERRORS, REWARD_MISMATCHED, REWARD_REQUESTS, REWARD_RETRIES
 from asyncrl.rewards.breaker import PASS, PROBE, CircuitBreaker
 from asyncrl.rewards.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = ("timeout", "connection", "http_429", "http_5xx", "bad_json")
+RETRYABLE = ("timeout", "connection", "http_429", "http_5xx", "bad_json", "mismatched_reply")
 REFUSALS = ("circuit_open", "client_closed")
 """Kinds of failure the client decides itself, without asking the API: they say nothing of its health."""
 
@@ -157,18 +159,24 @@ class HttpClient:
         if self._session is not None:
             await self._session.close()
 
-    async def post_json(self, body: dict, idempotency_key: str, tokens: float | None = None) -> dict:
+    async def post_json(
+        self, body: dict, idempotency_key: str, tokens: float | None = None, check: Callable[[dict], None] | None = None
+    ) -> dict:
         """The JSON object replied to ``body``, or ``CallFailed`` after the retries.
 
         ``tokens``: what the call costs in the ``tpm`` bucket; None estimates the body's bytes / 4.
+        ``check(reply)``: raises ``CallFailed`` for a reply the caller cannot use (one echoing
+        another request's id: ``mismatched_reply``, retried), counted and retried like the others.
         """
         data = json.dumps(body).encode()
         tokens = len(data) / 4 if tokens is None else tokens
         attempt = 0
         while True:
             try:
-                reply = await self._attempt(data, idempotency_key, tokens)
+                reply = await self._attempt(data, idempotency_key, tokens, check)
             except CallFailed as e:
+                if e.kind == "mismatched_reply":
+                    REWARD_MISMATCHED.labels(self.name).inc()
                 REWARD_ERRORS.labels(self.name, e.kind).inc()
                 if not e.retryable or attempt >= self.cfg.max_retries:
                     if e.kind not in REFUSALS:
@@ -186,14 +194,17 @@ class HttpClient:
             self.breaker.succeeded()
             return reply
 
-    async def _attempt(self, data: bytes, idempotency_key: str, tokens: float) -> dict:
+    async def _attempt(self, data: bytes, idempotency_key: str, tokens: float, check) -> dict:
         if self._closed:
             raise CallFailed("client_closed", "the reward's client was closed")
         ticket = self.breaker.admit()
         if ticket is None:
             raise CallFailed("circuit_open", f"after {self.breaker.consecutive} consecutive failed calls")
         try:
-            return await self._send(data, idempotency_key, tokens, ticket)
+            reply = await self._send(data, idempotency_key, tokens, ticket)
+            if check is not None:  # part of the attempt: a probe's rejected reply re-opens the breaker
+                check(reply)
+            return reply
         except BaseException as e:  # the probe's one attempt ended without a reply: re-open
             if ticket == PROBE:
                 kind = e.kind if isinstance(e, CallFailed) else type(e).__name__

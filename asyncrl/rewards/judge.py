@@ -8,7 +8,10 @@ siblings their scores, and none of their requests outlives the group's call.
 
 * ``JsonScorerReward`` POSTs ``{"uid", "task", "prompt", "response", "answer"}`` and reads the number
   at ``score_field`` of the reply (``{"score": 0.7}``), checked against the optional
-  [min_score, max_score].
+  [min_score, max_score]. A reply that echoes an id (``uid``: the sample's, or ``idempotency_key``:
+  the request's header) must echo this request's: one echoing another's (a shuffled or cached
+  reply behind a gateway) is rejected as ``mismatched_reply``, counted and retried. A chat
+  completion echoes nothing of the request, so the judge cannot tell.
 * ``OpenAIJudgeReward`` POSTs a chat-completions request (or a completions one, for servers whose
   model has no chat template) whose user message is ``prompt_template`` filled with
   ``{prompt}``, ``{response}`` and ``{answer}``. The reply's text (a string, or the text parts of
@@ -161,7 +164,8 @@ class JsonScorerReward(_HttpReward):
             "response": sample.text,
             "answer": group.answer,
         }
-        reply = await self.client.post_json(body, idempotency_key=self.idempotency_key(sample))
+        key = self.idempotency_key(sample)
+        reply = await self.client.post_json(body, idempotency_key=key, check=lambda r: check_echo(r, sample.uid, key))
         value = reply.get(self.cfg.score_field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return Unscored("bad_score", f"{self.cfg.score_field}={value!r}"[:200])
@@ -169,6 +173,20 @@ class JsonScorerReward(_HttpReward):
         if (low is not None and value < low) or (high is not None and value > high):
             return Unscored("score_out_of_range", f"{value} not in [{low}, {high}]")
         return float(value)
+
+
+ECHO_FIELDS = ("uid", "idempotency_key")
+"""Fields of a JSON scorer's reply that, when present, must echo the request's sample uid or idempotency key."""
+
+
+def check_echo(reply: dict, uid: str, key: str) -> None:
+    """Raise ``CallFailed("mismatched_reply")`` (retried) when ``reply`` echoes the id of another
+    request: its ``uid`` is not the sample's, or its ``idempotency_key`` not the request's. A reply
+    that echoes neither cannot be checked and is taken as is."""
+    for field, expected in zip(ECHO_FIELDS, (uid, key)):
+        echoed = reply.get(field)
+        if echoed is not None and echoed != expected:
+            raise CallFailed("mismatched_reply", f"{field}={echoed!r} in the reply to {expected!r}"[:200])
 
 
 def reply_text(content: Any) -> str | None:

@@ -272,3 +272,31 @@ def test_scored_again_only_the_unscored_samples_are_requested(server):
     assert server.attempts == {"q/0": 1, "q/1": 1, "q/2": 2, "q/3": 1}
     assert [s.reward_parts for s in group.samples] == [{"requeued": 0.5, "format": 0.0}] * 4
     assert set(known) == {"requeued"} and sorted(known["requeued"]) == [0, 1, 2, 3]
+
+
+def test_a_reply_echoing_another_request_is_rejected_counted_and_retried(server):
+    """A gateway that shuffles replies: the first attempt of every odd sample gets the reply (and
+    the uid) of sample 0, or echoes another request's idempotency key; the retry gets its own."""
+
+    def shuffled(key, attempt, body):
+        i = int(key.rsplit("/", 1)[1])
+        if i % 2 == 1 and attempt == 1:
+            if i % 4 == 1:
+                return ("json", {"uid": "m/0", "score": 0.0})
+            return ("json", {"idempotency_key": "mismatched:m/0", "score": 0.0})
+        return ("json", {"uid": body["uid"], "idempotency_key": f"mismatched:{key}", "score": i / 10})
+
+    server.behaviour = shuffled
+    cfg = JsonScorerConfig(url=server.url, max_retries=2, backoff_base_s=0.01)
+    results = asyncio.run(_score_and_close(JsonScorerReward("mismatched", cfg), make_group("m", n=8)))
+    assert results == pytest.approx([i / 10 for i in range(8)])  # nobody got another sample's score
+    assert [server.attempts[f"m/{i}"] for i in range(8)] == [1, 2] * 4
+    assert REGISTRY.get_sample_value("asyncrl_reward_mismatched_replies_total", {"reward": "mismatched"}) == 4
+
+
+def test_a_reply_for_another_request_every_time_leaves_the_sample_unscored(server):
+    server.behaviour = lambda key, attempt, body: ("json", {"uid": "other", "score": 1.0})
+    cfg = JsonScorerConfig(url=server.url, max_retries=1, backoff_base_s=0.01)
+    (result,) = asyncio.run(_score_and_close(JsonScorerReward("always-other", cfg), make_group("o", n=1)))
+    assert result.reason == "mismatched_reply" and "'other'" in result.detail
+    assert server.attempts["o/0"] == 2
