@@ -25,7 +25,12 @@ One ``HttpClient`` per reward. An attempt of a call (``post_json``) goes through
    retries, sleeping ``uniform(0, min(backoff_max_s, backoff_base_s · 2^attempt))`` (exponential backoff, full jitter), or the server's
    ``Retry-After`` seconds in full when it sends one; a ``Retry-After`` beyond
    ``max_retry_after_s`` fails the call at once (``retry_after_too_long``). Other 4xx fail at
-   once: retrying would give the same answer.
+   once: retrying would give the same answer. A reply with status 200 whose body is an error
+   (``{"error": {"type": "overloaded_error", ...}}``, as proxies and some providers send) is
+   classified like the status it stands for (``error_body_failure``: rate limited -> ``http_429``,
+   overloaded or unnamed -> ``http_5xx``, invalid request -> ``http_4xx``), and a reply of the
+   wrong shape (a caller's ``check`` finding no score field or no choices: ``bad_reply``) like a
+   malformed one: retried.
 
 What still fails raises ``CallFailed(kind)``; the reward turns it into ``Unscored(kind)``. A
 closed client is closed for good: calls fail with ``client_closed`` and no request is sent.
@@ -53,7 +58,7 @@ from asyncrl.rewards.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = ("timeout", "connection", "http_429", "http_5xx", "bad_json", "mismatched_reply")
+RETRYABLE = ("timeout", "connection", "http_429", "http_5xx", "bad_json", "bad_reply", "mismatched_reply")
 REFUSALS = ("circuit_open", "client_closed")
 """Kinds of failure the client decides itself, without asking the API: they say nothing of its health."""
 
@@ -255,6 +260,8 @@ class HttpClient:
             raise CallFailed("bad_json", repr(text[:80])) from None
         if not isinstance(reply, dict):
             raise CallFailed("bad_json", f"a JSON {type(reply).__name__}, not an object")
+        if reply.get("error"):  # an error under a 200 (proxies, some providers): as its status would be
+            raise error_body_failure(reply["error"])
         return reply
 
     def _rate_or_server_error(self, status: int, retry_after_header: str | None) -> CallFailed:
@@ -269,6 +276,31 @@ class HttpClient:
             )
         self._paused_until = max(self._paused_until, time.monotonic() + retry_after)
         return CallFailed(kind, f"status {status}, Retry-After {retry_after:g} s", retry_after=retry_after)
+
+
+RATE_LIMITED = ("rate_limit", "too_many_requests", "quota", "throttl")
+OVERLOADED = ("overload", "unavailable", "server_error", "internal", "timeout", "busy", "api_error", "capacity")
+INVALID = ("invalid", "bad_request", "context_length", "not_found", "permission", "authentication", "unsupported")
+
+
+def error_body_failure(error) -> CallFailed:
+    """The failure an error body under HTTP 200 stands for, classified as its status would be.
+
+    ``error``: the reply's ``error`` field, an object (``{"type": "overloaded_error", "message":
+    ...}``, OpenAI's and Anthropic's shape; a numeric ``code`` or ``status`` counts as the status)
+    or a string. Rate limited -> ``http_429`` and overloaded or unknown -> ``http_5xx`` (retried
+    with backoff); an invalid request -> ``http_4xx`` (not retried: the sample is unscored, the
+    message its detail).
+    """
+    fields = error if isinstance(error, dict) else {"message": error}
+    words = " ".join(str(fields.get(k, "")) for k in ("type", "code", "status", "message")).lower()
+    detail = f"an error under status 200: {json.dumps(error)[:160]}"
+    status = next((v for v in (fields.get("code"), fields.get("status")) if isinstance(v, int)), None)
+    if status == 429 or any(w in words for w in RATE_LIMITED):
+        return CallFailed("http_429", detail)
+    if status is not None and 400 <= status < 500 or any(w in words for w in INVALID):
+        return CallFailed("http_4xx", detail)
+    return CallFailed("http_5xx", detail)  # overloaded, a server error, or one it does not name
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -25,6 +25,7 @@ siblings their scores, and none of their requests outlives the group's call.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import re
@@ -156,6 +157,12 @@ class JsonScorerReward(_HttpReward):
 
     cfg: JsonScorerConfig
 
+    def check_reply(self, reply: dict, sample: Sample, key: str) -> None:
+        """A reply for another request (``mismatched_reply``) or without ``score_field`` (``bad_reply``) is retried."""
+        check_echo(reply, sample.uid, key)
+        if self.cfg.score_field not in reply:
+            raise CallFailed("bad_reply", f"no {self.cfg.score_field!r} in {json.dumps(reply)[:160]}")
+
     async def score_one(self, group: Group, sample: Sample) -> RewardResult:
         body = {
             "uid": sample.uid,
@@ -165,7 +172,7 @@ class JsonScorerReward(_HttpReward):
             "answer": group.answer,
         }
         key = self.idempotency_key(sample)
-        reply = await self.client.post_json(body, idempotency_key=key, check=lambda r: check_echo(r, sample.uid, key))
+        reply = await self.client.post_json(body, idempotency_key=key, check=lambda r: self.check_reply(r, sample, key))
         value = reply.get(self.cfg.score_field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return Unscored("bad_score", f"{self.cfg.score_field}={value!r}"[:200])
@@ -220,6 +227,16 @@ class OpenAIJudgeReward(_HttpReward):
             body["prompt"] = text
         return body
 
+    def check_reply(self, reply: dict) -> None:
+        """A reply without ``choices[0]``'s text is of the wrong shape: ``bad_reply``, retried."""
+        try:
+            choice = reply["choices"][0]
+            content = choice["message"]["content"] if self.cfg.endpoint == "chat" else choice["text"]
+        except (KeyError, IndexError, TypeError):
+            raise CallFailed("bad_reply", json.dumps(reply)[:200]) from None
+        if reply_text(content) is None:
+            raise CallFailed("bad_reply", f"content is a {type(content).__name__}: {content!r}"[:200])
+
     def parse_score(self, reply: dict) -> RewardResult:
         try:
             choice = reply["choices"][0]
@@ -249,5 +266,6 @@ class OpenAIJudgeReward(_HttpReward):
         body = self.request_body(group, sample)
         text = body.get("prompt") or body["messages"][0]["content"]
         tokens = len(text) / 4 + self.cfg.max_tokens  # a rough count for the tokens-per-minute bucket
-        reply = await self.client.post_json(body, idempotency_key=self.idempotency_key(sample), tokens=tokens)
+        key = self.idempotency_key(sample)
+        reply = await self.client.post_json(body, idempotency_key=key, tokens=tokens, check=self.check_reply)
         return self.parse_score(reply)

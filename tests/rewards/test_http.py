@@ -300,3 +300,41 @@ def test_a_reply_for_another_request_every_time_leaves_the_sample_unscored(serve
     (result,) = asyncio.run(_score_and_close(JsonScorerReward("always-other", cfg), make_group("o", n=1)))
     assert result.reason == "mismatched_reply" and "'other'" in result.detail
     assert server.attempts["o/0"] == 2
+
+
+ERROR_BODIES = {
+    0: {"error": {"type": "overloaded_error", "message": "Overloaded"}},
+    1: {"error": {"type": "rate_limit_error", "message": "slow down"}},
+    2: {"error": {"message": "upstream unavailable", "code": 503}},
+    3: {"error": "internal server error"},
+    4: {"result": "a reply of the wrong shape"},
+}
+
+
+@pytest.mark.parametrize("kind", ["http_json", "openai_judge"])
+def test_an_error_under_status_200_is_classified_like_its_status(server, kind):
+    """Errors and wrong shapes under a 200 on the first two attempts are retried like 429/5xx; an
+    invalid request is unscored at once with its reason and the server's message."""
+
+    def errors(key, attempt, body):
+        i = int(key.rsplit("/", 1)[1])
+        if i == 5:
+            return ("json", {"error": {"type": "invalid_request_error", "message": "prompt is too long"}})
+        if attempt <= 2 and i in ERROR_BODIES:
+            return ("json", ERROR_BODIES[i])
+        return ("chat", "7") if kind == "openai_judge" else ("ok", 0.7)
+
+    server.behaviour = errors
+    options = dict(url=server.url, max_retries=2, backoff_base_s=0.01, backoff_max_s=0.02)
+    if kind == "openai_judge":
+        reward = OpenAIJudgeReward(f"errors-{kind}", JudgeConfig(**options))
+    else:
+        reward = JsonScorerReward(f"errors-{kind}", JsonScorerConfig(**options))
+    results = asyncio.run(_score_and_close(reward, make_group("e", n=7)))
+    assert results[:5] == [0.7] * 5 and results[6] == 0.7
+    assert results[5].reason == "http_4xx" and "prompt is too long" in results[5].detail
+    assert [server.attempts[f"e/{i}"] for i in range(7)] == [3, 3, 3, 3, 3, 1, 1]
+    errors_of = lambda k: REGISTRY.get_sample_value(  # noqa: E731
+        "asyncrl_reward_errors_total", {"reward": f"errors-{kind}", "kind": k}
+    )
+    assert (errors_of("http_429"), errors_of("http_5xx"), errors_of("bad_reply")) == (2, 6, 2)
