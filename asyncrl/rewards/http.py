@@ -14,7 +14,8 @@ One ``HttpClient`` per reward. An attempt of a call (``post_json``) goes through
    not hoarded during a stall and spent in a burst after it. ``tpm`` charges a call its full
    token count (the bucket may go into debt); the judge estimates prompt characters / 4 +
    ``max_tokens``, other calls the request body's bytes / 4 (the reply is not counted);
-5. the request, with a ``timeout_s`` deadline, the header ``Idempotency-Key`` (reward name and
+5. the request, with a ``timeout_s`` deadline, its reply read in chunks up to
+   ``max_response_bytes`` (a larger one is abandoned unread: ``reply_too_large``, not retried), the header ``Idempotency-Key`` (reward name and
    sample uid: a retried request is one request to a server that honours it, and two rewards
    scoring the same sample never share a key) and ``Authorization: Bearer`` with the key from the
    environment variable ``api_key_env`` (read, stripped and checked when the client is built,
@@ -93,6 +94,11 @@ class HttpConfig(Config):
     """Largest backoff sleep between retries (a server's Retry-After is honoured in full up to max_retry_after_s)."""
     max_retry_after_s: float = Field(120.0, gt=0)
     """Longest Retry-After waited for; a server asking for longer fails the call at once (``retry_after_too_long``)."""
+    max_response_bytes: int = Field(1 << 20, ge=1024)
+    """Largest reply read, in bytes (1 MiB by default; a judge's reply is a few KiB). The reply is read
+    in chunks and a larger one is abandoned as soon as it passes this (or its Content-Length says so):
+    the sample is unscored (``reply_too_large``, not retried), and a worker's memory for replies stays
+    below concurrency · max_response_bytes."""
     breaker_failures: int = Field(20, ge=1)
     """Consecutive failed calls (after their retries) that open the circuit breaker."""
     breaker_cooldown_s: float = Field(10.0, gt=0)
@@ -245,7 +251,7 @@ class HttpClient:
                         raise self._rate_or_server_error(resp.status, resp.headers.get("Retry-After"))
                     if resp.status >= 400:
                         raise CallFailed("http_4xx", f"status {resp.status}")
-                    text = await resp.text()
+                    text = await self._read(resp)
             except asyncio.TimeoutError:
                 raise CallFailed("timeout", f"no reply within {self.cfg.timeout_s} s") from None
             except (aiohttp.ClientError, RuntimeError) as e:  # RuntimeError: the session was closed under it
@@ -263,6 +269,18 @@ class HttpClient:
         if reply.get("error"):  # an error under a 200 (proxies, some providers): as its status would be
             raise error_body_failure(reply["error"])
         return reply
+
+    async def _read(self, resp) -> str:
+        """The reply's text, read in chunks; ``reply_too_large`` once it passes ``max_response_bytes``."""
+        limit = self.cfg.max_response_bytes
+        if resp.content_length is not None and resp.content_length > limit:
+            raise CallFailed("reply_too_large", f"Content-Length {resp.content_length} > max_response_bytes ({limit})")
+        body = bytearray()
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > limit:  # the connection is closed unread, not drained
+                raise CallFailed("reply_too_large", f"more than max_response_bytes ({limit}) bytes")
+        return body.decode(resp.get_encoding(), errors="replace")
 
     def _rate_or_server_error(self, status: int, retry_after_header: str | None) -> CallFailed:
         kind = "http_429" if status == 429 else "http_5xx"

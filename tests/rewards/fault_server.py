@@ -5,7 +5,8 @@ sample uid of the ``Idempotency-Key`` header ``reward:uid``, attempt = 1, 2, ...
 what to do: ``("ok", score)``, ``("status", code, retry_after)``, ``("sleep", seconds, score)``,
 ``("garbage",)``, ``("truncated",)`` (a JSON body cut short), ``("json", object)`` or
 ``("chat", content)`` (an OpenAI chat-completions reply; content as given: a string, a list of
-parts, a number...). It records every request's full key, headers and arrival time (monotonic)
+parts, a number...) or ``("huge", nbytes, chunked)`` (a valid JSON reply of ``nbytes`` bytes, streamed
+in 64 KiB writes of one buffer; chunked: without a Content-Length). It records every request's full key, headers and arrival time (monotonic)
 and the most requests it ever had in flight at once.
 """
 
@@ -66,6 +67,8 @@ class FaultServer:
         self.headers.append(dict(request.headers))
         body = await request.json()
         action = self.behaviour(key, self.attempts[key], body)
+        if action[0] == "huge":
+            return await self._huge(request, action[1], action[2])
         if action[0] == "sleep":
             await asyncio.sleep(action[1])
             action = ("ok", action[2])
@@ -80,6 +83,25 @@ class FaultServer:
             return web.Response(status=action[1], text="fault", headers=headers)
         text = '{"score": 0.' if action[0] == "truncated" else "{not json"
         return web.Response(status=200, text=text, content_type="application/json")
+
+    async def _huge(self, request: web.Request, nbytes: int, chunked: bool) -> web.StreamResponse:
+        head, tail = b'{"score": 1.0, "pad": "', b'"}'
+        chunk = b"x" * (1 << 16)  # one buffer written again and again: the server holds no more
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if not chunked:
+            resp.content_length = nbytes
+        await resp.prepare(request)
+        pad = nbytes - len(head) - len(tail)
+        try:
+            await resp.write(head)
+            while pad > 0:
+                await resp.write(chunk if pad >= len(chunk) else chunk[:pad])
+                pad -= len(chunk)
+            await resp.write(tail)
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):  # the client stopped reading and closed
+            pass
+        return resp
 
     def close(self) -> None:
         async def stop():

@@ -338,3 +338,25 @@ def test_an_error_under_status_200_is_classified_like_its_status(server, kind):
         "asyncrl_reward_errors_total", {"reward": f"errors-{kind}", "kind": k}
     )
     assert (errors_of("http_429"), errors_of("http_5xx"), errors_of("bad_reply")) == (2, 6, 2)
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_an_oversized_reply_is_unscored_and_memory_stays_bounded(server, chunked):
+    """A 50 MB reply (streamed without a Content-Length, or announced by one) is abandoned at
+    max_response_bytes: the sample is unscored with its reason, and the client's memory at its
+    peak stays a few MiB (it was ~100 MB when the reply was read whole)."""
+    import tracemalloc
+
+    server.behaviour = lambda key, attempt, body: ("huge", 50_000_000, chunked) if key == "z/0" else ("ok", 0.5)
+    cfg = JsonScorerConfig(url=server.url, max_retries=2, max_response_bytes=1 << 20, timeout_s=20)
+    reward = JsonScorerReward("huge", cfg)
+    tracemalloc.start()
+    try:
+        results = asyncio.run(_score_and_close(reward, make_group("z", n=2)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert results[1] == 0.5
+    assert results[0].reason == "reply_too_large" and "1048576" in results[0].detail
+    assert server.attempts["z/0"] == 1  # not retried: the same request would get the same reply
+    assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB"
