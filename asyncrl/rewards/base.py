@@ -10,6 +10,11 @@ one result per sample, in order:
   unparsable judge output...). Never a 0 by accident: an unscored sample has ``reward = None``
   and its group carries ``unscored_reason``, so the buffer drops it by that reason.
 
+Every reward declares the range of its scalar results, ``score_range = (low, high)`` (the rules
+[0, 1], a JSON scorer its [min_score, max_score], [0, 1] unless widened, a judge the scale of its
+template divided by its top); a result outside it leaves the sample ``Unscored("score_out_of_range")``,
+never a 1e9 in training. A reward without one (a reward model's logits) is unbounded.
+
 Rewards are async (``async def score(group)``); a synchronous scorer subclasses ``SyncReward``
 and runs in a thread, so it does not stall the worker's other requests.
 
@@ -167,6 +172,7 @@ async def _timed(reward: Reward, group: Group) -> tuple[list[RewardResult], floa
             raise ValueError(f"{reward.name} gave {len(results)} results for {len(group.samples)} samples")
     except Exception as e:  # a scorer bug must not kill the worker: the samples are unscored by reason
         results = [Unscored(f"error: {type(e).__name__}", str(e)[:200])] * len(group.samples)
+    results = [out_of_range(reward, r) or r for r in results]
     seconds = time.perf_counter() - start
     REWARD_LATENCY.labels(reward.name).observe(seconds)
     for r in results:
@@ -175,6 +181,15 @@ async def _timed(reward: Reward, group: Group) -> tuple[list[RewardResult], floa
     if per_sample is not None and len(per_sample) == len(results):
         return results, per_sample
     return results, seconds
+
+
+def out_of_range(reward: Reward, result: RewardResult) -> Unscored | None:
+    """``Unscored("score_out_of_range")`` for a scalar result outside the reward's declared
+    ``score_range`` (low, high), None otherwise (a reward declaring none is unbounded)."""
+    low, high = getattr(reward, "score_range", (-np.inf, np.inf))
+    if isinstance(result, (Unscored, np.ndarray)) or low <= result <= high or result != result:
+        return None  # NaN is combine's to refuse (nonfinite_reward)
+    return Unscored("score_out_of_range", f"{result} not in [{low}, {high}] (the reward's range)")
 
 
 def combine(group: Group, parts: list[tuple[str, float, list[RewardResult], float | list[float]]]) -> None:

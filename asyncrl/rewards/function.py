@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import pickle
 import select
@@ -34,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
 from asyncrl.rewards.base import RewardResult, TimedResults
@@ -57,6 +58,17 @@ class PythonRewardConfig(Config):
     """Extra seconds a fresh child gets for its first sample: the interpreter starts and imports the module."""
     processes: int = Field(2, ge=1)
     """Child processes per reward worker, each scoring one sample at a time."""
+    min_score: float | None = None
+    """Smallest valid reward; a smaller one leaves the sample unscored (``score_out_of_range``). None: no bound
+    (the function's scale is its own)."""
+    max_score: float | None = None
+    """Largest valid reward; a larger one leaves the sample unscored (``score_out_of_range``). None: no bound."""
+
+    @model_validator(mode="after")
+    def check_range(self) -> PythonRewardConfig:
+        if self.min_score is not None and self.max_score is not None and self.min_score > self.max_score:
+            raise ValueError(f"min_score ({self.min_score}) must be <= max_score ({self.max_score})")
+        return self
 
     @field_validator("function")
     @classmethod
@@ -177,6 +189,8 @@ class PythonReward:
 
     def __init__(self, name: str, cfg: PythonRewardConfig, task_metadata: dict[str, dict] | None = None):
         self.name, self.cfg = name, cfg
+        low, high = cfg.min_score, cfg.max_score
+        self.score_range = (-math.inf if low is None else low, math.inf if high is None else high)
         self.task_metadata = task_metadata or {}
         self.children = [_Child(cfg.function, cfg.startup_s) for _ in range(cfg.processes)]
         self._idle: asyncio.Queue | None = None

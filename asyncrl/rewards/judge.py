@@ -8,7 +8,7 @@ siblings their scores, and none of their requests outlives the group's call.
 
 * ``JsonScorerReward`` POSTs ``{"uid", "task", "prompt", "response", "answer"}`` and reads the number
   at ``score_field`` of the reply (``{"score": 0.7}``), checked against the optional
-  [min_score, max_score]. A reply that echoes an id (``uid``: the sample's, or ``idempotency_key``:
+  [min_score, max_score] ([0, 1] unless widened). A reply that echoes an id (``uid``: the sample's, or ``idempotency_key``:
   the request's header) must echo this request's: one echoing another's (a shuffled or cached
   reply behind a gateway) is rejected as ``mismatched_reply``, counted and retried. A chat
   completion echoes nothing of the request, so the judge cannot tell.
@@ -18,8 +18,9 @@ siblings their scores, and none of their requests outlives the group's call.
   a list of content parts, concatenated as the OpenAI SDK does) is searched for ``score_pattern``;
   the last match (``score_match``) is the score — judges write their reasoning first, and "Rating
   (0-10): 7" must give 7, not 0 — read from the pattern's group ``score``, else its first group,
-  else the whole match; checked against [min_score, max_score], divided by ``max_score``. The
-  default pattern reads "7/10" and "8 out of 10" as 7 and 8.
+  else the whole match; checked against [min_score, max_score] (by default the scale the template
+  states, "from 0 to 10"), divided by ``max_score``. The default pattern reads "7/10" and "8 out
+  of 10" as 7 and 8.
 """
 
 from __future__ import annotations
@@ -53,16 +54,43 @@ class JsonScorerConfig(HttpConfig):
 
     score_field: str = "score"
     """Key of the number in the reply's JSON object."""
-    min_score: float | None = None
-    """Smallest valid score; a smaller one leaves the sample unscored (``score_out_of_range``). None: no bound."""
-    max_score: float | None = None
-    """Largest valid score; a larger one leaves the sample unscored (``score_out_of_range``). None: no bound."""
+    min_score: float | None = 0.0
+    """Smallest valid score; a smaller one leaves the sample unscored (``score_out_of_range``).
+    0 by default (a reward in [0, 1]); widen it for a scorer with another scale; null: no bound."""
+    max_score: float | None = 1.0
+    """Largest valid score; a larger one leaves the sample unscored (``score_out_of_range``).
+    1 by default (a reward in [0, 1]); widen it for a scorer with another scale; null: no bound."""
 
     @model_validator(mode="after")
     def check_range(self) -> JsonScorerConfig:
         if self.min_score is not None and self.max_score is not None and self.min_score > self.max_score:
             raise ValueError(f"min_score ({self.min_score}) must be <= max_score ({self.max_score})")
         return self
+
+    @property
+    def score_range(self) -> tuple[float, float]:
+        """[min_score, max_score], an unset bound infinite."""
+        low, high = self.min_score, self.max_score
+        return (-math.inf if low is None else low, math.inf if high is None else high)
+
+
+SCALE = re.compile(
+    r"(?:from|between)\s+(-?\d+(?:\.\d+)?)\s+(?:to|and)\s+(-?\d+(?:\.\d+)?)|\((-?\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\)"
+)
+"""A scale in a judge's prompt: "from 0 to 10", "between 1 and 5", "(1-5)"."""
+
+
+def template_scale(template: str) -> tuple[float, float] | None:
+    """The first scale ``SCALE`` finds in ``template`` as (low, high), None when there is none.
+
+    >>> template_scale("Rate the answer from 1 to 5.")
+    (1.0, 5.0)
+    """
+    match = SCALE.search(template)
+    if match is None:
+        return None
+    low, high = (g for g in match.groups() if g is not None)
+    return float(low), float(high)
 
 
 class JudgeConfig(HttpConfig):
@@ -79,9 +107,11 @@ class JudgeConfig(HttpConfig):
     score_match: Literal["first", "last"] = "last"
     """Which match of ``score_pattern`` is the score: the last (judges reason first, then score) or the first."""
     min_score: float = 0.0
-    """Smallest valid score; outside [min_score, max_score] the sample is unscored."""
+    """Smallest valid score; outside [min_score, max_score] the sample is unscored (``score_out_of_range``).
+    Unset, it is read from the template's scale ("from 1 to 5"), else 0."""
     max_score: float = Field(10.0, gt=0)
-    """Largest valid score; the reward is score / max_score."""
+    """Largest valid score; the reward is score / max_score. Unset, it is read from the template's
+    scale ("from 0 to 10", "1-5", "0 and 100"), else 10."""
     max_tokens: int = Field(8, ge=1)
     """Tokens the judge may write."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -110,6 +140,12 @@ class JudgeConfig(HttpConfig):
 
     @model_validator(mode="after")
     def check_range(self) -> JudgeConfig:
+        scale = template_scale(self.prompt_template)
+        if scale is not None:  # the template's scale, where the user did not set a bound
+            if "min_score" not in self.model_fields_set:
+                self.min_score = scale[0]
+            if "max_score" not in self.model_fields_set and scale[1] > 0:
+                self.max_score = scale[1]
         if self.min_score >= self.max_score:
             raise ValueError(f"min_score ({self.min_score}) must be < max_score ({self.max_score})")
         return self
@@ -157,6 +193,11 @@ class JsonScorerReward(_HttpReward):
 
     cfg: JsonScorerConfig
 
+    @property
+    def score_range(self) -> tuple[float, float]:
+        """[min_score, max_score]: [0, 1] unless widened."""
+        return self.cfg.score_range
+
     def check_reply(self, reply: dict, sample: Sample, key: str) -> None:
         """A reply for another request (``mismatched_reply``) or without ``score_field`` (``bad_reply``) is retried."""
         check_echo(reply, sample.uid, key)
@@ -176,9 +217,9 @@ class JsonScorerReward(_HttpReward):
         value = reply.get(self.cfg.score_field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return Unscored("bad_score", f"{self.cfg.score_field}={value!r}"[:200])
-        low, high = self.cfg.min_score, self.cfg.max_score
-        if (low is not None and value < low) or (high is not None and value > high):
-            return Unscored("score_out_of_range", f"{value} not in [{low}, {high}]")
+        low, high = self.cfg.score_range
+        if not low <= value <= high:
+            return Unscored("score_out_of_range", f"{value} not in [{low}, {high}] (min_score, max_score)")
         return float(value)
 
 
@@ -217,6 +258,8 @@ class OpenAIJudgeReward(_HttpReward):
     def __init__(self, name: str, cfg: JudgeConfig):
         super().__init__(name, cfg)
         self.pattern = re.compile(cfg.score_pattern)
+        self.score_range = (cfg.min_score / cfg.max_score, 1.0)
+        """The judge's scale [min_score, max_score] divided by max_score."""
 
     def request_body(self, group: Group, sample: Sample) -> dict:
         text = self.cfg.prompt_template.format(prompt=group.prompt, response=sample.text, answer=group.answer)

@@ -36,6 +36,8 @@ def exact_match_reward(task: str, response: str, answer: str) -> float:
 class ExactMatchReward:
     """Exact match of each answer against ``group.answer`` for the group's task."""
 
+    score_range = (0.0, 1.0)
+
     def __init__(self, name: str = "exact_match"):
         self.name = name
 
@@ -57,6 +59,7 @@ class FormatReward:
         self.name = name
         self.pattern = re.compile(pattern, re.DOTALL)
         self.value = float(value)
+        self.score_range = (min(0.0, self.value), max(0.0, self.value))
 
     async def score(self, group: Group) -> list[RewardResult]:
         return [self.value if self.pattern.search(s.text) else 0.0 for s in group.samples]
@@ -95,6 +98,8 @@ class MathVerifyReward:
 
     child_code = _CHILD
     """The child's program (tests swap in one that hangs)."""
+
+    score_range = (0.0, 1.0)
 
     def __init__(self, name: str = "math_verify", timeout_s: float = 5.0):
         if timeout_s <= 0:

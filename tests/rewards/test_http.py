@@ -57,6 +57,7 @@ def test_every_sample_ends_scored_or_unscored_with_its_reason(server, monkeypatc
         backoff_base_s=0.01,
         backoff_max_s=0.2,
         concurrency=8,
+        max_score=2.0,  # scores i / 10 for i < 16
     )
     reward = JsonScorerReward("faulty", cfg)  # a name of its own: metric values are this test's
     group = make_group("g", n=16)

@@ -92,8 +92,49 @@ def test_the_json_scorer_checks_its_range(server):
     results = asyncio.run(_score_and_close(reward, make_group("r", n=6)))
     assert [results[0], results[4], results[5]] == [0.5, 1.0, 0.0]
     assert all(isinstance(r, Unscored) and r.reason == "score_out_of_range" for r in results[1:4])
-    unbounded = JsonScorerReward("unbounded", JsonScorerConfig(url=server.url, max_retries=0))
+    by_default = JsonScorerReward("default-range", JsonScorerConfig(url=server.url, max_retries=0))
+    results = asyncio.run(_score_and_close(by_default, make_group("d", n=6)))  # [0, 1] unless widened
+    assert [results[0], results[4], results[5]] == [0.5, 1.0, 0.0]
+    assert [r.reason for r in results[1:4]] == ["score_out_of_range"] * 3 and "1000000000" in results[1].detail
+    widened = JsonScorerConfig(url=server.url, min_score=None, max_score=None, max_retries=0)
+    unbounded = JsonScorerReward("unbounded", widened)
     assert asyncio.run(_score_and_close(unbounded, make_group("u", n=6))) == values
+
+
+def test_the_judge_takes_its_scale_from_its_template(server):
+    replies = {0: "5", 1: "1", 2: "0", 3: "7"}
+    server.behaviour = lambda key, attempt, body: ("chat", replies[int(key.rsplit("/", 1)[1])])
+    cfg = JudgeConfig(url=server.url, prompt_template="Rate {response} from 1 to 5.", max_retries=0)
+    assert (cfg.min_score, cfg.max_score) == (1.0, 5.0)
+    results = asyncio.run(_score_and_close(OpenAIJudgeReward("scale5", cfg), make_group("s", n=4)))
+    assert results[:2] == [1.0, 0.2] and [r.reason for r in results[2:]] == ["score_out_of_range"] * 2
+    assert JudgeConfig(url="http://x", prompt_template="from 1 to 5 {response}", max_score=10).max_score == 10
+
+
+def test_every_kind_declares_its_range_and_a_result_outside_it_is_unscored():
+    from asyncrl.rewards.base import score_with
+    from asyncrl.rewards.registry import RewardSpec, build_reward
+
+    class Wild:
+        name = "wild"
+        score_range = (0.0, 1.0)
+
+        async def score(self, group):
+            return [0.5, 1e9, -5.0]
+
+        async def close(self):
+            pass
+
+    group = make_group("w", n=3)
+    asyncio.run(score_with(group, [(Wild(), 1.0)]))
+    assert group.unscored_reason == "reward_failed: wild: score_out_of_range" and "1000000000" in group.unscored_detail
+    for kind in ("exact_match", "math_verify"):
+        assert build_reward(RewardSpec(kind=kind)).score_range == (0.0, 1.0)
+    assert build_reward(RewardSpec(kind="format", options={"value": 0.5})).score_range == (0.0, 0.5)
+    judge = build_reward(RewardSpec(kind="openai_judge", options={"url": "http://127.0.0.1:9"}))
+    assert judge.score_range == (0.0, 1.0)
+    scorer = build_reward(RewardSpec(kind="http_json", options={"url": "http://127.0.0.1:9"}))
+    assert scorer.score_range == (0.0, 1.0)
 
 
 def test_two_rewards_scoring_one_sample_send_different_keys(server):
