@@ -65,6 +65,8 @@ class CircuitBreaker:
         self.consecutive = 0
         self.opened_at: float | None = None  # when it last went open
         self.outage_since: float | None = None  # when it first opened, for the recovery time
+        self.on_open: Callable[[], None] | None = None
+        """Called at each opening (the client fails the calls it let through that still wait)."""
         BREAKER_STATE.labels(name).set(0)
 
     def admit(self) -> str | None:
@@ -115,3 +117,5 @@ class CircuitBreaker:
         self.state = state
         BREAKER_STATE.labels(self.name).set(STATE_VALUES[state])
         BREAKER_TRANSITIONS.labels(self.name, state).inc()
+        if state == "open" and self.on_open is not None:
+            self.on_open()

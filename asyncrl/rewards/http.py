@@ -6,7 +6,8 @@ One ``HttpClient`` per reward. An attempt of a call (``post_json``) goes through
    (``circuit_open``, not retried) without waiting for anything below; half open, exactly one
    call gets one attempt (the probe) and its outcome closes or re-opens the breaker;
 2. one of ``concurrency`` slots (the breaker is checked again once it has one, so calls queued
-   behind failing ones fail fast too);
+   behind failing ones fail fast too, and a call waiting in 3 or 4 below fails as ``circuit_open``
+   the moment the breaker opens: nothing queued goes out to an API found dead meanwhile);
 3. a pause every call of the client observes after a server's ``Retry-After`` (a rate limit
    backs off once for the client, not rediscovered sample by sample);
 4. the ``rpm`` and ``tpm`` token buckets (``asyncrl.rewards.ratelimit``), taken last, while
@@ -145,6 +146,8 @@ class HttpClient:
         self.cfg = cfg
         self._key = read_api_key(cfg.api_key_env)
         self.breaker = CircuitBreaker(name, cfg.breaker_failures, cfg.breaker_cooldown_s)
+        self.breaker.on_open = self._fail_waiting
+        self._waiting: set[asyncio.Future] = set()  # one per call let through that waits for the rate
         self.rpm = TokenBucket(cfg.rpm, max(1.0, cfg.rpm * cfg.burst_s / 60)) if cfg.rpm else None
         self.tpm = TokenBucket(cfg.tpm, max(1.0, cfg.tpm * cfg.burst_s / 60)) if cfg.tpm else None
         self._slots = asyncio.Semaphore(cfg.concurrency)  # one for the client's life: never two
@@ -230,12 +233,10 @@ class HttpClient:
         async with self._slots:
             if ticket == PASS and self.breaker.state != "closed":
                 raise CallFailed("circuit_open", "the breaker opened while this call waited")
-            while (pause := self._paused_until - time.monotonic()) > 0:  # at most max_retry_after_s
-                await asyncio.sleep(pause)
-            if self.rpm is not None:
-                await self.rpm.take(1)
-            if self.tpm is not None and tokens > 0:
-                await self.tpm.take(tokens)
+            if ticket == PASS:  # the breaker opening while this call waits fails it at once
+                await self._wait_unless_opened(self._wait_for_rate(tokens))
+            else:  # the probe: it alone goes out half open
+                await self._wait_for_rate(tokens)
             if self._closed:
                 raise CallFailed("client_closed", "the reward's client was closed")
             session = self._open()
@@ -269,6 +270,37 @@ class HttpClient:
         if reply.get("error"):  # an error under a 200 (proxies, some providers): as its status would be
             raise error_body_failure(reply["error"])
         return reply
+
+    async def _wait_for_rate(self, tokens: float) -> None:
+        while (pause := self._paused_until - time.monotonic()) > 0:  # at most max_retry_after_s
+            await asyncio.sleep(pause)
+        if self.rpm is not None:
+            await self.rpm.take(1)
+        if self.tpm is not None and tokens > 0:
+            await self.tpm.take(tokens)
+
+    async def _wait_unless_opened(self, waiting) -> None:
+        """Await ``waiting`` (a Retry-After pause, the rate's tokens), or fail it as ``circuit_open``
+        as soon as the breaker opens: a queued call never goes out to an API found dead meanwhile."""
+        opened = asyncio.get_running_loop().create_future()
+        self._waiting.add(opened)
+        task = asyncio.ensure_future(waiting)
+        try:
+            await asyncio.wait((task, opened), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiting.discard(opened)
+            if not task.done():
+                task.cancel()  # a bucket's waiter takes no tokens when cancelled
+                await asyncio.gather(task, return_exceptions=True)
+        if not task.cancelled():
+            task.result()  # re-raises what the wait raised
+        if opened.done() or self.breaker.state != "closed":
+            raise CallFailed("circuit_open", "the breaker opened while this call waited for the rate")
+
+    def _fail_waiting(self) -> None:
+        for opened in self._waiting:
+            if not opened.done():
+                opened.set_result(None)
 
     async def _read(self, resp) -> str:
         """The reply's text, read in chunks; ``reply_too_large`` once it passes ``max_response_bytes``."""

@@ -132,3 +132,30 @@ def test_a_probe_cancelled_before_its_reply_reopens_the_breaker():
     finally:
         server.close()
     assert reward.client.breaker.state == "open"  # not half open for good: the next cooldown probes again
+
+
+def test_calls_waiting_for_the_rate_fail_fast_when_the_breaker_opens():
+    """A dead API behind a slow rate (2 requests per second, bursts of 1): the first call fails and
+    opens the breaker; the five calls queued for rate tokens fail at once as circuit_open instead
+    of going out one by one over the next 2.5 s."""
+    server = FaultServer(lambda key, attempt, body: ("status", 500, None))
+    cfg = JsonScorerConfig(
+        url=server.url, rpm=120, burst_s=0.5, max_retries=0, breaker_failures=1, breaker_cooldown_s=60, concurrency=8
+    )
+    reward = JsonScorerReward("queued-behind-rate", cfg)
+
+    async def score():
+        start = time.monotonic()
+        try:
+            return await reward.score(make_group("q", n=6)), time.monotonic() - start
+        finally:
+            await reward.close()
+
+    try:
+        results, seconds = asyncio.run(score())
+    finally:
+        server.close()
+    assert sorted(r.reason for r in results) == ["circuit_open"] * 5 + ["http_5xx"]
+    assert sum(server.attempts.values()) == 1  # nothing queued went out to the dead API
+    assert seconds < 0.45  # the next token was 0.5 s away: nobody waited for it
+    assert not reward.client._waiting
