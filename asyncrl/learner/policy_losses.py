@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: a log-ratio is clamped here before exp
+GSPO_MAX_LOG_RATIO = 10.0  # exp(10) ~ 22026: GSPO's sequence log-ratio, clamped where verl clamps it
 
 CLIP_LOW, CLIP_NONE, CLIP_HIGH, CLIP_DUAL = -1, 0, 1, 2
 
@@ -93,12 +94,19 @@ def gspo_loss(
 
     Aggregated with ``seq-mean-token-mean`` this is GSPO's objective exactly; the clip decides
     per sequence, so the ranges are small (the paper uses 3e-4 / 4e-4).
+
+    ``log s_{i,t}`` is clamped above at ``GSPO_MAX_LOG_RATIO`` = 10 before the exp, as verl's
+    ``compute_policy_loss_gspo`` does (``torch.clamp(log_seq_importance_ratio, max=10.0)``), not at
+    the token losses' 20: a sequence whose mean log-ratio passes 10 weighs exp(10) ~ 22,026 (not up
+    to exp(20) ~ 4.9e8), and the same batch gives the same loss here and in verl. Only a negative
+    advantage reaches it (a positive one is clipped at 1 + clip_high), and such a sequence is
+    already far off-policy; the clamp, like verl's, cuts its gradient.
     """
     mask = mask.to(logprobs.dtype)
     length = mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
     seq_log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1, keepdim=True) / length  # (B, 1)
     log_s = seq_log_ratio.detach() + logprobs - logprobs.detach()  # (B, T), value = seq_log_ratio
-    s = log_s.clamp(max=MAX_LOG_RATIO).exp()
+    s = log_s.clamp(max=GSPO_MAX_LOG_RATIO).exp()  # (B, T)
     pg_loss1 = -advantages * s
     pg_loss2 = -advantages * torch.clamp(s, 1 - clip_low, 1 + clip_high)
     return torch.max(pg_loss1, pg_loss2), clip_sides(pg_loss2 > pg_loss1, s.detach())

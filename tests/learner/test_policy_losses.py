@@ -80,6 +80,17 @@ def test_gspo_uses_the_length_normalised_sequence_ratio():
     torch.testing.assert_close(lp.grad, t([-s / 2 / 2, -s / 2 / 2], [0.0, 0.0]))
 
 
+def test_gspo_clamps_the_sequence_log_ratio_at_10_as_verl_does():
+    # A negative advantage with a mean log-ratio of 12 (tokens 11 and 13): verl clamps the log of
+    # s_i at 10, so the loss is exp(10) ~ 22,026 per token, not exp(12) ~ 162,755 (a clamp at 20).
+    old = t([-1.0, -1.0], [-1.0, -1.0])
+    lp = old + t([11.0, 13.0], [ln(2.0), 0.0])
+    mask = t([1, 1], [1, 1])
+    loss, _ = gspo_loss(lp, old, t([-1.0, -1.0], [-1.0, -1.0]), mask, clip_low=0.2, clip_high=0.2)
+    torch.testing.assert_close(loss[0], torch.full((2,), math.exp(10.0)))
+    torch.testing.assert_close(loss[1], torch.full((2,), math.sqrt(2.0)))  # below the clamp: untouched
+
+
 def test_cispo_clips_a_stop_gradient_weight_and_keeps_every_gradient():
     # ratio 2 -> weight 1.2; ratio 0.5 -> 0.5. loss = -w * A * logprobs; d/dlp = -w * A
     old = t([-1.0, -1.0])
