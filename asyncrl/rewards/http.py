@@ -312,7 +312,7 @@ class HttpClient:
             body += chunk
             if len(body) > limit:  # the connection is closed unread, not drained
                 raise CallFailed("reply_too_large", f"more than max_response_bytes ({limit}) bytes")
-        return body.decode(resp.get_encoding(), errors="replace")
+        return body.decode(resp.charset or "utf-8", errors="replace")  # JSON is UTF-8 unless it says otherwise
 
     def _rate_or_server_error(self, status: int, retry_after_header: str | None) -> CallFailed:
         kind = "http_429" if status == 429 else "http_5xx"

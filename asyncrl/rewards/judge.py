@@ -110,8 +110,9 @@ class JudgeConfig(HttpConfig):
     """Smallest valid score; outside [min_score, max_score] the sample is unscored (``score_out_of_range``).
     Unset, it is read from the template's scale ("from 1 to 5"), else 0."""
     max_score: float = Field(10.0, gt=0)
-    """Largest valid score; the reward is score / max_score. Unset, it is read from the template's
-    scale ("from 0 to 10", "1-5", "0 and 100"), else 10."""
+    """Largest valid score; the reward is score / max_score. Unset, it is read from the first scale
+    the template states ("from 0 to 10", "between 1 and 5", "(1-5)"), else 10; set both bounds
+    when the template's first such phrase is not the score's scale."""
     max_tokens: int = Field(8, ge=1)
     """Tokens the judge may write."""
     extra_body: dict[str, Any] = Field(default_factory=dict)

@@ -6,7 +6,8 @@ what to do: ``("ok", score)``, ``("status", code, retry_after)``, ``("sleep", se
 ``("garbage",)``, ``("truncated",)`` (a JSON body cut short), ``("json", object)`` or
 ``("chat", content)`` (an OpenAI chat-completions reply; content as given: a string, a list of
 parts, a number...) or ``("huge", nbytes, chunked)`` (a valid JSON reply of ``nbytes`` bytes, streamed
-in 64 KiB writes of one buffer; chunked: without a Content-Length). It records every request's full key, headers and arrival time (monotonic)
+in 64 KiB writes of one buffer; chunked: without a Content-Length) or ``("plain", text)`` (a body
+labelled text/plain, without a charset). It records every request's full key, headers and arrival time (monotonic)
 and the most requests it ever had in flight at once.
 """
 
@@ -67,6 +68,8 @@ class FaultServer:
         self.headers.append(dict(request.headers))
         body = await request.json()
         action = self.behaviour(key, self.attempts[key], body)
+        if action[0] == "plain":
+            return web.Response(body=action[1].encode(), headers={"Content-Type": "text/plain"})
         if action[0] == "huge":
             return await self._huge(request, action[1], action[2])
         if action[0] == "sleep":

@@ -361,3 +361,10 @@ def test_an_oversized_reply_is_unscored_and_memory_stays_bounded(server, chunked
     assert results[0].reason == "reply_too_large" and "1048576" in results[0].detail
     assert server.attempts["z/0"] == 1  # not retried: the same request would get the same reply
     assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_a_reply_without_a_charset_is_read_as_utf8(server):
+    """A scorer that labels its JSON text/plain, without a charset, is still read (as UTF-8)."""
+    server.behaviour = lambda key, attempt, body: ("plain", '{"score": 0.25, "note": "\u00e9"}')
+    cfg = JsonScorerConfig(url=server.url, max_retries=0)
+    assert asyncio.run(_score_and_close(JsonScorerReward("plain", cfg), make_group("p", n=2))) == [0.25, 0.25]
