@@ -178,7 +178,7 @@ def step_stats(
         reward=float(np.mean([s.reward for g in groups for s in g.samples])),
         truncated_frac=float(truncated.float().mean()),
         sequences=int(in_loss.sum()),
-        tokens=sum(g.num_tokens for g in groups),
+        tokens=batch.num_tokens,
         **critic_stats,
     )
     if len(losses) > 1:

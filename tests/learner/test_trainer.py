@@ -157,7 +157,7 @@ def test_lr_schedule_sets_each_updates_rate_and_reports_it(model_dir, groups):
     norms = []
     for lr in expected_lrs:
         for group in optimizer.param_groups:
-            group.lr = lr
+            group["lr"] = lr
         lp = token_logprobs(
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
         )
