@@ -48,11 +48,15 @@ def scrape(port: int, path: str, timeout: float = 1.0) -> str | None:
         return None
 
 
-def summarize_exposition(text: str) -> dict:
-    """The few numbers a person looks at first, from a Prometheus text exposition."""
+def summarize_exposition(text: str, component: str | None = None) -> dict:
+    """The few numbers a person looks at first, from a Prometheus text exposition. Given the
+    process's name, a sample labelled with another ``component`` is skipped: a registry shared by
+    several roles in one interpreter (an embedded controller, a test) holds each role's gauge."""
     out: dict = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if component is not None and sample.labels.get("component", component) != component:
+                continue
             if sample.name in SHOWN:
                 out[SHOWN[sample.name]] = sample.value
             elif sample.name == "asyncrl_samples_total":
@@ -113,7 +117,7 @@ def inspect_run(run_dir: str | Path) -> dict:
         snapshot = run_dir / "metrics" / f"{name}.prom"
         if text is None and snapshot.exists():
             text = snapshot.read_text()
-        row = summarize_exposition(text) if text else {}
+        row = summarize_exposition(text, name) if text else {}
         # Every process registers every metric; show the gauges where they mean something.
         if not name.startswith("buffer"):
             row.pop("buffer_groups", None), row.pop("buffer_samples", None)
