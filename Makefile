@@ -10,12 +10,16 @@ setup:
 demo: setup
 	$(PY) -m asyncrl.cli train configs/demo.yaml $(ARGS)
 
+# Two workers, whole modules at a time, longest first, heavy tests kept apart (tests/scheduling.py);
+# ARGS="-n 0" runs in one process.
+WORKERS := -n 2 --dist loadscope --no-loadscope-reorder
+
 test: setup
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q $(WORKERS) $(ARGS)
 
 # Everything but the tests marked slow (real processes, vLLM, DeepSpeed, Ray): a few minutes on 2 cores.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" $(WORKERS) $(ARGS)
 
 # The tests that need CUDA (never selected otherwise); the NCCL one needs two GPUs.
 test-gpu: setup

@@ -7,11 +7,18 @@ busier than its cores (load average above the CPU count) the limit stretches by 
 guard is for tests that belong among the slow ones, not for a shared host's noise
 (``ASYNCRL_FAST_TEST_LIMIT_S`` sets the base).
 
+``make test`` runs on two workers (pytest-xdist); ``tests/scheduling.py`` orders the modules,
+longest first, and keeps the heavy tests from running beside each other (markers ``alone`` and
+``serial``).
+
 Fixtures every test folder shares sit here too (``smollm2_dir``: a real pretrained model)."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+from tests.scheduling import longest_first, machine_share, recorded_seconds, xdist_run_id
 
 FAST_LIMIT_S = float(os.environ.get("ASYNCRL_FAST_TEST_LIMIT_S", "6"))
 """Seconds (setup + call) a test not marked ``slow`` may take; the slowest of them take about 2 s
@@ -19,6 +26,7 @@ on an idle 2-core machine, so this fails only a test that belongs among the slow
 
 
 def pytest_collection_modifyitems(config, items):
+    items[:] = longest_first(items, Path(config.rootpath), recorded_seconds())
     if "gpu" in (config.getoption("markexpr") or ""):
         return  # the marker expression decides
     deselected = [item for item in items if item.get_closest_marker("gpu") is not None]
@@ -35,6 +43,13 @@ def smollm2_dir():
     from asyncrl.models.fetch import fetch_model
 
     return fetch_model("smollm2-135m-instruct", "float32")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    # Outermost, so that neither the fast-test guard nor pytest-timeout counts the wait for a lock.
+    with machine_share(item, xdist_run_id()):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)

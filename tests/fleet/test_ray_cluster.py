@@ -20,7 +20,7 @@ from asyncrl.wire.endpoints import Endpoints
 from tests.raycluster import local_cluster
 from tests.waits import wait_until
 
-pytestmark = pytest.mark.slow  # a three-node Ray cluster (~1 min)
+pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]  # a three-node Ray cluster (~1 min)
 
 STAND_IN = (
     "import os, sys, time; print('settings', os.environ.get('ASYNCRL_TEST'), os.environ.get('MASTER_ADDR'), "

@@ -16,7 +16,7 @@ from asyncrl.controller.process import Controller
 from tests.raycluster import local_cluster
 from tests.waits import wait_until
 
-pytestmark = pytest.mark.slow  # Ray clusters running whole runs (~2 min)
+pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]  # Ray clusters running whole runs (~2 min)
 
 PLACED = [
     "launcher.kind=ray",
