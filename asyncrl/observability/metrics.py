@@ -242,6 +242,13 @@ BREAKER_RECOVERY = Histogram(
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
     registry=REGISTRY,
 )
+REWARD_RATE_SHARE = Gauge(
+    "asyncrl_reward_rate_share",
+    "This reward worker's share of a rate budget shared by every worker calling one API with one key "
+    "(budget: a hash of the key's variable name and the host), by limit: concurrency, rpm, tpm.",
+    ["budget", "limit"],
+    registry=REGISTRY,
+)
 REWARD_QUEUE_DEPTH = Gauge(
     "asyncrl_reward_queue_groups", "Groups waiting in a reward worker, by state.", ["state"], registry=REGISTRY
 )

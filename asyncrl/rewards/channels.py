@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import zmq
 
 from asyncrl.wire.codec import encode
-from asyncrl.wire.messages import GroupMessage, Groups, Message, Run, WantGroups
+from asyncrl.wire.messages import GroupMessage, Groups, Message, RateLease, Run, WantGroups
 from asyncrl.wire.schema import Group
 from asyncrl.wire.sockets import ReplyServer, RequestClient, StreamReceiver, StreamSender
 
@@ -41,7 +41,8 @@ class GroupInbox:
 
 class PeerShare:
     """The owner's end of sharing (ROUTER bound at ``reward_share``, ``ROUTER_MANDATORY``):
-    hot-plugged workers ask for work (``want_groups`` -> ``groups``) and for the run (``want_run`` -> ``run``).
+    hot-plugged workers ask for work (``want_groups`` -> ``groups``) and for the run (``want_run`` -> ``run``);
+    the owner leases them their shares of the rate budgets (``rate_lease``, unasked, before their groups).
 
     Blocks: never. Dropped: requests of other kinds. A reply to a peer that has gone (or is at its
     high-water mark) raises instead of vanishing: ``give`` returns False and the caller keeps the groups.
@@ -63,6 +64,14 @@ class PeerShare:
         """Hand ``groups`` to ``peer``; False (nothing handed) when it is gone or full."""
         try:
             self.server.reply(peer, Groups(groups=groups), None)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def lease(self, peer: bytes, lease: RateLease) -> bool:
+        """Send ``peer`` its shares of the rate budgets; False when it is gone or full."""
+        try:
+            self.server.reply(peer, lease, None)
         except zmq.ZMQError:
             return False
         return True
@@ -94,10 +103,14 @@ class ShareClient:
             return False
         return True
 
-    def replies(self) -> Iterator[list[Group]]:
-        """The groups of each reply already here."""
+    def replies(self) -> Iterator[list[Group] | RateLease]:
+        """Each message already here: the groups of a reply (none for a reply of another kind), or a
+        lease of the rate budgets (not a reply: the owner sends it unasked)."""
         while (msg := self.client.receive(timeout=0)) is not None:
-            yield msg[1].groups if isinstance(msg[1], Groups) else []
+            if isinstance(msg[1], RateLease):
+                yield msg[1]
+            else:
+                yield msg[1].groups if isinstance(msg[1], Groups) else []
 
     def close(self) -> None:
         self.client.close()

@@ -74,6 +74,14 @@ class RewardConfig(Config):
     """With on_failure=requeue: seconds before a group is scored again, ±50 % at random (groups that failed together return spread out)."""
     request_timeout_s: float = Field(5.0, gt=0)
     """A hot-plugged worker's wait for the owner's reply to a request for work."""
+    lease_timeout_s: float = Field(2.0, gt=0.2, le=60)
+    """The HTTP rewards' rate budgets are shared by every worker of the run (``rewards.budget``):
+    a hot-plugged worker unheard for this long (a live one asks at least every 0.1 s) is taken as
+    gone and its share goes back to the others; a worker whose lease from the owner is not renewed
+    for this long falls back to ``unleased_share``."""
+    unleased_share: float = Field(0.125, gt=0, le=1)
+    """Fraction of each rate budget a hot-plugged worker uses before its first lease from the owner
+    and when its lease runs out (1/8: safe with up to 8 workers leaderless at once)."""
 
     @field_validator("by_task")
     @classmethod
@@ -82,6 +90,26 @@ class RewardConfig(Config):
         if empty:
             raise ValueError(f"by_task {empty}: a task's rewards must hold at least one reward")
         return value
+
+    @model_validator(mode="after")
+    def check_shared_budgets(self) -> RewardConfig:
+        """HTTP rewards calling one host with one ``api_key_env`` share one budget: they must state it alike."""
+        from asyncrl.rewards.budget import budget_of
+        from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
+
+        seen: dict[str, tuple[str, tuple]] = {}  # budget id -> (the first reward naming it, its limits)
+        for specs in self.specs_by_task().values():
+            for spec in (s for s in specs if s.kind in ("http_json", "openai_judge")):
+                options = (JsonScorerConfig if spec.kind == "http_json" else JudgeConfig)(**spec.options)
+                budget = budget_of(options)
+                limits = (budget.concurrency, budget.rpm, budget.tpm, options.burst_s)
+                first, stated = seen.setdefault(budget.budget, (spec.label, limits))
+                if stated != limits:
+                    raise ValueError(
+                        f"rewards {first!r} and {spec.label!r} call one host with one api_key_env, so they share "
+                        f"one rate budget and must state the same (concurrency, rpm, tpm, burst_s): {stated} vs {limits}"
+                    )
+        return self
 
     def specs_by_task(self) -> dict[str | None, list[RewardSpec]]:
         """Every reward set: ``None`` -> ``rewards`` (the default), then each task's own."""

@@ -37,8 +37,10 @@ One ``HttpClient`` per reward. An attempt of a call (``post_json``) goes through
 What still fails raises ``CallFailed(kind)``; the reward turns it into ``Unscored(kind)``. A
 closed client is closed for good: calls fail with ``client_closed`` and no request is sent.
 
-The limits are per process: with several reward workers in one run (``asyncrl reward-worker``),
-each applies ``concurrency``, ``rpm`` and ``tpm`` on its own, so the API sees up to N times them.
+The limits are one budget per API key and host, shared by every reward calling it, in this
+process and in every reward worker of the run (``asyncrl.rewards.budget``): the slots and buckets
+of 2 and 4 are a ``SharedLimiter`` holding this worker's share, which the owner of the reward
+stream leases it. A client built without one (a test, a benchmark) has the whole budget to itself.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from pydantic import Field
 from asyncrl.configbase import Config
 from asyncrl.observability.metrics import REWARD_ERRORS, REWARD_MISMATCHED, REWARD_REQUESTS, REWARD_RETRIES
 from asyncrl.rewards.breaker import PASS, PROBE, CircuitBreaker
-from asyncrl.rewards.ratelimit import TokenBucket
+from asyncrl.rewards.budget import RateBudgets, SharedLimiter
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +77,15 @@ class HttpConfig(Config):
     whitespace is stripped; a key with whitespace, control or non-ASCII characters inside is
     refused when the worker starts); None sends none."""
     concurrency: int = Field(32, ge=1)
-    """Requests in flight at most. Per reward worker process: N workers of a run let the API see up to N times this."""
+    """Requests in flight at most, in total over every reward worker of the run calling this host
+    with this ``api_key_env`` (one budget: ``asyncrl.rewards.budget``; each live worker gets a share, at least 1)."""
     rpm: float | None = Field(None, gt=0)
-    """Requests per minute at most (token bucket); None: unlimited. Per reward worker process: N workers
-    of a run let the API see up to N times this."""
+    """Requests per minute at most (token bucket); None: unlimited. In total over every reward worker
+    calling this host with this ``api_key_env`` (one budget, shared as ``concurrency`` is)."""
     tpm: float | None = Field(None, gt=0)
     """Tokens per minute at most (token bucket, each call charged in full, estimated: the judge's
-    prompt characters / 4 + max_tokens, a JSON scorer's request bytes / 4); None: unlimited. Per
-    reward worker process: N workers of a run let the API see up to N times this."""
+    prompt characters / 4 + max_tokens, a JSON scorer's request bytes / 4); None: unlimited. In
+    total over every reward worker calling this host with this ``api_key_env`` (one budget)."""
     burst_s: float = Field(1.0, gt=0, le=60)
     """Seconds of the rpm/tpm limits a burst may spend at once: bucket capacity = rate · burst_s."""
     timeout_s: float = Field(30.0, gt=0)
@@ -139,18 +142,20 @@ def read_api_key(env: str | None) -> str | None:
 
 
 class HttpClient:
-    """POST JSON with the limits, retries and breaker of ``HttpConfig``; one per reward."""
+    """POST JSON with the limits, retries and breaker of ``HttpConfig``; one per reward.
 
-    def __init__(self, name: str, cfg: HttpConfig):
+    ``limiter``: the slots and buckets of the reward's budget, shared with the other rewards of
+    the process that call the same API with the same key (``RateBudgets.limiter``); None: its own.
+    """
+
+    def __init__(self, name: str, cfg: HttpConfig, limiter: SharedLimiter | None = None):
         self.name = name
         self.cfg = cfg
         self._key = read_api_key(cfg.api_key_env)
         self.breaker = CircuitBreaker(name, cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.breaker.on_open = self._fail_waiting
         self._waiting: set[asyncio.Future] = set()  # one per call let through that waits for the rate
-        self.rpm = TokenBucket(cfg.rpm, max(1.0, cfg.rpm * cfg.burst_s / 60)) if cfg.rpm else None
-        self.tpm = TokenBucket(cfg.tpm, max(1.0, cfg.tpm * cfg.burst_s / 60)) if cfg.tpm else None
-        self._slots = asyncio.Semaphore(cfg.concurrency)  # one for the client's life: never two
+        self.limiter = limiter if limiter is not None else RateBudgets().limiter(cfg)  # never two for a budget
         self._session = None
         self._closed = False
         self._paused_until = 0.0  # monotonic time before which no call starts (a Retry-After)
@@ -230,7 +235,7 @@ class HttpClient:
     async def _send(self, data: bytes, idempotency_key: str, tokens: float, ticket: str) -> dict:
         import aiohttp
 
-        async with self._slots:
+        async with self.limiter.slots:
             if ticket == PASS and self.breaker.state != "closed":
                 raise CallFailed("circuit_open", "the breaker opened while this call waited")
             if ticket == PASS:  # the breaker opening while this call waits fails it at once
@@ -274,10 +279,7 @@ class HttpClient:
     async def _wait_for_rate(self, tokens: float) -> None:
         while (pause := self._paused_until - time.monotonic()) > 0:  # at most max_retry_after_s
             await asyncio.sleep(pause)
-        if self.rpm is not None:
-            await self.rpm.take(1)
-        if self.tpm is not None and tokens > 0:
-            await self.tpm.take(tokens)
+        await self.limiter.take(tokens)
 
     async def _wait_unless_opened(self, waiting) -> None:
         """Await ``waiting`` (a Retry-After pause, the rate's tokens), or fail it as ``circuit_open``

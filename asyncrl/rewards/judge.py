@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.rewards.base import RewardResult, TimedResults, Unscored
+from asyncrl.rewards.budget import SharedLimiter
 from asyncrl.rewards.http import CallFailed, HttpClient, HttpConfig
 from asyncrl.wire.schema import Group, Sample
 
@@ -156,10 +157,10 @@ class _HttpReward:
     per_sample = True
     """One request per sample, independent of the others: a requeued group re-requests only what failed."""
 
-    def __init__(self, name: str, cfg: HttpConfig):
+    def __init__(self, name: str, cfg: HttpConfig, limiter: SharedLimiter | None = None):
         self.name = name
         self.cfg = cfg
-        self.client = HttpClient(name, cfg)
+        self.client = HttpClient(name, cfg, limiter)
 
     async def score(self, group: Group) -> TimedResults:
         # A task group: should anything escape a sample's handler, its siblings are cancelled, not orphaned.
@@ -256,8 +257,8 @@ class OpenAIJudgeReward(_HttpReward):
 
     cfg: JudgeConfig
 
-    def __init__(self, name: str, cfg: JudgeConfig):
-        super().__init__(name, cfg)
+    def __init__(self, name: str, cfg: JudgeConfig, limiter: SharedLimiter | None = None):
+        super().__init__(name, cfg, limiter)
         self.pattern = re.compile(cfg.score_pattern)
         self.score_range = (cfg.min_score / cfg.max_score, 1.0)
         """The judge's scale [min_score, max_score] divided by max_score."""

@@ -29,6 +29,10 @@ pauses meanwhile). What is dropped: nothing in the worker. A group some reward l
 HTTP rewards re-request only the samples they have not scored yet (the worker keeps their results
 with the group; a requeued group the owner hands to a peer is scored whole there).
 
+**One rate budget per API key.** The HTTP rewards' ``concurrency``, ``rpm`` and ``tpm`` hold for
+the whole run, not per worker: the owner leases every live worker a share of each budget, and a
+dead worker's share goes back to the others (``asyncrl.rewards.budget``).
+
 Which rewards score a group: those of ``reward.by_task[group.task]`` when the config names its
 task there (a source of a mix), else ``reward.rewards``.
 
@@ -45,6 +49,7 @@ import logging
 import signal
 
 from asyncrl.rewards.base import Reward
+from asyncrl.rewards.budget import RateBudgets
 from asyncrl.rewards.config import RewardConfig
 from asyncrl.rewards.context import RewardContext
 from asyncrl.rewards.registry import build_reward
@@ -53,17 +58,19 @@ from asyncrl.rewards.worker import RewardWorker
 log = logging.getLogger(__name__)
 
 
-def build_rewards(cfg: RewardConfig, task_metadata: dict[str, dict] | None = None) -> list[tuple[Reward, float]]:
-    """The default rewards (``reward.rewards``) with their weights."""
-    return [(build_reward(spec, task_metadata), spec.weight) for spec in cfg.rewards]
+def build_rewards(
+    cfg: RewardConfig, task_metadata: dict[str, dict] | None = None, budgets: RateBudgets | None = None
+) -> list[tuple[Reward, float]]:
+    """The default rewards (``reward.rewards``) with their weights; the HTTP ones draw on ``budgets``."""
+    return [(build_reward(spec, task_metadata, budgets), spec.weight) for spec in cfg.rewards]
 
 
 def build_rewards_by_task(
-    cfg: RewardConfig, task_metadata: dict[str, dict] | None = None
+    cfg: RewardConfig, task_metadata: dict[str, dict] | None = None, budgets: RateBudgets | None = None
 ) -> dict[str, list[tuple[Reward, float]]]:
     """Each task's own rewards (``reward.by_task``), by task name."""
     return {
-        name: [(build_reward(spec, task_metadata), spec.weight) for spec in specs]
+        name: [(build_reward(spec, task_metadata, budgets), spec.weight) for spec in specs]
         for name, specs in cfg.by_task.items()
     }
 
@@ -71,8 +78,10 @@ def build_rewards_by_task(
 def run_reward_worker(ctx: RewardContext, owner: bool = True) -> None:
     """The controller's reward worker (owner of the input), or a hot-plugged one (``owner=False``)."""
     metadata = ctx.cfg.task.metadata_by_task()
-    rewards = build_rewards(ctx.cfg.reward, metadata)
-    worker = RewardWorker(ctx, rewards, owner, build_rewards_by_task(ctx.cfg.reward, metadata))
+    budgets = RateBudgets()  # one limiter per API key and host, shared by this process's rewards
+    rewards = build_rewards(ctx.cfg.reward, metadata, budgets)
+    by_task = build_rewards_by_task(ctx.cfg.reward, metadata, budgets)
+    worker = RewardWorker(ctx, rewards, owner, by_task, budgets)
 
     def leave(signum, _frame):
         log.info("%s: signal %d: finishing what it holds, then leaving", ctx.name, signum)

@@ -35,6 +35,15 @@ class TokenBucket:
         self.stamp = time.monotonic()
         self._lock = asyncio.Lock()
 
+    def resize(self, rate_per_min: float, capacity: float) -> None:
+        """A new rate and capacity from now on (a worker's share of a shared budget changed): what
+        was earned so far at the old rate is kept, up to the new capacity; a debt is kept in full."""
+        if rate_per_min <= 0 or capacity <= 0:
+            raise ValueError(f"rate_per_min ({rate_per_min}) and capacity ({capacity}) must be > 0")
+        self._refill()
+        self.rate, self.capacity = rate_per_min / 60.0, capacity
+        self.tokens = min(self.tokens, capacity)
+
     def _refill(self) -> None:
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
@@ -55,3 +64,4 @@ class TokenBucket:
                     self.tokens -= n  # may go below 0: the debt of a request larger than the bucket
                     return
                 await asyncio.sleep((need - self.tokens) / self.rate)
+                need = min(n, self.capacity)  # resized meanwhile

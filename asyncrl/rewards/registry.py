@@ -12,9 +12,11 @@ from asyncrl.rewards.base import Reward
 from asyncrl.rewards.config import RewardKind, RewardSpec
 
 
-def build_reward(spec: RewardSpec, task_metadata: dict[str, dict] | None = None) -> Reward:
+def build_reward(spec: RewardSpec, task_metadata: dict[str, dict] | None = None, budgets=None) -> Reward:
     """The reward object a spec describes (imports only what that kind needs). ``task_metadata``:
-    each task's ``metadata`` by name, for the kinds that hand it on (``python``)."""
+    each task's ``metadata`` by name, for the kinds that hand it on (``python``); ``budgets``: the
+    process's ``asyncrl.rewards.budget.RateBudgets``, whose limiter an HTTP reward draws on (None:
+    its own, the whole budget)."""
     if spec.kind in ("exact_match", "format", "math_verify"):
         from asyncrl.rewards import rules
 
@@ -27,11 +29,13 @@ def build_reward(spec: RewardSpec, task_metadata: dict[str, dict] | None = None)
     if spec.kind == "http_json":
         from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward
 
-        return JsonScorerReward(spec.label, JsonScorerConfig(**spec.options))
+        cfg = JsonScorerConfig(**spec.options)
+        return JsonScorerReward(spec.label, cfg, budgets.limiter(cfg) if budgets is not None else None)
     if spec.kind == "openai_judge":
         from asyncrl.rewards.judge import JudgeConfig, OpenAIJudgeReward
 
-        return OpenAIJudgeReward(spec.label, JudgeConfig(**spec.options))
+        cfg = JudgeConfig(**spec.options)
+        return OpenAIJudgeReward(spec.label, cfg, budgets.limiter(cfg) if budgets is not None else None)
     if spec.kind == "reward_model":
         from asyncrl.rewards.model import RewardModel, RewardModelConfig
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 from asyncrl.observability.metrics import REWARD_QUEUE_DEPTH, REWARD_SECONDS, SAMPLES
 from asyncrl.rewards.base import Known, Reward, score_greedy_baseline, score_with
+from asyncrl.rewards.budget import LeaseTable, RateBudgets
 from asyncrl.rewards.channels import BufferOutbox, GroupInbox, PeerShare, ShareClient
 from asyncrl.rewards.config import RewardConfig
 from asyncrl.rewards.context import RewardContext
-from asyncrl.wire.messages import ReadyEvent, RewardFinal, Run, WantGroups, WantRun
+from asyncrl.wire.messages import RateLease, ReadyEvent, RewardFinal, Run, WantGroups, WantRun
 from asyncrl.wire.schema import Group
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class RewardWorker:
         rewards: list[tuple[Reward, float]],
         owner: bool,
         by_task: dict[str, list[tuple[Reward, float]]] | None = None,
+        budgets: RateBudgets | None = None,
     ):
         self.ctx = ctx
         self.cfg: RewardConfig = ctx.cfg.reward
@@ -58,6 +60,9 @@ class RewardWorker:
         self.by_task = by_task or {}
         """A task's own rewards (``reward.by_task``): its groups are scored by them, not ``rewards``."""
         self.owner = owner
+        self.budgets = budgets if budgets is not None else RateBudgets()
+        """The rate budgets the HTTP rewards draw on (``asyncrl.rewards.budget``): the owner divides them
+        among the live workers, the others run under its leases."""
         self.outbox = BufferOutbox(ctx.endpoints.buffer_in, name=f"{ctx.name}.out")
         self.waiting: deque[_Waiting] = deque()
         self.running: dict[asyncio.Task, Group] = {}
@@ -70,6 +75,7 @@ class RewardWorker:
         if owner:
             self.inbox = GroupInbox(ctx.endpoints.reward_in)
             self.share = PeerShare(ctx.endpoints.reward_share) if ctx.endpoints.reward_share else None
+            self.leases = LeaseTable(self.budgets, self.cfg.lease_timeout_s)
         else:
             if not ctx.endpoints.reward_share:
                 raise ValueError(
@@ -78,6 +84,7 @@ class RewardWorker:
             self.client = ShareClient(ctx.endpoints.reward_share, name=f"{ctx.name}.share")
             self.asked_at: float | None = None  # a request for work is outstanding since then
             self.heartbeat_at = 0.0
+            self.budgets.apply_fraction(self.cfg.unleased_share)  # until the owner's first lease
         self.peers: dict[bytes, tuple[int, float]] = {}  # owner: peer -> (samples it holds, last heard)
 
     # -- counts ---------------------------------------------------------------------------------
@@ -163,10 +170,14 @@ class RewardWorker:
             return
         # A hot-plugged worker: collect any reply, then ask for as many groups as it has free slots,
         # or (full, or leaving) ask for none: a heartbeat that tells the owner what it still holds.
-        for groups in self.client.replies():
+        for reply in self.client.replies():
+            if isinstance(reply, RateLease):
+                self.budgets.apply_lease(reply, self.cfg.unleased_share)
+                continue
             self.asked_at = None
-            for group in groups:
+            for group in reply:
                 self._take(group)
+        self.budgets.expire(self.cfg.lease_timeout_s, self.cfg.unleased_share)
         now = time.monotonic()
         free = 0 if stopping else self.cfg.concurrency - len(self.running) - len(self.waiting)
         overdue = self.asked_at is not None and now - self.asked_at > self.cfg.request_timeout_s
@@ -174,7 +185,13 @@ class RewardWorker:
             self._ask(free)
 
     def _ask(self, max_groups: int, leaving: bool = False) -> None:
-        request = WantGroups(max_groups=max_groups, holding=self.held(), leaving=leaving, worker=self.ctx.name)
+        request = WantGroups(
+            max_groups=max_groups,
+            holding=self.held(),
+            leaving=leaving,
+            worker=self.ctx.name,
+            budgets=self.budgets.ids(),
+        )
         if not self.client.ask(request):  # the owner is not there (yet): ask again on a later turn
             return
         self.asked_at = self.heartbeat_at = time.monotonic()
@@ -184,6 +201,7 @@ class RewardWorker:
         self.waiting.append(_Waiting(group))
 
     def _serve_peers(self) -> None:
+        asks = []
         for client, request in self.share.requests():
             if isinstance(request, WantRun):  # a worker joining by address learns the run from us
                 run = Run(config=self.ctx.cfg.model_dump(mode="json"), endpoints=self.ctx.endpoints.model_dump())
@@ -191,20 +209,32 @@ class RewardWorker:
                 continue
             if not isinstance(request, WantGroups):
                 continue
-            now = time.monotonic()
-            self.peers[client] = (request.holding, now)
+            self.peers[client] = (request.holding, time.monotonic())
             if request.leaving:
                 self.peers.pop(client)
-            given = []
-            while self.waiting and len(given) < request.max_groups and self.waiting[0].ready_at <= now:
-                given.append(self.waiting.popleft())
-            if not self.share.give(client, [w.group for w in given]):  # the peer is gone or full: keep its groups
-                self.waiting.extendleft(reversed(given))
-                continue
-            samples = sum(len(w.group.samples) for w in given)
-            self.handed_out += samples
-            if samples and client in self.peers:
-                self.peers[client] = (self.peers[client][0] + samples, now)
+            self.leases.heard(client, request.worker, request.budgets, request.leaving)
+            asks.append((client, request))
+        # Every request of this turn read, the budgets are divided again (a join, a leave, a death)
+        # and the leases go out before any group: a worker never scores outside its share.
+        for client, lease in self.leases.update().items():
+            if not self.share.lease(client, lease):
+                self.leases.unsent(client)
+        for client, request in asks:
+            self._give(client, request)
+
+    def _give(self, client: bytes, request: WantGroups) -> None:
+        """Reply to a request for work with up to ``max_groups`` groups ready to be scored (possibly none)."""
+        now = time.monotonic()
+        given = []
+        while self.waiting and len(given) < request.max_groups and self.waiting[0].ready_at <= now:
+            given.append(self.waiting.popleft())
+        if not self.share.give(client, [w.group for w in given]):  # the peer is gone or full: keep its groups
+            self.waiting.extendleft(reversed(given))
+            return
+        samples = sum(len(w.group.samples) for w in given)
+        self.handed_out += samples
+        if samples and client in self.peers:
+            self.peers[client] = (self.peers[client][0] + samples, now)
 
     def _start(self) -> None:
         now = time.monotonic()

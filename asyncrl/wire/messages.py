@@ -28,6 +28,7 @@ publication's messages (``asyncrl.wire.weight_messages``).
 | buffer_status | BufferStatus | buffer -> dispatcher (PUB) |
 | want_groups / groups | WantGroups / Groups | hot-plugged reward worker <-> the owner |
 | want_run / run | WantRun / Run | a worker joining by address <-> the owner |
+| rate_lease | RateLease | the owner -> a hot-plugged reward worker |
 | want_ref_logprobs / ref_logprobs | WantRefLogprobs / RefLogprobs | learner <-> reference process |
 | eval_request / eval_result | EvalRequest / EvalResult | controller -> generators -> controller |
 | weights | WeightsAnnouncement | learner -> generators (PUB) |
@@ -226,6 +227,9 @@ class WantGroups(Exchange, tag="want_groups"):
     """Samples the worker holds (a heartbeat: the owner waits for busy peers before it drains)."""
     leaving: bool = False
     worker: str = ""
+    budgets: list[str] = []
+    """Ids of the shared rate budgets the worker's rewards call (``asyncrl.rewards.budget.budget_id``:
+    a hash of the API key's variable name and the host, never a secret); the owner leases it a share of each."""
 
 
 class Groups(Exchange, tag="groups"):
@@ -235,6 +239,30 @@ class Groups(Exchange, tag="groups"):
 
     def check(self) -> None:
         _check_groups(self.groups)
+
+
+class RateShare(msgspec.Struct, kw_only=True):
+    """One worker's share of one shared rate budget (``asyncrl.rewards.budget``)."""
+
+    budget: str
+    """The budget's id (``budget_id``: a hash, never the key)."""
+    concurrency: Annotated[int, msgspec.Meta(ge=1)]
+    """Requests in flight at most."""
+    rpm: Annotated[float, msgspec.Meta(gt=0, le=1e12)] | None = None
+    """Requests per minute at most; None: unlimited."""
+    tpm: Annotated[float, msgspec.Meta(gt=0, le=1e15)] | None = None
+    """Tokens per minute at most; None: unlimited."""
+
+
+class RateLease(Exchange, tag="rate_lease"):
+    """The owner leases a hot-plugged reward worker its share of each shared rate budget, sent when
+    the set of live workers changes and renewed every quarter of ``reward.lease_timeout_s``; a
+    worker whose lease is not renewed within ``reward.lease_timeout_s`` falls back to
+    ``reward.unleased_share``."""
+
+    shares: list[RateShare] = []
+    workers: NonNegative = 1
+    """Live workers the budgets were divided among (the owner included)."""
 
 
 class WantRun(Exchange, tag="want_run"):
@@ -348,6 +376,7 @@ TYPES: dict[str, type[Message]] = {
         BufferStatus,
         WantGroups,
         Groups,
+        RateLease,
         WantRun,
         Run,
         WantRefLogprobs,
@@ -407,6 +436,8 @@ __all__ = [
     "ProbeStats",
     "PromptRow",
     "Prompts",
+    "RateLease",
+    "RateShare",
     "ReadyEvent",
     "RefLogprobs",
     "RequeueCommand",
