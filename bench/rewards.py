@@ -17,7 +17,18 @@ server's return to full throughput (the first one-second window, after the retur
 least 90 % of C / d scored samples; goal <= 5 s) and the scored samples per second over the
 whole run against C / d and against C / d over the seconds the server was up.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/rewards.py [--delay 0.2] [--rounds 10] [--outage 10] [--cooldowns 10,2]
+**Shared budget** (``--shared 6``, on by default; 0 skips it): W = 1, 2 and 4 reward workers whose
+judge shares one key (``asyncrl.rewards.budget``): each worker's limiter under the owner's leases,
+sent through the wire's codec as the worker sends them, each worker with more calls than slots,
+for ``--shared`` seconds (measured while every worker is busy) against a judge (a thread of this process, counting arrivals) answering
+after d. It reports the requests per second the judge saw against ``--shared-rpm`` / 60 (the
+limit; ``concurrency`` 8 lets 40/s through, so the rate binds): the ratio must be <= 1 within its
+stated error, the burst the token buckets allow (``burst_s`` = 0.5 s of the rate, in total over the
+workers) over the seconds measured, plus one request; after the first second (the buckets spent)
+the ratio is the steady rate's. The same run with 4 workers each holding the
+whole budget (as before the budgets were shared) shows what sharing prevents.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/rewards.py [--delay 0.2] [--rounds 10] [--outage 10] [--cooldowns 10,2] [--shared 6]
 """
 
 from __future__ import annotations
@@ -222,6 +233,66 @@ async def run_outage(url: str, server: subprocess.Popen, args, cooldown: float) 
     }
 
 
+async def run_shared(workers: int, args, shared: bool = True) -> dict:
+    """``workers`` workers' clients scoring through one judge with one budget; see the module docstring."""
+    from asyncrl.rewards.budget import LeaseTable, RateBudgets
+    from asyncrl.rewards.judge import JsonScorerConfig, JsonScorerReward
+    from asyncrl.wire.codec import decode, encode
+    from tests.factories import make_group
+    from tests.rewards.fault_server import FaultServer
+
+    server = FaultServer(lambda key, attempt, body: ("sleep", args.delay, 1.0))
+    cfg = JsonScorerConfig(url=server.url, concurrency=8, rpm=args.shared_rpm, burst_s=0.5, max_retries=0)
+    budgets = [RateBudgets() for _ in range(workers)]
+    rewards = [JsonScorerReward(f"shared-{i}", cfg, b.limiter(cfg)) for i, b in enumerate(budgets)]
+    table = LeaseTable(budgets[0], timeout_s=2.0)  # worker 0 is the owner
+    for peer in budgets[1:] if shared else []:
+        peer.apply_fraction(0.125)  # until its first lease
+    until = time.monotonic() + args.shared
+
+    async def lease() -> None:  # as the owner does on each turn: hear every worker, lease their shares
+        while shared and time.monotonic() < until:
+            for i, peer in enumerate(budgets[1:], start=1):
+                table.heard(bytes([i]), f"reward-{i}", peer.ids(), leaving=False)
+            for who, message in table.update().items():
+                budgets[who[0]].apply_lease(decode(encode(message))[1], unleased_share=0.125)
+            await asyncio.sleep(0.02)
+
+    async def lane(reward, lane_id: str) -> None:
+        k = 0
+        while time.monotonic() < until:
+            k += 1
+            await reward.score(make_group(f"{lane_id}-{k}", n=8))
+
+    leasing = asyncio.ensure_future(lease())
+    await asyncio.sleep(0.05)  # the first leases are out, as before a worker's first groups
+    start = time.monotonic()
+    await asyncio.gather(*(lane(r, f"w{i}l{j}") for i, r in enumerate(rewards) for j in range(4)))
+    await leasing
+    for r in rewards:
+        await r.close()
+    server.close()
+    arrivals = [t for t in server.arrivals if start <= t < until]  # every lane busy: the limit binds
+    seconds = until - start
+    limit = args.shared_rpm / 60
+    per_s = len(arrivals) / seconds
+    error = 0.5 / seconds + 1 / (limit * seconds)  # the buckets' burst (burst_s of the rate in total) and one request
+    return {
+        "workers": workers,
+        "shared": shared,
+        "limit_per_s": round(limit, 2),
+        "judge_per_s": round(per_s, 2),
+        "ratio_to_limit": round(per_s / limit, 3),
+        "stated_error": round(error, 3),
+        "ratio_after_the_first_second": round(sum(t >= start + 1 for t in arrivals) / (seconds - 1) / limit, 3),
+        "within_limit": per_s / limit <= 1 + error,
+        "judge_max_in_flight": server.max_in_flight,
+        "concurrency_limit": cfg.concurrency,
+        "seconds": round(seconds, 2),
+        "requests": len(arrivals),
+    }
+
+
 def _warm_group(i: int):
     from tests.factories import make_group
 
@@ -238,6 +309,8 @@ def main() -> None:
     parser.add_argument("--before", type=float, default=5.0, help="seconds of service before the outage")
     parser.add_argument("--after", type=float, default=10.0, help="seconds of service after it")
     parser.add_argument("--cooldowns", default="10,2", help="breaker_cooldown_s of each outage run (10: the default)")
+    parser.add_argument("--shared", type=float, default=6.0, help="seconds of each shared-budget run (0: none)")
+    parser.add_argument("--shared-rpm", type=float, default=1200.0, help="the shared budget's requests per minute")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -264,6 +337,12 @@ def main() -> None:
             for cooldown in (float(x) for x in args.cooldowns.split(",") if x):
                 run = asyncio.run(run_outage(f"http://127.0.0.1:{port}/score", server, args, cooldown))
                 out["outage"][f"cooldown_{cooldown:g}s"] = run
+        if args.shared > 0:
+            out["shared_budget"] = {f"workers_{w}": asyncio.run(run_shared(w, args)) for w in (1, 2, 4)}
+            out["shared_budget"]["workers_4_unshared"] = asyncio.run(run_shared(4, args, shared=False))
+            out["shared_budget_within_limit"] = all(
+                v["within_limit"] for v in out["shared_budget"].values() if v["shared"]
+            )
         print(json.dumps(out, indent=2))
     finally:
         server.terminate()
