@@ -94,21 +94,9 @@ class RewardConfig(Config):
     @model_validator(mode="after")
     def check_shared_budgets(self) -> RewardConfig:
         """HTTP rewards calling one host with one ``api_key_env`` share one budget: they must state it alike."""
-        from asyncrl.rewards.budget import budget_of
-        from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
+        from asyncrl.rewards.judge import check_shared_budgets
 
-        seen: dict[str, tuple[str, tuple]] = {}  # budget id -> (the first reward naming it, its limits)
-        for specs in self.specs_by_task().values():
-            for spec in (s for s in specs if s.kind in ("http_json", "openai_judge")):
-                options = (JsonScorerConfig if spec.kind == "http_json" else JudgeConfig)(**spec.options)
-                budget = budget_of(options)
-                limits = (budget.concurrency, budget.rpm, budget.tpm, options.burst_s)
-                first, stated = seen.setdefault(budget.budget, (spec.label, limits))
-                if stated != limits:
-                    raise ValueError(
-                        f"rewards {first!r} and {spec.label!r} call one host with one api_key_env, so they share "
-                        f"one rate budget and must state the same (concurrency, rpm, tpm, burst_s): {stated} vs {limits}"
-                    )
+        check_shared_budgets(self.specs_by_task().values())
         return self
 
     def specs_by_task(self) -> dict[str | None, list[RewardSpec]]:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.rewards.base import RewardResult, TimedResults, Unscored
-from asyncrl.rewards.budget import SharedLimiter
+from asyncrl.rewards.budget import SharedLimiter, budget_of
 from asyncrl.rewards.http import CallFailed, HttpClient, HttpConfig
 from asyncrl.wire.schema import Group, Sample
 
@@ -151,6 +151,24 @@ class JudgeConfig(HttpConfig):
         if self.min_score >= self.max_score:
             raise ValueError(f"min_score ({self.min_score}) must be < max_score ({self.max_score})")
         return self
+
+
+def check_shared_budgets(spec_sets) -> None:
+    """HTTP rewards calling one host with one ``api_key_env`` share one rate budget
+    (``asyncrl.rewards.budget``): a ValueError naming both when two state it differently.
+    ``spec_sets``: lists of ``RewardSpec`` (``RewardConfig.specs_by_task().values()``)."""
+    seen: dict[str, tuple[str, tuple]] = {}  # budget id -> (the first reward naming it, its limits)
+    for specs in spec_sets:
+        for spec in (s for s in specs if s.kind in ("http_json", "openai_judge")):
+            options = (JsonScorerConfig if spec.kind == "http_json" else JudgeConfig)(**spec.options)
+            budget = budget_of(options)
+            limits = (budget.concurrency, budget.rpm, budget.tpm, options.burst_s)
+            first, stated = seen.setdefault(budget.budget, (spec.label, limits))
+            if stated != limits:
+                raise ValueError(
+                    f"rewards {first!r} and {spec.label!r} call one host with one api_key_env, so they share "
+                    f"one rate budget and must state the same (concurrency, rpm, tpm, burst_s): {stated} vs {limits}"
+                )
 
 
 class _HttpReward:
