@@ -177,3 +177,34 @@ def test_a_worker_hot_plugged_into_a_training_run_is_in_its_ledger(tmp_path):
     prom = (run_dir / "metrics" / "reward-hot.prom").read_text()
     scored = [line for line in prom.splitlines() if line.startswith('asyncrl_samples_total{outcome="scored"}')]
     assert scored and float(scored[0].split()[-1]) > 0, "the hot-plugged worker scored nothing"
+
+
+def test_an_owner_and_a_hot_plugged_worker_share_the_judges_concurrency(tmp_path):
+    """The judge allows 3 requests in flight: with a worker joined, each process's own limit would
+    let it see 6; leased a share each, it never sees more than 3, and both workers score."""
+    server = FaultServer(lambda key, attempt, body: ("sleep", 0.1, 1.0))
+    spec = {"kind": "http_json", "name": "scorer", "options": {"url": server.url, "concurrency": 3, "max_retries": 0}}
+    cfg = RunConfig(buffer={"max_staleness": None}, sampling={"n": 4}, reward={"rewards": [spec], "concurrency": 4})
+    h = Harness(tmp_path, cfg)
+    try:
+        h.start("buffer", "buffer")
+        h.start("reward", "reward-0")
+        start_hot_worker(h, "reward-hot")
+        for name in ("buffer", "reward-0", "reward-hot"):
+            h.wait_for(name, "ready")
+        to_reward = StreamSender(h.endpoints.reward_in, name="test.generator")
+        for i in range(40):
+            to_reward.send_frame(wire.encode_group(make_group(f"g{i}")), timeout=5)
+        wait_until(  # a stop ends the asking: let the joined worker take its part first
+            lambda: process_metric(tmp_path, "reward-hot", "asyncrl_reward_requests_total", 'reward="scorer"') > 8,
+            "the hot-plugged worker to be scoring",
+            interval=0.1,
+        )
+        finals = h.stop(["reward"], ["reward-0", "reward-hot"], timeout=60)
+        finals.update(h.stop(["buffer"], ["buffer"]))
+    finally:
+        h.close()
+        server.close()
+    assert finals["buffer"].inserted == 160
+    assert finals["reward-0"].forwarded > 0 and finals["reward-hot"].forwarded > 0
+    assert server.max_in_flight <= 3, server.max_in_flight
