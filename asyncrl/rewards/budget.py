@@ -163,6 +163,8 @@ class SharedLimiter:
         self.slots = Slots(budget.concurrency)
         self.rpm: TokenBucket | None = None
         self.tpm: TokenBucket | None = None
+        self.paused_until = 0.0
+        """Monotonic time before which no call on this budget starts (a server's ``Retry-After``)."""
         self.apply(budget)
 
     def apply(self, share: RateShare) -> None:

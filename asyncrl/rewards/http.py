@@ -5,12 +5,13 @@ One ``HttpClient`` per reward. An attempt of a call (``post_json``) goes through
 1. the circuit breaker (``asyncrl.rewards.breaker``): open, the attempt fails at once
    (``circuit_open``, not retried) without waiting for anything below; half open, exactly one
    call gets one attempt (the probe) and its outcome closes or re-opens the breaker;
-2. one of ``concurrency`` slots (the breaker is checked again once it has one, so calls queued
+2. one of this worker's share of the ``concurrency`` slots (the breaker is checked again once it has one, so calls queued
    behind failing ones fail fast too, and a call waiting in 3 or 4 below fails as ``circuit_open``
    the moment the breaker opens: nothing queued goes out to an API found dead meanwhile);
 3. a pause every call of the client observes after a server's ``Retry-After`` (a rate limit
-   backs off once for the client, not rediscovered sample by sample);
-4. the ``rpm`` and ``tpm`` token buckets (``asyncrl.rewards.ratelimit``), taken last, while
+   backs off once for the client, not rediscovered sample by sample), and every call of the
+   process's other rewards on the same budget (the same key at the same host);
+4. the ``rpm`` and ``tpm`` token buckets (``asyncrl.rewards.ratelimit``, at this worker's share), taken last, while
    holding the slot: a call never holds tokens while it waits for anything else, so tokens are
    not hoarded during a stall and spent in a burst after it. ``tpm`` charges a call its full
    token count (the bucket may go into debt); the judge estimates prompt characters / 4 +
@@ -158,7 +159,6 @@ class HttpClient:
         self.limiter = limiter if limiter is not None else RateBudgets().limiter(cfg)  # never two for a budget
         self._session = None
         self._closed = False
-        self._paused_until = 0.0  # monotonic time before which no call starts (a Retry-After)
         self.requests = self.retries = 0
 
     def __repr__(self) -> str:  # never show the key
@@ -277,7 +277,7 @@ class HttpClient:
         return reply
 
     async def _wait_for_rate(self, tokens: float) -> None:
-        while (pause := self._paused_until - time.monotonic()) > 0:  # at most max_retry_after_s
+        while (pause := self.limiter.paused_until - time.monotonic()) > 0:  # at most max_retry_after_s
             await asyncio.sleep(pause)
         await self.limiter.take(tokens)
 
@@ -326,7 +326,7 @@ class HttpClient:
                 "retry_after_too_long",
                 f"status {status} asks to wait {retry_after:g} s, over max_retry_after_s ({self.cfg.max_retry_after_s:g})",
             )
-        self._paused_until = max(self._paused_until, time.monotonic() + retry_after)
+        self.limiter.paused_until = max(self.limiter.paused_until, time.monotonic() + retry_after)
         return CallFailed(kind, f"status {status}, Retry-After {retry_after:g} s", retry_after=retry_after)
 
 

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 from asyncrl import wire
 from asyncrl.config import RunConfig
 from asyncrl.rewards.budget import RateBudgets, budget_id
+from asyncrl.rewards.config import RewardSpec
 from asyncrl.rewards.process import build_rewards
+from asyncrl.rewards.registry import build_reward
 from asyncrl.rewards.worker import RewardWorker
 from asyncrl.wire.endpoints import Endpoints
 from asyncrl.wire.sockets import StreamReceiver, StreamSender
@@ -85,3 +87,39 @@ def test_two_workers_never_exceed_the_shared_budget_at_the_judge():
     arrivals = sorted(server.arrivals)
     busiest = max(sum(1 for t in arrivals if start <= t < start + 1.0) for start in arrivals)
     assert busiest <= RPM / 60 + RPM * BURST_S / 60, busiest
+
+
+def test_rewards_of_one_worker_on_one_budget_share_its_slots_and_a_retry_after():
+    def behaviour(key, attempt, body):
+        if key == "limited/0" and attempt == 1:
+            return ("status", 429, 0.5)  # the key is rate limited: every reward on it waits
+        return ("sleep", 0.05, 1.0)
+
+    server = FaultServer(behaviour)
+    budgets = RateBudgets()
+    options = {"url": server.url, "concurrency": 2, "max_retries": 1, "backoff_base_s": 0.01}
+    judge, scorer = (
+        build_reward(
+            RewardSpec(kind="http_json", name=name, options={**options, "url": server.url + path}), None, budgets
+        )
+        for name, path in (("judge", "/a"), ("scorer", "/b"))
+    )
+    assert judge.client.limiter is scorer.client.limiter  # one host, no key variable: one budget
+
+    async def run():
+        await asyncio.gather(judge.score(make_group("both", n=6)), scorer.score(make_group("also", n=6)))
+        limited = asyncio.ensure_future(judge.score(make_group("limited", n=1)))
+        await until(lambda: server.attempts["limited/0"] == 1, 5, "the 429")
+        refused_at = time.monotonic()
+        await asyncio.sleep(0.05)
+        await scorer.score(make_group("after", n=1))
+        await limited
+        return refused_at
+
+    try:
+        refused_at = asyncio.run(run())
+    finally:
+        server.close()
+    assert server.max_in_flight <= 2, server.max_in_flight  # not 2 per reward
+    after = [t for t, h in zip(server.arrivals, server.headers) if h["Idempotency-Key"] == "scorer:after/0"]
+    assert after and after[0] >= refused_at + 0.4, after[0] - refused_at  # paused by the judge's 429
