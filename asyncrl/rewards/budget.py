@@ -28,6 +28,10 @@ config's limits.
 
 During a change, for up to one turn of the loops (a few ms), the old shares and the new one
 overlap; the token buckets bound what that can cost to one bucket (``burst_s`` of the rate) per worker.
+An owner restarted by the controller knows no worker at first and takes the whole budget, while
+the others keep their old shares until their leases run out (``lease_timeout_s``), then
+``unleased_share`` until their next request for work reaches it (``request_timeout_s``): for those
+few seconds the API may see more than the budget.
 """
 
 from __future__ import annotations
