@@ -8,6 +8,10 @@ CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
 
 def test_a_slow_test_not_marked_slow_fails_and_a_marked_one_passes(pytester, monkeypatch):
     monkeypatch.setenv("ASYNCRL_FAST_TEST_LIMIT_S", "0.2")
+    # The copied conftest imports tests.scheduling from this repository; the inner run is no worker
+    # of this one (under pytest-xdist it would share this run's locks).
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     limit = 0.2 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
     nap = 2 * limit + 0.3  # past the limit, even if the load rises meanwhile
     pytester.makeconftest(CONFTEST)
