@@ -10,6 +10,7 @@ from asyncrl.rewards.registry import RewardSpec, build_reward
 from tests.factories import make_group
 
 
+@pytest.mark.slow  # the first transformers model of a process: ~6 s of imports where no test loaded one before
 def test_a_tiny_reward_model_scores_groups_batched(tmp_path):
     path = build_tiny_reward_model(tmp_path / "rm")
     spec = RewardSpec(kind="reward_model", name="rm", options={"path": str(path), "batch_size": 3})
