@@ -11,9 +11,10 @@ Two rules, both held by ``flock`` on files named for the run, so they span the w
   clusters, whose head processes and session folders are not meant to share a machine).
 
 The order: pytest-xdist hands out whole modules (``--dist loadscope``: a module's fixtures, such
-as a running engine, are built once) in the order collected, which is the longest first by
-``tests/durations.txt`` (``alone`` modules ahead of all: the other worker runs the quick modules
-beside them), the modules the record lacks after those measured.
+as a running engine, are built once) in the order collected: ``alone`` modules first, then the
+modules without a slow test (the other worker runs them beside the ``alone`` ones, which leave no
+room for a slow test), then the rest longest first by ``tests/durations.txt``, the modules the
+record lacks after those measured.
 
 Outside pytest-xdist (``pytest -p no:xdist``, or ``-n 0``) no lock is taken and the order is the
 same. Each wait is bounded by ``LOCK_WAIT_S`` and fails naming the lock it waited for.
@@ -51,18 +52,23 @@ def recorded_seconds(path: Path = DURATIONS) -> dict[str, float]:
 
 
 def longest_first(items: list, root: Path, seconds: dict[str, float]) -> list:
-    """``items`` grouped by module, modules holding an ``alone`` test first, then by recorded
-    seconds, longest first; modules the record lacks keep their collected order after those."""
+    """``items`` grouped by module: modules holding an ``alone`` test first, then those without a
+    slow test, then by recorded seconds, longest first; within each, modules the record lacks keep
+    their collected order after those measured."""
     order: dict[str, int] = {}
     alone: set[str] = set()
+    slow: set[str] = set()
     for item in items:
         module = module_of(item, root)
         order.setdefault(module, len(order))
         if item.get_closest_marker("alone") is not None:
             alone.add(module)
+        if item.get_closest_marker("slow") is not None:
+            slow.add(module)
 
     def key(module: str) -> tuple:
-        return (module not in alone, module not in seconds, -seconds.get(module, 0.0), order[module])
+        tier = 0 if module in alone else 1 if module not in slow else 2
+        return (tier, module not in seconds, -seconds.get(module, 0.0), order[module])
 
     rank = {module: i for i, module in enumerate(sorted(order, key=key))}
     return sorted(items, key=lambda item: rank[module_of(item, root)])  # stable within a module

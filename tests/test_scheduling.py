@@ -30,23 +30,33 @@ def item(module: str, *marks: str, serial: str | None = None) -> Item:
     return Item(fspath=str(ROOT / module), marks=made, module=module)
 
 
-def test_modules_run_alone_ones_first_then_longest_first_then_unrecorded_in_order(tmp_path):
+def test_modules_run_alone_ones_first_then_quick_ones_then_longest_first_then_unrecorded(tmp_path):
     record = tmp_path / "durations.txt"
     record.write_text(
         "# header\n  10.00  passed  tests/a.py::t1\n  30.00  passed  tests/b.py::t\n  25.00  passed  tests/a.py::t2\n"
+        "   1.00  passed  tests/q.py::t\n"
     )
     seconds = scheduling.recorded_seconds(record)
-    assert seconds == {"tests/a.py": 35.0, "tests/b.py": 30.0}
+    assert seconds == {"tests/a.py": 35.0, "tests/b.py": 30.0, "tests/q.py": 1.0}
     items = [
-        item("tests/new2.py"),
-        item("tests/b.py"),
+        item("tests/new2.py", "slow"),
+        item("tests/b.py", "slow"),
         item("tests/a.py"),
-        item("tests/new1.py"),
-        item("tests/r.py", "alone"),
+        item("tests/new1.py", "slow"),
+        item("tests/q.py"),
+        item("tests/r.py", "slow", "alone"),
     ]
-    items.insert(3, item("tests/a.py"))
+    items.insert(3, item("tests/a.py", "slow"))
     ordered = [i.module for i in scheduling.longest_first(items, ROOT, seconds)]
-    assert ordered == ["tests/r.py", "tests/a.py", "tests/a.py", "tests/b.py", "tests/new2.py", "tests/new1.py"]
+    assert ordered == [
+        "tests/r.py",
+        "tests/q.py",
+        "tests/a.py",
+        "tests/a.py",
+        "tests/b.py",
+        "tests/new2.py",
+        "tests/new1.py",
+    ]
     assert scheduling.recorded_seconds(tmp_path / "missing.txt") == {}
 
 
