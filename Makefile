@@ -17,7 +17,7 @@ WORKERS := -n 2 --dist loadscope --no-loadscope-reorder
 test: setup
 	$(PY) -m pytest -q $(WORKERS) $(ARGS)
 
-# Everything but the tests marked slow (real processes, vLLM, DeepSpeed, Ray): a few minutes on 2 cores.
+# Everything but the tests marked slow (real processes, vLLM, DeepSpeed, Ray): ~100 s on 2 cores.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(WORKERS) $(ARGS)
 

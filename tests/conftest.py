@@ -7,9 +7,9 @@ busier than its cores (load average above the CPU count) the limit stretches by 
 guard is for tests that belong among the slow ones, not for a shared host's noise
 (``ASYNCRL_FAST_TEST_LIMIT_S`` sets the base).
 
-``make test`` runs on two workers (pytest-xdist); ``tests/scheduling.py`` orders the modules,
-longest first, and keeps the heavy tests from running beside each other (markers ``alone`` and
-``serial``).
+``make test`` runs on two workers (pytest-xdist); ``tests/scheduling.py`` orders the modules
+(the rehearsal, the quick ones, then the longest first) and keeps the heavy tests from running
+beside each other (markers ``alone`` and ``serial``).
 
 Fixtures every test folder shares sit here too (``smollm2_dir``: a real pretrained model)."""
 
