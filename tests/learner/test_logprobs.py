@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from transformers import Qwen2ForCausalLM  # noqa: F401  imported at collection, not charged to the first test (~4 s)
 
 from asyncrl.learner.batch import token_logprobs
 from asyncrl.learner.logprobs import TokenDistribution, token_scores, truncation_mask

@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 import torch
+from transformers import Qwen2ForCausalLM  # noqa: F401  imported at collection, not charged to the first test (~4 s)
 
 from asyncrl.learner.batch import collate
 from asyncrl.learner.logprobs import token_scores
