@@ -1,7 +1,8 @@
 """A learner of two DeepSpeed ranks in whole runs: it checkpoints per rank, resumes as a group
 and trains every group once; a killed rank takes the group back to its checkpoint and nothing is
-lost; a rank stuck in a collective is named, and the group restored. The generators are
-simulated (random tokens from the tiny model's vocabulary), every other process is real.
+lost; a rank stuck in a collective is named, and the group restored (both faults in one run).
+The generators are simulated (random tokens from the tiny model's vocabulary), every other
+process is real.
 """
 
 import json
@@ -63,39 +64,39 @@ def test_two_ranks_at_zero3_resume_as_a_group_and_train_each_group_once(tmp_path
         assert (exported[name] - tensor).abs().max().item() < 1e-6, name
 
 
-def test_killed_learner_rank_restores_the_group_and_loses_nothing(tmp_path):
-    cfg = load_config("configs/demo.yaml", [f"run.root={tmp_path}", "learner.total_steps=15", *TWO_RANKS])
-    controller = Controller(cfg)
-    killed: list[str] = []
-    threading.Thread(target=kill_at_steps, args=(controller, [(7, "learner-1")], killed), daemon=True).start()
-    summary = controller.run()
-    assert killed == ["learner-1"]
-    deaths = [d["name"] for d in summary["deaths"]]
-    # rank 0 may die too, of the collective rank 1 left: one restore either way
-    assert deaths[0] == "learner-1" and set(deaths) <= {"learner-1", "learner"} and summary["restores"] == 1
-    assert summary["learner_steps"] == 15 and summary["reconciles"], summary
-    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["trained_twice"] == 0, summary["ledger"]
-
-
-def test_a_rank_stuck_outside_the_collectives_is_named_and_the_group_restored(tmp_path):
-    """SIGSTOP rank 1: rank 0 waits in its next collective until the timeout, then fails naming
-    the collective and where each rank last was; supervision restores the group (the stopped
-    rank is killed with the rest)."""
-    overrides = ["learner.total_steps=12", "learner.trainer.collective_timeout_s=10"]
+def test_a_killed_rank_and_a_stuck_rank_each_restore_the_group_and_lose_nothing(tmp_path):
+    """Two faults in one run of two ranks. SIGKILL rank 1 at step 5: the group goes back to its
+    checkpoint (rank 0 may die too, of the collective rank 1 left). Then SIGSTOP rank 1 at step 10:
+    rank 0 waits in its next collective until the timeout, then fails naming the collective and
+    where each rank last was; supervision restores the group again (the stopped rank is killed
+    with the rest). Every group is still trained once."""
+    overrides = ["learner.total_steps=15", "learner.trainer.collective_timeout_s=10"]
     cfg = load_config("configs/demo.yaml", [f"run.root={tmp_path}", *TWO_RANKS, *overrides])
     controller = Controller(cfg)
-    stopped: list[int] = []
+    faults: list[str] = []
 
-    def stop_rank_1():
-        wait_until(lambda: controller.progress.steps_seen >= 6, "the learner's step 6", timeout=600, interval=0.05)
-        pid = controller.fleet.pid("learner-1")
-        os.kill(pid, signal.SIGSTOP)
-        stopped.append(pid)
+    def kill_then_stop_rank_1():
+        kill_at_steps(controller, [(5, "learner-1")], faults)
+        wait_until(
+            lambda: (
+                controller.progress.steps_seen >= 10
+                and controller.supervisor.training
+                and not controller.supervisor.restart_due
+            ),
+            "the learner's step 10 after the first restore, to stop rank 1",
+            timeout=600,
+            interval=0.05,
+        )
+        os.kill(controller.fleet.pid("learner-1"), signal.SIGSTOP)
+        faults.append("stopped learner-1")
 
-    threading.Thread(target=stop_rank_1, daemon=True).start()
+    threading.Thread(target=kill_then_stop_rank_1, daemon=True).start()
     summary = controller.run()
-    assert stopped and summary["restores"] == 1
-    assert summary["learner_steps"] == 12 and summary["reconciles"], summary
+    assert faults == ["learner-1", "stopped learner-1"]
+    deaths = [d["name"] for d in summary["deaths"]]
+    assert deaths[0] == "learner-1" and set(deaths) <= {"learner-1", "learner"}, deaths
+    assert summary["restores"] == 2
+    assert summary["learner_steps"] == 15 and summary["reconciles"], summary
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["trained_twice"] == 0, summary["ledger"]
     log = (tmp_path / cfg.run.name / "logs" / "learner.log").read_text()
     assert "collective" in log and "rank 1: " in log, log[-2000:]
