@@ -124,7 +124,9 @@ def test_failed_groups_are_requeued_then_dropped_by_reason(tmp_path):
 
 def test_a_worker_hot_plugged_into_a_training_run_is_in_its_ledger(tmp_path):
     """``asyncrl reward-worker --connect RUN_DIR`` joins a controller's run mid-training; the run's
-    stop reaches it too, and the summary's ledger reconciles with its counts in."""
+    stop reaches it too, and the summary's ledger reconciles with its counts in. The engines and
+    the learner are simulated (``configs/bench_pipeline.yaml``): what is tested is the reward
+    path, and every process on it is real."""
     import threading
 
     from asyncrl.config import load_config
@@ -133,18 +135,17 @@ def test_a_worker_hot_plugged_into_a_training_run_is_in_its_ledger(tmp_path):
     server = FaultServer(lambda key, attempt, body: ("sleep", 0.2, 1.0))
     spec = {"kind": "http_json", "name": "scorer", "options": {"url": server.url, "timeout_s": 5}}
     cfg = load_config(
-        "configs/demo.yaml",
+        "configs/bench_pipeline.yaml",
         [
             f"run.root={tmp_path}",
             "run.name=hot",
+            "run.console=quiet",
             "learner.total_steps=6",
             "learner.batch_groups=2",
             "generator.prompts_per_batch=4",
             "sampling.n=4",
+            "sampling.max_tokens=64",
             "buffer.max_staleness=null",
-            "sft.steps=20",
-            "eval.num_prompts=10",
-            "learner.trainer.zero_stage=0",
             "run.num_generators=1",
             "reward.concurrency=1",
         ],
