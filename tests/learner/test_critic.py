@@ -19,7 +19,7 @@ from asyncrl.learner.config import AlgorithmConfig, CriticConfig, TrainerConfig 
 from asyncrl.learner.critic import CriticTrainer, token_rewards  # noqa: E402
 from asyncrl.learner.losses import value_loss  # noqa: E402
 from asyncrl.learner.trainer import PolicyTrainer  # noqa: E402
-from tests.learner.test_trainer import make_groups  # noqa: E402
+from tests.learner.trainer.steps import make_groups  # noqa: E402
 
 
 @pytest.fixture(scope="module")
