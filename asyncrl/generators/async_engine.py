@@ -25,6 +25,11 @@ Why it is built this way:
 - **The weights travel to the engine process without pickled tensors.** ``AsyncLLM`` runs its
   engine core in a child process; ``WeightLoaderExtension`` (a vLLM worker extension) maps
   shared-memory buckets itself (zero copy), or takes each bucket as raw bytes, or a directory.
+- **The engine core is forked** (``engine.core_start_method``). vLLM's CPU backend asks for spawn
+  while it builds its config, and a spawned core imports vLLM again (~9 s on a 2-core host, for
+  every engine started); the start method is set back after the config is built, before the core
+  starts. vLLM itself still spawns where CUDA is initialised or inside a Ray actor. The core
+  forked from a component watches it like any child (``asyncrl.fleet.process_tree``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import mmap
+import os
 import threading
 import time
 import uuid
@@ -143,7 +149,9 @@ class AsyncVLLMEngine:
         args = AsyncEngineArgs(**engine_args(model_dir, cfg), worker_extension_cls=EXTENSION)
 
         async def build():  # stat_loggers: vLLM stat logger factories (asyncrl.generators.vllm_stream)
-            return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
+            vllm_config = args.create_engine_config()  # where vLLM's CPU backend asks for spawn
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = cfg.core_start_method  # read as the core starts
+            return AsyncLLM.from_vllm_config(vllm_config, stat_loggers=stat_loggers)
 
         self._llm = self._call(build(), "the engine to start")
         self._call(self._llm.update_weight_version(str(version)), "the engine to take its weight version")

@@ -2,8 +2,9 @@
 ``VLLM::EngineCore``) is SIGKILLed: no process of its tree survives.
 
 The generator is started as the controller starts it (``ProcessFleet``, the components'
-environment), on the project's tiny model, with either of vLLM's start methods: ``fork`` (a CPU)
-and ``spawn`` (forced once CUDA is initialised). Its tree is read from /proc once the engine is ready;
+environment), on the project's tiny model, with either start method of its engine core
+(``engine.core_start_method``): ``fork`` (the default; a CPU) and ``spawn`` (what vLLM forces once
+CUDA is initialised or inside a Ray actor). Its tree is read from /proc once the engine is ready;
 after the kill nobody reaps or kills anything for a while, so what ends the engine core is its
 own watch of its parent (``asyncrl.fleet.process_tree``); then the fleet finds the generator dead
 (exit -9) and its group empty."""
@@ -25,18 +26,24 @@ from tests.integration.harness import Harness
 pytestmark = pytest.mark.slow  # a real vLLM engine (~30 s to start on this CPU)
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])  # vLLM forks on a CPU, spawns once CUDA is up
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])  # fork on a CPU, spawn once CUDA is up
 def test_a_sigkilled_generator_leaves_no_process_of_its_tree(tmp_path, start_method):
     from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     model = build_tiny_model(TinyModelConfig(), tmp_path / "model")
     cfg = load_config(
         "configs/demo.yaml",
-        [f"run.root={tmp_path}", "run.name=orphans", f"model.path={model}", "generator.mode=continuous"],
+        [
+            f"run.root={tmp_path}",
+            "run.name=orphans",
+            f"model.path={model}",
+            "generator.mode=continuous",
+            f"engine.core_start_method={start_method}",
+        ],
     )
     run_dir = tmp_path / "orphans"
     h = Harness(run_dir, cfg)  # writes the config and endpoints, and hears the generator's events
-    fleet = ProcessFleet(run_dir, model, {**child_env(run_dir), "VLLM_WORKER_MULTIPROC_METHOD": start_method})
+    fleet = ProcessFleet(run_dir, model, child_env(run_dir))
     tree: list[int] = []
     try:
         fleet.start("generator", "generator-0")

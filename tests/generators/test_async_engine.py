@@ -53,6 +53,14 @@ def engine(models):
     e.close()
 
 
+def test_the_engine_core_is_forked_where_vllms_cpu_backend_asks_for_spawn(engine):
+    """``engine.core_start_method`` (fork by default) is how the core process started, though vLLM's
+    CPU backend sets spawn while it builds its config: a spawned core would import vLLM again."""
+    cores = engine._llm.engine_core.resources.engine_manager.processes  # vLLM's multiprocessing handles
+    assert [type(p._popen).__module__ for p in cores] == ["multiprocessing.popen_fork"]
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
 def _tokens_so_far(engine) -> int:
     """Most output tokens any running request has (vLLM's output processor: a test-only peek)."""
     states = list(engine._llm.output_processor.request_states.values())
