@@ -7,7 +7,7 @@ and the caller owns the accumulation boundary: before each micro batch's backwar
 ``engine.backward(loss, scale_wrt_gas=False)``, and ``optimizer_update`` once at the end. The
 boundary flag tells ZeRO-1/2 when to move the summed gradients into the optimizer's partitions
 (and a multi-rank ZeRO-0 when to all-reduce); marking every micro batch a boundary makes stages
-1 and 2 drift from a full-batch step, which ``tests/learner/test_trainer.py`` catches.
+1 and 2 drift from a full-batch step, which ``tests/learner/trainer/test_zero_stages.py`` catches.
 
 The learning rate is set by hand before each update from the schedule
 (``asyncrl.learner.lr_schedule``) at the number of updates taken, rather than by a DeepSpeed
