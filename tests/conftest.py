@@ -69,7 +69,8 @@ def pytest_runtest_makereport(item, call):
     if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
         return
     wall = getattr(item, "_asyncrl_setup_s", 0.0) + call.duration
-    queued = max(0.0, run_queue_wait_s() - getattr(item, "_asyncrl_queued_s", run_queue_wait_s()))
+    now = run_queue_wait_s()
+    queued = max(0.0, now - getattr(item, "_asyncrl_queued_s", now))
     took = wall - queued
     limit = fast_limit_s()
     if took > limit:
