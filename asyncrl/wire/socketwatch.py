@@ -126,6 +126,15 @@ class _Watcher:
                 self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except zmq.ZMQError as error:
+            # The process is shutting ZeroMQ down: the context is terminated, or destroyed with
+            # the monitor sockets closed under this thread. Nothing is left to watch.
+            if not isinstance(error, zmq.ContextTerminated) and error.errno != zmq.ENOTSOCK:
+                raise
+
+    def _watch(self) -> None:
         poller = zmq.Poller()
         watched: dict[zmq.Socket, _Watched] = {}
         while True:

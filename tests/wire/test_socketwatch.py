@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import zmq
 
 from asyncrl.wire.socketwatch import CUT_WINDOW_S, _Watched
@@ -53,3 +56,22 @@ def test_on_a_connecting_socket_a_drop_never_retried_is_counted_and_a_peer_that_
     assert seen == []
     w.tick(30.0 + 2 * CUT_WINDOW_S)
     assert seen == ["oversized"]
+
+
+def test_a_process_that_destroys_its_context_ends_without_a_traceback_from_the_watcher():
+    # Every process of a run ends by destroying its ZeroMQ context; the watcher thread then wakes
+    # in ``poll`` to ContextTerminated, which must end it quietly rather than print a traceback
+    # into every log.
+    code = """
+import time, zmq
+from asyncrl.wire.socketwatch import watch
+ctx = zmq.Context()
+sock = ctx.socket(zmq.PULL)
+sock.bind("tcp://127.0.0.1:0")
+watch(sock, "pull", curve=False, cuts=False, on_reject=lambda reason, detail: None)
+time.sleep(0.3)
+ctx.destroy(linger=0)
+time.sleep(0.6)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
