@@ -27,7 +27,9 @@ class TrainBatch:
     """(B, L) int64, 1 on prompt and response tokens, 0 on padding."""
     response_mask: torch.Tensor
     """(B, L-1) float32, 1 at position t when ``input_ids[:, t+1]`` is a response token that is
-    trained on (from the sample's ``trained_from`` on: earlier ones were too stale)."""
+    trained on: the policy sampled it (an episode's ``loss_mask``: observation and tool tokens
+    are context only) and it is from the sample's ``trained_from`` on (earlier ones were too
+    stale). Every loss, aggregation and statistic reads the tokens through this mask."""
     behaviour_logprobs: torch.Tensor
     """(B, L-1) float32 generator log-probabilities of ``input_ids[:, t+1]``; 0 off the response."""
     advantages: torch.Tensor
@@ -37,9 +39,9 @@ class TrainBatch:
     ``version_segments``: a weight update swapped in while it was sampled); off the response,
     the row's ``policy_version``."""
     policy_version: torch.Tensor
-    """(B,) int64 version of each sequence's oldest trained response token: its staleness is
+    """(B,) int64 version of each sequence's oldest trained policy token: its staleness is
     measured from it (the group's ``policy_version`` unless the sample's segments start later or
-    its oldest ones are masked; a row with none trained: its oldest token's)."""
+    its oldest ones are masked; a row with none trained: its oldest policy token's)."""
     group_index: torch.Tensor
     """(B,) int64 index of each sequence's group in the list given to ``collate``."""
 
@@ -83,7 +85,7 @@ def collate(
         raise ValueError("groups is empty: a batch needs at least one group")
     if len(advantages) != len(groups):
         raise ValueError(f"advantages has {len(advantages)} rows, must have one per group ({len(groups)})")
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, int, int]] = []
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, int, int, np.ndarray | None]] = []
     for g_index, group in enumerate(groups):
         if len(group.prompt_ids) == 0:
             raise ValueError(f"group {group.group_id}: prompt_ids is empty, must hold at least one token")
@@ -96,7 +98,16 @@ def collate(
             adv = float(advantages[g_index][i])
             versions = token_versions(sample, group.policy_version)  # (T,)
             rows.append(
-                (group.prompt_ids, sample.response_ids, sample.logprobs, adv, versions, sample.trained_from, g_index)
+                (
+                    group.prompt_ids,
+                    sample.response_ids,
+                    sample.logprobs,
+                    adv,
+                    versions,
+                    sample.trained_from,
+                    g_index,
+                    sample.loss_mask,
+                )
             )
 
     B = len(rows)
@@ -111,7 +122,7 @@ def collate(
     behaviour_version = np.zeros((B, L - 1), dtype=np.int64)
     policy_version = np.zeros(B, dtype=np.int64)
     group_index = np.zeros(B, dtype=np.int64)
-    for b, (prompt, response, logprobs, adv, versions, trained_from, g_index) in enumerate(rows):
+    for b, (prompt, response, logprobs, adv, versions, trained_from, g_index, loss_mask) in enumerate(rows):
         P, T = len(prompt), len(response)
         input_ids[b, :P] = prompt
         input_ids[b, P : P + T] = response
@@ -119,9 +130,16 @@ def collate(
         # Response token j sits at position P + j and is predicted from position P + j - 1;
         # tokens before trained_from stay as context, out of the loss.
         response_mask[b, P - 1 + trained_from : P - 1 + T] = 1.0
+        if loss_mask is not None:  # a multi-turn episode: observation and tool tokens are context only
+            response_mask[b, P - 1 : P - 1 + T] *= loss_mask
         behaviour_logprobs[b, P - 1 : P - 1 + T] = logprobs
         advantage_rows[b, :] = adv
-        trained = versions[trained_from:] if trained_from < T else versions
+        # Staleness is the oldest policy token's: an observation token was sampled by no policy.
+        own = versions if loss_mask is None or not loss_mask.any() else versions[loss_mask != 0]
+        own_from = (
+            versions[trained_from:] if loss_mask is None else versions[trained_from:][loss_mask[trained_from:] != 0]
+        )
+        trained = own_from if len(own_from) else own
         oldest = int(trained.min()) if T else groups[g_index].policy_version
         behaviour_version[b, :] = oldest
         behaviour_version[b, P - 1 : P - 1 + T] = versions
@@ -142,12 +160,20 @@ def collate(
 def stale_samples(group: Group) -> list[str]:
     """Uids of ``group``'s samples with no token trained: every one was past the staleness bound
     (``Sample.trained_from`` at the end of a non-empty answer). They count as dropped, ``stale``."""
-    return [s.uid for s in group.samples if 0 < len(s.response_ids) <= s.trained_from]
+    return [s.uid for s in group.samples if trains_nothing(s)]
 
 
 def fully_masked(groups: list[Group]) -> torch.Tensor:
     """(B,) bool in ``collate``'s order: the rows of ``stale_samples``."""
-    return torch.tensor([0 < len(s.response_ids) <= s.trained_from for g in groups for s in g.samples])
+    return torch.tensor([trains_nothing(s) for g in groups for s in g.samples])
+
+
+def trains_nothing(sample) -> bool:
+    """True when ``sample`` has policy tokens but none from its ``trained_from`` on (every one
+    was past the staleness bound); an empty answer is not one of them."""
+    if sample.loss_mask is None:
+        return 0 < len(sample.response_ids) <= sample.trained_from
+    return bool(sample.loss_mask.any()) and not sample.loss_mask[sample.trained_from :].any()
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

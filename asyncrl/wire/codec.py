@@ -125,16 +125,17 @@ def _decode_open(cls: type[Message], frame: bytes) -> Message:
 
 
 def upgrade(frame: bytes) -> bytes:
-    """A stored frame of schema 1 rewritten as this schema's: each group's ``sampled_at``,
+    """A stored frame of schema 1 or 2 rewritten as this schema's: each group's ``sampled_at``,
     ``greedy_text``, ``greedy_reward``, ``unscored_reason`` and ``unscored_detail`` moved from its
-    ``meta`` to their fields. A frame of this schema (or one that is not a map of schema 1) comes
-    back as is, for ``decode`` to judge. For what this package wrote to disk (buffer snapshots);
+    ``meta`` to their fields (schema 1); schema 3 only added optional fields, so a frame of schema
+    2 is restamped. A frame of this schema (or one that is not a map of an older one) comes back
+    as is, for ``decode`` to judge. For what this package wrote to disk (buffer snapshots);
     the sockets refuse older schemas."""
     try:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception:  # garbage is decode's to reject, with its reason
         return frame
-    if type(body) is not dict or body.get("schema") != 1:
+    if type(body) is not dict or body.get("schema") not in (1, 2):
         return frame
     groups = [body.get("group")] + list(body.get("groups") or [])
     for group in groups:

@@ -21,11 +21,17 @@ by producing and consuming these maps:
   ``unscored_reason`` / ``unscored_detail`` (why its rewards failed); ``meta`` keeps free-form notes
   only (the names of the rewards that scored it, its requeues).
 
-Schema 2 declared those group fields; schema 1 carried them in ``meta``. A frame of schema 1 is
-refused on the sockets like any other schema (``bad_schema``, with a message that says what
-changed: every process of a run runs one version), and migrated where it was stored: a buffer
-snapshot written under schema 1 is upgraded as it is restored (``asyncrl.wire.codec.upgrade``),
-so a checkpoint taken before the change still resumes.
+- A sample may be a multi-turn episode (schema 3): ``response_ids`` then hold every token after
+  the prompt, the model's turns and what the environment and tools answered between them, and
+  ``loss_mask`` (a (T,) uint8 array) marks the model's own tokens with 1; the others carry no
+  behaviour log-probability (0). ``episode_id``, ``turns``, ``tool_calls``, ``tool_errors`` and
+  ``env_reward`` describe the episode. All are optional on the wire (a single-turn answer omits them).
+
+Schema 2 declared the group fields above; schema 1 carried them in ``meta``. A frame of an older
+schema is refused on the sockets like any other schema (``bad_schema``, with a message that says
+what changed: every process of a run runs one version), and migrated where it was stored: a
+buffer snapshot written under schema 1 or 2 is upgraded as it is restored
+(``asyncrl.wire.codec.upgrade``), so a checkpoint taken before the change still resumes.
 
 Decoding validates (``codec.decode``): a frame that is not msgpack, has another schema, an unknown
 kind, wrongly typed or shaped fields, or non-finite logprobs raises ``WireError`` with the reason,
@@ -42,13 +48,16 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The wire protocol's version: every message carries it as ``schema``, and a receiver rejects any
 other (2: a group's ``sampled_at``, ``greedy_text``, ``greedy_reward``, ``unscored_reason`` and
-``unscored_detail`` are declared fields, no longer in its ``meta``)."""
+``unscored_detail`` are declared fields, no longer in its ``meta``; 3: a sample may be a
+multi-turn episode, its ``loss_mask`` marking the policy's own tokens)."""
 SCHEMA_CHANGES = {
     1: "schema 1 carried a group's sampled_at, greedy_text, greedy_reward, unscored_reason and "
     "unscored_detail in its meta; schema 2 declares them: run one asyncrl version in every process",
+    2: "schema 2 knew single-turn answers only; schema 3 carries multi-turn episodes (a sample's "
+    "loss_mask, episode_id, turns, tool_calls, tool_errors, env_reward): run one asyncrl version in every process",
 }
 """Why each older schema is refused: said in the ``bad_schema`` rejection."""
 MOVED_FROM_META = ("sampled_at", "greedy_text", "greedy_reward", "unscored_reason", "unscored_detail")
@@ -96,6 +105,25 @@ class Sample:
     each index on, up to the next, were sampled by that version. Starts at index 0, indices and
     versions strictly increasing, first version >= the group's. None: every token by the group's
     version. Optional on the wire (older senders omit it)."""
+    loss_mask: np.ndarray | None = None
+    """(T,) uint8, 1 where the policy sampled the token, 0 where it is context the episode put
+    there (an environment's observation, a tool's result, the chat template's turn markup): those
+    tokens are never trained on and carry no behaviour log-probability (0 in ``logprobs``). None:
+    every token is the policy's (a single-turn answer). Optional on the wire."""
+    episode_id: str | None = None
+    """The multi-turn episode this sample belongs to (``{group_id}/{index}``); None for a
+    single-turn answer. An episode whose every prompt extended the last one token for token is
+    one sample; one whose context was edited is several, linked by this id."""
+    turns: int = 1
+    """Model turns in this sample (1 for a single-turn answer)."""
+    tool_calls: int = 0
+    """Tool calls the model made in this sample's turns."""
+    tool_errors: int = 0
+    """Of those, the calls that ended in an error observation (a bad call, a tool that failed,
+    hung or returned garbage)."""
+    env_reward: float | None = None
+    """The reward the environment gave the episode (the sum of its steps'), read by the
+    ``environment`` reward kind; None: no environment scored it."""
     trained_from: int = 0
     """Index of the first token trained on: the tokens before it stay in the sequence as context
     but are out of the loss, because the versions that sampled them were past the staleness
@@ -242,11 +270,45 @@ def validate_sample(s: Sample, g: Group) -> None:
             raise WireError("bad_fields", f"sample {s.uid}: reward_parts and reward_seconds must be maps")
     if s.version_segments is not None:
         validate_segments(s.version_segments, len(s.response_ids), g.policy_version, s.uid)
+    if s.loss_mask is not None or s.episode_id is not None:
+        validate_episode(s)
     if type(s.trained_from) is not int or not 0 <= s.trained_from <= len(s.response_ids):
         raise WireError(
             "bad_fields",
             f"sample {s.uid}: trained_from ({s.trained_from!r:.40}) must be an int in [0, {len(s.response_ids)}] (its tokens)",
         )
+
+
+def validate_episode(s: Sample) -> None:
+    """A multi-turn sample's fields: ``loss_mask`` a 0/1 integer array shaped like
+    ``response_ids`` whose masked tokens carry no behaviour log-probability (0), the counters
+    non-negative ints, ``episode_id`` a string, ``env_reward`` finite."""
+    mask = s.loss_mask
+    if mask is not None:
+        if not isinstance(mask, np.ndarray) or mask.shape != s.response_ids.shape or mask.dtype.kind not in "biu":
+            raise WireError(
+                "bad_fields", f"sample {s.uid}: loss_mask must be an integer array shaped like response_ids"
+            )
+        if ((mask != 0) & (mask != 1)).any():
+            raise WireError("bad_fields", f"sample {s.uid}: loss_mask must hold only 0 and 1")
+        if (s.logprobs[mask == 0] != 0).any():
+            raise WireError(
+                "bad_fields", f"sample {s.uid}: a token out of the loss (loss_mask 0) must carry no logprob (0)"
+            )
+    if s.episode_id is not None and type(s.episode_id) is not str:
+        raise WireError("bad_fields", f"sample {s.uid}: episode_id ({s.episode_id!r:.40}) must be a string or absent")
+    for name in ("turns", "tool_calls", "tool_errors"):
+        if type(value := getattr(s, name)) is not int or value < 0:
+            raise WireError("bad_fields", f"sample {s.uid}: {name} ({value!r:.40}) must be an int >= 0")
+    if s.env_reward is not None and not (isinstance(s.env_reward, int | float) and math.isfinite(s.env_reward)):
+        raise WireError(
+            "nonfinite_reward", f"sample {s.uid}: env_reward ({s.env_reward!r:.40}) must be a finite number"
+        )
+
+
+def policy_tokens(sample: Sample) -> int:
+    """Tokens of ``sample`` the policy sampled (those its ``loss_mask`` keeps; all without one)."""
+    return len(sample.response_ids) if sample.loss_mask is None else int(np.count_nonzero(sample.loss_mask))
 
 
 def validate_segments(segments, num_tokens: int, policy_version: int, uid: str) -> None:

@@ -31,12 +31,12 @@ def test_the_group_fields_travel_declared():
     (_, msg) = wire.decode(wire.encode_group(g))
     assert (msg.group.sampled_at, msg.group.greedy_text, msg.group.unscored_reason) == (3.5, "4", "reward_failed: x: y")
     assert msg.group.greedy_reward is None and msg.group.meta == {}
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
 
 def test_a_schema_1_frame_is_refused_on_the_wire_saying_what_changed():
     with pytest.raises(
-        wire.WireError, match=r"schema \(1\) must be 2 \(schema 1 carried .*sampled_at.* in its meta"
+        wire.WireError, match=r"schema \(1\) must be 3 \(schema 1 carried .*sampled_at.* in its meta"
     ) as e:
         wire.decode(schema_1_frame())
     assert e.value.reason == "bad_schema"
