@@ -26,7 +26,7 @@ from asyncrl.buffer.config import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
 from asyncrl.dispatcher.config import DispatcherConfig
 from asyncrl.fleet.config import LauncherConfig, PlacementConfig, SupervisionConfig
-from asyncrl.generators.config import EngineConfig, GeneratorConfig, MockEngineConfig, SamplingConfig
+from asyncrl.generators.config import EngineConfig, EnvironmentConfig, GeneratorConfig, MockEngineConfig, SamplingConfig
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig, MockTrainerConfig
 from asyncrl.models.sft import SFTConfig
 from asyncrl.models.tiny import TinyModelConfig
@@ -112,6 +112,8 @@ class RunConfig(Config):
     """How answers are sampled (group size n, temperature, length)."""
     generator: GeneratorConfig = GeneratorConfig()
     """The generator loop."""
+    environment: EnvironmentConfig = EnvironmentConfig()
+    """Multi-turn episodes with an environment and tools (none: single-turn answers)."""
     dispatcher: DispatcherConfig = DispatcherConfig()
     """Prompt dispatch; admission uses ``buffer.max_staleness`` and ``learner.batch_groups``."""
     reward: RewardConfig = RewardConfig()
@@ -182,6 +184,32 @@ class RunConfig(Config):
                 "generator.partial_rollouts (resume) needs buffer.max_staleness (null): answers are resumed "
                 "for being past the staleness bound"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_environment(self) -> RunConfig:
+        """Episodes run on vLLM's async engine, one request per turn: continuous generation only,
+        not on the simulated engine; they are not yet resumed across updates or given ReMax's
+        greedy baseline."""
+        env = self.environment
+        if env.cls is None:
+            return self
+        needs = [
+            ("generator.mode", self.generator.mode, "continuous", self.generator.mode == "continuous"),
+            ("simulation.generator", "set", "null", self.simulation.generator is None),
+            (
+                "generator.partial_rollouts",
+                self.generator.partial_rollouts,
+                "off or mask",
+                self.generator.partial_rollouts != "resume",
+            ),
+            ("generator.greedy_baseline", self.generator.greedy_baseline, "false", not self.generator.greedy_baseline),
+        ]
+        for key, value, wanted, ok in needs:
+            if not ok:
+                raise ValueError(
+                    f"environment.cls ({env.cls}) needs {key} {wanted}, not {value}: episodes run one vLLM request a turn"
+                )
         return self
 
     @model_validator(mode="after")

@@ -5,9 +5,10 @@ config (``asyncrl.config``) imports this module and nothing else of the generato
 
 from __future__ import annotations
 
+import importlib
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
 
@@ -58,6 +59,50 @@ class GeneratorConfig(Config):
     none of its tokens is within the bound; ``resume``, as ``mask``, and a request still running
     at a weight update is also aborted and resumed under the new version from its tokens so far
     (AReaL's interruptible generation, ``asyncrl.generators.resume``)."""
+
+
+class EnvironmentConfig(Config):
+    """Multi-turn episodes: an environment answers each model turn (``asyncrl.generators.rollouts``)."""
+
+    cls: str | None = None
+    """The environment, ``module:Class`` (an ``Environment``, or a ``ToolEnvironment`` whose
+    methods are its tools), one instance per episode. None: single-turn answers."""
+    options: dict = Field(default_factory=dict)
+    """Keyword arguments of the class."""
+    max_turns: int = Field(4, ge=1)
+    """Model turns an episode may take; one that reaches it without the environment ending it
+    ends with finish reason ``length``."""
+    max_episode_tokens: int | None = Field(None, ge=1)
+    """Tokens after the prompt (the model's and the environment's) an episode may hold; each turn
+    samples at most ``sampling.max_tokens`` of them. None: what ``engine.max_model_len`` leaves
+    after the prompt."""
+    step_timeout_s: float = Field(30.0, gt=0)
+    """Seconds the environment may take to answer a turn (or to reset, or close); past it the
+    episode ends unscored, reason ``environment_timeout``."""
+    tool_format: Literal["hermes", "tag"] | None = None
+    """How a ``ToolEnvironment``'s tools are called in the model's text
+    (``asyncrl.generators.rollouts.tool_calls``). None: the class's own ``tool_format``."""
+    plain_template: str | None = None
+    """How the environment's messages are rendered for a model without a chat template (the
+    demo's): ``{content}`` (and ``{role}``) in a string, e.g. ``"\\n{content}\\n"``. None: the
+    model's chat template (a model without one: the bare content)."""
+
+    @field_validator("cls")
+    @classmethod
+    def _importable(cls, path: str | None) -> str | None:
+        """A wrong path fails when the config is read, naming it, not in a generator's start."""
+        if path is None:
+            return path
+        module_name, sep, name = path.partition(":")
+        if not sep or not module_name or not name:
+            raise ValueError(f"environment.cls ({path!r}) must be 'module:Class'")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ValueError(f"environment.cls ({path!r}): cannot import {module_name}: {e}") from e
+        if not isinstance(getattr(module, name, None), type):
+            raise ValueError(f"environment.cls ({path!r}): {module_name} has no class {name}")
+        return path
 
 
 REFUSED = {

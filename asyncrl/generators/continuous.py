@@ -218,7 +218,16 @@ class ContinuousLoop:
             self.per_group,
             gen.ctx.name,
         )
-        self.timeout = GroupTimeout(gcfg.group_timeout_s, self.cfg.sampling.max_tokens)
+        self.episodes = None  # multi-turn: each group is n episodes with an environment
+        turns = 1
+        if self.cfg.environment.cls is not None:
+            from asyncrl.generators.rollouts.episode_group import EpisodeGroups
+
+            self.episodes = EpisodeGroups(
+                stream.engine, self.cfg.environment, self.cfg.sampling, self.cfg.engine.max_model_len
+            )
+            turns = self.cfg.environment.max_turns
+        self.timeout = GroupTimeout(gcfg.group_timeout_s, self.cfg.sampling.max_tokens * turns)
         self.inflight: dict[str, _InFlight] = {}
         self.asked_at: float | None = None
         """time.monotonic() of the outstanding ask (None: none outstanding)."""
@@ -271,7 +280,10 @@ class ContinuousLoop:
         greedy_tokens = cfg.sampling.max_tokens if cfg.generator.greedy_baseline else None
         for row in gen.refuse_too_long(rows):
             seed = request_seed(cfg.run.seed, row["group_id"])  # reproducible per group
-            self.stream.submit(row["group_id"], row["text"], cfg.sampling, seed, greedy_tokens)
+            if self.episodes is not None:
+                self.stream.submit_episodes(row["group_id"], row, self.episodes, seed)
+            else:
+                self.stream.submit(row["group_id"], row["text"], cfg.sampling, seed, greedy_tokens)
             self.submitted += 1
             self.inflight[row["group_id"]] = _InFlight(row, time.monotonic(), time.time())
         self.note_busy()

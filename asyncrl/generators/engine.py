@@ -71,6 +71,16 @@ class Completion:
     resumed: int = 0
     """Times this answer was aborted and continued from its tokens so far under newer weights
     (``asyncrl.generators.resume``); 0 for an answer sampled in one request."""
+    loss_mask: np.ndarray | None = None
+    """(T,) uint8 for a multi-turn episode: 1 on the model's tokens, 0 on what the environment
+    answered (``asyncrl.generators.rollouts.episode``); None for a single answer."""
+    turns: int = 1
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_reward: float | None = None
+    """The environment's reward for the episode (None: no environment, or it failed)."""
+    env_error: str | None = None
+    """Why the environment failed the episode (it raised or timed out): the episode is unscored."""
 
 
 def tokens_prompts(tokenizer, prompts: list[str], max_model_len: int) -> list:

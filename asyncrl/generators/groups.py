@@ -29,6 +29,7 @@ def build_groups(
                 text=c.text,
                 finish_reason=c.finish_reason,
                 version_segments=None if seg == [[0, oldest]] else seg,
+                **episode_fields(c, f"{row['group_id']}/{i}"),
             )
             for i, (c, seg) in enumerate(zip(comps, segments))
         ]
@@ -49,6 +50,21 @@ def build_groups(
             )
         )
     return groups
+
+
+def episode_fields(c, episode_id: str) -> dict:
+    """A multi-turn episode's fields of its ``Sample`` (none for a single answer)."""
+    if c.loss_mask is None:
+        return {}
+    return dict(
+        loss_mask=c.loss_mask.astype(np.uint8),
+        episode_id=episode_id,
+        turns=c.turns,
+        tool_calls=c.tool_calls,
+        tool_errors=c.tool_errors,
+        env_reward=c.env_reward,
+        env_error=None if c.env_error is None else c.env_error[:200],
+    )
 
 
 def refuse_too_long(tokenizer, rows: list[PromptRow], max_model_len: int) -> tuple[list[PromptRow], list[PromptRow]]:

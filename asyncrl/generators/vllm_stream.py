@@ -197,6 +197,25 @@ class VLLMStream:
         except Exception as e:  # handed to the generator's thread by finished(): never swallowed
             self._done.put((key, None, None, e))
 
+    def submit_episodes(self, key: str, row, episodes, seed: int) -> None:
+        """Start the n episodes of ``row`` under ``key`` (``episodes``: the generator's
+        ``asyncrl.generators.rollouts.episode_group.EpisodeGroups``); they come back from
+        ``finished`` like a group's answers, one ``Completion`` per episode."""
+        if key in self._requests:
+            raise ValueError(f"request {key!r} is already running: keys must be unique")
+        (tokens,) = self.engine.tokenize_prompts([row["text"]])
+        prompt_ids = list(tokens["prompt_token_ids"])
+        self._requests[key] = self.engine.submit(self._episodes(key, episodes.sample(key, row, prompt_ids, seed)))
+        self._sequences[key] = episodes.sampling.n
+
+    async def _episodes(self, key: str, group) -> None:
+        try:
+            self._done.put((key, await group, None, None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # handed to the generator's thread by finished(): never swallowed
+            self._done.put((key, None, None, e))
+
     async def _answers(self, key: str, tokens, params) -> list[Completion]:
         if self.answers_apart:
             return await resumable_answers(self.engine, tokens["prompt_token_ids"], params, key)

@@ -14,7 +14,9 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
 
-RewardKind = Literal["exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model", "python"]
+RewardKind = Literal[
+    "exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model", "python", "environment"
+]
 
 
 class RewardSpec(Config):
@@ -22,7 +24,8 @@ class RewardSpec(Config):
 
     kind: RewardKind = "exact_match"
     """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF),
-    python (a function you write: ``options.function: module:function``)."""
+    python (a function you write: ``options.function: module:function``), environment (what a
+    multi-turn episode's environment gave it: ``environment.cls``)."""
     name: str | None = None
     """Name in metrics and ``Sample.reward_parts``; defaults to the kind."""
     weight: float = 1.0

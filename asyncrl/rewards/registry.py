@@ -44,4 +44,8 @@ def build_reward(spec: RewardSpec, task_metadata: dict[str, dict] | None = None,
         from asyncrl.rewards.function import PythonReward, PythonRewardConfig
 
         return PythonReward(spec.label, PythonRewardConfig(**spec.options), task_metadata)
+    if spec.kind == "environment":
+        from asyncrl.rewards.environment import EnvironmentReward
+
+        return EnvironmentReward(spec.label, **spec.options)
     raise ValueError(f"kind ({spec.kind!r}) must be one of {RewardKind.__args__}")

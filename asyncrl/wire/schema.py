@@ -24,8 +24,8 @@ by producing and consuming these maps:
 - A sample may be a multi-turn episode (schema 3): ``response_ids`` then hold every token after
   the prompt, the model's turns and what the environment and tools answered between them, and
   ``loss_mask`` (a (T,) uint8 array) marks the model's own tokens with 1; the others carry no
-  behaviour log-probability (0). ``episode_id``, ``turns``, ``tool_calls``, ``tool_errors`` and
-  ``env_reward`` describe the episode. All are optional on the wire (a single-turn answer omits them).
+  behaviour log-probability (0). ``episode_id``, ``turns``, ``tool_calls``, ``tool_errors``,
+  ``env_reward`` and ``env_error`` describe the episode. All are optional on the wire (a single-turn answer omits them).
 
 Schema 2 declared the group fields above; schema 1 carried them in ``meta``. A frame of an older
 schema is refused on the sockets like any other schema (``bad_schema``, with a message that says
@@ -57,7 +57,7 @@ SCHEMA_CHANGES = {
     1: "schema 1 carried a group's sampled_at, greedy_text, greedy_reward, unscored_reason and "
     "unscored_detail in its meta; schema 2 declares them: run one asyncrl version in every process",
     2: "schema 2 knew single-turn answers only; schema 3 carries multi-turn episodes (a sample's "
-    "loss_mask, episode_id, turns, tool_calls, tool_errors, env_reward): run one asyncrl version in every process",
+    "loss_mask, episode_id, turns, tool_calls, tool_errors, env_reward, env_error): run one asyncrl version in every process",
 }
 """Why each older schema is refused: said in the ``bad_schema`` rejection."""
 MOVED_FROM_META = ("sampled_at", "greedy_text", "greedy_reward", "unscored_reason", "unscored_detail")
@@ -124,6 +124,9 @@ class Sample:
     env_reward: float | None = None
     """The reward the environment gave the episode (the sum of its steps'), read by the
     ``environment`` reward kind; None: no environment scored it."""
+    env_error: str | None = None
+    """Why the environment failed the episode (it raised, or a step timed out; at most 200
+    characters): the ``environment`` reward leaves it unscored with this reason, never a 0."""
     trained_from: int = 0
     """Index of the first token trained on: the tokens before it stay in the sequence as context
     but are out of the loss, because the versions that sampled them were past the staleness
@@ -295,8 +298,9 @@ def validate_episode(s: Sample) -> None:
             raise WireError(
                 "bad_fields", f"sample {s.uid}: a token out of the loss (loss_mask 0) must carry no logprob (0)"
             )
-    if s.episode_id is not None and type(s.episode_id) is not str:
-        raise WireError("bad_fields", f"sample {s.uid}: episode_id ({s.episode_id!r:.40}) must be a string or absent")
+    for name in ("episode_id", "env_error"):
+        if (value := getattr(s, name)) is not None and type(value) is not str:
+            raise WireError("bad_fields", f"sample {s.uid}: {name} ({value!r:.40}) must be a string or absent")
     for name in ("turns", "tool_calls", "tool_errors"):
         if type(value := getattr(s, name)) is not int or value < 0:
             raise WireError("bad_fields", f"sample {s.uid}: {name} ({value!r:.40}) must be an int >= 0")

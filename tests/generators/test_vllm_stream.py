@@ -13,6 +13,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 import time  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
@@ -69,6 +70,45 @@ def test_an_aborted_group_leaves_the_engine(stream):
     stream.submit("after", PROMPT, seed=4, **exactly(2))
     ((key, completions, _),) = stream.finished(timeout=60)
     assert key == "after" and [len(c.response_ids) for c in completions] == [2, 2]
+
+
+def test_episodes_run_turn_by_turn_token_in_token_out(stream, monkeypatch):
+    """A group of multi-turn episodes (the guessing game): each turn is a request after exactly
+    the ids kept so far, the sampled ones as vLLM returned them and the environment's rendered
+    answers; only the model's tokens carry logprobs and the loss mask."""
+    from asyncrl.generators.config import EnvironmentConfig
+    from asyncrl.generators.rollouts.episode_group import EpisodeGroups
+
+    tokenizer = stream.engine.tokenizer
+    env = EnvironmentConfig(
+        cls="asyncrl.tasks.environments.guess_number:GuessNumber", max_turns=3, plain_template="\n{content}\n"
+    )
+    # Every printable character ends a turn (kept, text included): turns of one token, several per episode.
+    one_char = SamplingConfig(n=2, max_tokens=6, stop_token_ids=list(range(3, 99)), include_stop_str_in_output=True)
+    episodes = EpisodeGroups(stream.engine, env, one_char, max_model_len=256)
+    asked, sample_request = {}, stream.engine.sample_request
+
+    async def recording(prompt_ids, params, request_id, oldest=None):
+        asked[request_id] = list(prompt_ids)
+        return await sample_request(prompt_ids, params, request_id, oldest)
+
+    monkeypatch.setattr(stream.engine, "sample_request", recording)
+    stream.submit_episodes("ep", {"text": PROMPT, "answer": "7", "group_id": "ep"}, episodes, seed=7)
+    assert stream.running == 2
+    ((key, group, _),) = stream.finished(timeout=120)
+    prompt = tokenizer.encode(PROMPT)
+    assert key == "ep" and len(group) == 2
+    for index, episode in enumerate(group):
+        ids, mask = episode.response_ids.tolist(), episode.loss_mask.tolist()
+        starts = [t for t in range(len(ids)) if mask[t] and (t == 0 or not mask[t - 1])]
+        assert episode.turns == len(starts) >= 2  # nobody guesses 7 from random weights at once, mostly
+        for turn, start in enumerate(starts):
+            assert asked[f"ep/{index}/t{turn}"] == prompt + ids[:start]  # token in, token out
+        observations = [i for i, m in zip(ids, mask) if not m]
+        assert tokenizer.decode(observations).strip("\n").split("\n\n")[0] in ("a number?", "higher", "lower")
+        lp = episode.logprobs
+        assert np.all(lp[episode.loss_mask == 0] == 0) and np.all(lp[episode.loss_mask == 1] < 0)
+        assert episode.finish_reason in ("stop", "length") and episode.env_error is None
 
 
 def test_weights_swapped_while_a_group_runs_pass_the_probe_and_split_its_segments(stream, tmp_path):

@@ -64,7 +64,7 @@ def test_a_malformed_episode_is_rejected_naming_the_field(change, words):
 def schema_2_frame() -> bytes:
     body = msgpack.unpackb(wire.encode_group(make_group("old", rewards=[1.0, 0.0, 1.0, 0.0])), raw=False)
     for sample in body["group"]["samples"]:
-        for name in ("loss_mask", "episode_id", "turns", "tool_calls", "tool_errors", "env_reward"):
+        for name in ("loss_mask", "episode_id", "turns", "tool_calls", "tool_errors", "env_reward", "env_error"):
             sample.pop(name)
     body["schema"] = 2
     return msgpack.packb(body, use_bin_type=True)

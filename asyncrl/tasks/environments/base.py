@@ -1,0 +1,143 @@
+"""The interface of an environment, and how a config names one.
+
+An environment plays the other side of a multi-turn episode. asyncrl makes one instance per
+episode and calls, from the generator's event loop:
+
+- ``await env.reset(row)`` once, with the dataset row the prompt came from (its ``columns``, and
+  ``answer``): the episode starts from the row's prompt as rendered for a single-turn answer.
+- ``await env.step(text)`` after each model turn, with the turn's text: the ``Step`` says what
+  the environment answers (messages appended to the episode, rendered by
+  ``asyncrl.generators.rollouts.render``), the reward this step earned and whether the episode
+  is over.
+- ``await env.close()`` at the end, whatever happened.
+
+An environment that raises, or takes longer than ``environment.step_timeout_s``, leaves its
+episode unscored with the reason, and the run goes on (``asyncrl.generators.rollouts.multi_turn``).
+
+A class whose public methods are its tools needs less: subclass ``ToolEnvironment``, write the
+tools as methods with docstrings, and the model calls them in the tool-call format the config
+names (``asyncrl.tasks.environments.tool_calls``); each call's result goes back as a ``tool``
+message, and a turn without a call ends the episode, scored by the rewards of the run's config.
+
+Environments are named in the config by their dotted path, ``module:Class``, with keyword
+``options``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asyncrl.tasks.environments.tool_calls import ToolCall, parse_tool_calls
+
+
+@dataclass
+class Step:
+    """An environment's answer to one model turn."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """Messages appended after the turn (``{"role": "user" | "tool", "content": ...}``); empty
+    when the episode is done."""
+    reward: float = 0.0
+    """Reward this step earned; the episode's ``env_reward`` is the sum over its steps."""
+    done: bool = False
+    """The episode is over: no further model turn."""
+    tool_calls: int = 0
+    """Tool calls the model made in the turn."""
+    tool_errors: int = 0
+    """Of those, the calls that ended in an error observation."""
+
+
+class Environment(Protocol):
+    async def reset(self, row: dict[str, Any]) -> None: ...
+
+    async def step(self, text: str) -> Step: ...
+
+    async def close(self) -> None: ...
+
+
+class ToolEnvironment:
+    """An environment whose public methods (not starting with ``_``, other than ``reset``,
+    ``step``, ``close``) are the tools the model may call.
+
+    A turn with tool calls runs each (a method may be sync or async; it takes keyword arguments,
+    or one string for the ``tag`` format) and answers with one ``tool`` message per call; a call
+    to an unknown tool, with arguments the method does not take, or that raises, is answered
+    with an error message and counted in ``Step.tool_errors``. A turn without a call ends the
+    episode (``done``, reward 0: the run's rewards score the final answer). ``max_tool_calls``
+    calls in one turn at most; more are errors.
+    """
+
+    tool_format = "hermes"
+    """How calls are written in the model's text: ``hermes`` or ``tag`` (``tool_calls``)."""
+    max_tool_calls = 4
+
+    def __init__(self, **options):
+        self.options = options
+        self.row: dict[str, Any] = {}
+
+    @classmethod
+    def tools(cls) -> dict[str, Any]:
+        reserved = {"reset", "step", "close", "tools", "call_tool"}
+        return {
+            name: member
+            for name, member in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_") and name not in reserved
+        }
+
+    async def reset(self, row: dict[str, Any]) -> None:
+        self.row = row
+
+    async def step(self, text: str) -> Step:
+        calls = parse_tool_calls(text, self.tool_format, names=list(self.tools()))
+        if not calls:
+            return Step(done=True)
+        messages, errors = [], 0
+        for index, call in enumerate(calls):
+            content, failed = await self.call_tool(call) if index < self.max_tool_calls else (None, True)
+            if content is None:
+                content = f"error: at most {self.max_tool_calls} tool calls a turn"
+            errors += failed
+            messages.append({"role": "tool", "content": content})
+        return Step(messages=messages, tool_calls=len(calls), tool_errors=errors)
+
+    async def call_tool(self, call: ToolCall) -> tuple[str, bool]:
+        """(the result's text, whether it is an error)."""
+        if call.error is not None:
+            return f"error: {call.error}", True
+        method = self.tools().get(call.name)
+        if method is None:
+            return f"error: no tool named {call.name!r} (tools: {', '.join(self.tools())})", True
+        try:
+            bound = getattr(self, call.name)
+            result = bound(call.arguments) if isinstance(call.arguments, str) else bound(**call.arguments)
+            if inspect.isawaitable(result):
+                result = await result
+        except TypeError as e:
+            return f"error: {call.name}: {e}", True
+        except Exception as e:
+            return f"error: {call.name} raised {type(e).__name__}: {str(e)[:200]}", True
+        return str(result), False
+
+    async def close(self) -> None:
+        pass
+
+
+def load_environment_class(path: str) -> type:
+    """The class at ``module:Class``; a ValueError names what is wrong."""
+    module_name, sep, name = path.partition(":")
+    if not sep or not module_name or not name:
+        raise ValueError(f"environment.cls ({path!r}) must be 'module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"environment.cls ({path!r}): cannot import {module_name}: {e}") from e
+    cls = getattr(module, name, None)
+    if not inspect.isclass(cls):
+        raise ValueError(f"environment.cls ({path!r}): {module_name} has no class {name}")
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"environment.cls ({path!r}) must define async {' and '.join(missing)} (see Environment)")
+    return cls
