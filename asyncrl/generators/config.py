@@ -81,7 +81,7 @@ class EnvironmentConfig(Config):
     episode ends unscored, reason ``environment_timeout``."""
     tool_format: Literal["hermes", "tag"] | None = None
     """How a ``ToolEnvironment``'s tools are called in the model's text
-    (``asyncrl.generators.rollouts.tool_calls``). None: the class's own ``tool_format``."""
+    (``asyncrl.tasks.environments.tool_calls``). None: the class's own ``tool_format``."""
     plain_template: str | None = None
     """How the environment's messages are rendered for a model without a chat template (the
     demo's): ``{content}`` (and ``{role}``) in a string, e.g. ``"\\n{content}\\n"``. None: the

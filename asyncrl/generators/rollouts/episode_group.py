@@ -12,11 +12,11 @@ import asyncio
 from typing import Any
 
 from asyncrl.generators.engine import Completion
-from asyncrl.generators.rollouts.environment import ToolEnvironment, load_environment_class
 from asyncrl.generators.rollouts.multi_turn import EpisodeLimits, run_episode
 from asyncrl.generators.rollouts.render import build_renderer
-from asyncrl.generators.rollouts.tool_calls import stop_strings
 from asyncrl.generators.sampling import derive_seed, sampling_params
+from asyncrl.tasks.environments.base import ToolEnvironment, load_environment_class
+from asyncrl.tasks.environments.tool_calls import stop_strings
 
 
 class EpisodeGroups:

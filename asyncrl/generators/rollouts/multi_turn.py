@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.generators.engine import Completion
-from asyncrl.generators.rollouts.environment import Environment
 from asyncrl.generators.rollouts.episode import EpisodeBuilder
 from asyncrl.generators.rollouts.render import Renderer
+from asyncrl.tasks.environments.base import Environment
 
 SampleTurn = Callable[[list[int], int, int], Awaitable[Completion]]
 """``sample_turn(context_ids, max_tokens, turn)``: one model turn after ``context_ids`` (n = 1)."""
