@@ -188,28 +188,34 @@ class RunConfig(Config):
 
     @model_validator(mode="after")
     def _check_environment(self) -> RunConfig:
-        """Episodes run on vLLM's async engine, one request per turn: continuous generation only,
-        not on the simulated engine; they are not yet resumed across updates or given ReMax's
-        greedy baseline."""
-        env = self.environment
-        if env.cls is None:
+        """Episodes run on vLLM's async engine, one request a turn: continuous generation only,
+        not on the simulated engine; they are not yet resumed across updates, given ReMax's
+        greedy baseline or evaluated on a held-out split (the evaluation answers single turns)."""
+        if self.environment.cls is None:
             return self
-        needs = [
-            ("generator.mode", self.generator.mode, "continuous", self.generator.mode == "continuous"),
-            ("simulation.generator", "set", "null", self.simulation.generator is None),
+        gen, ev = self.generator, self.eval
+        rules = [
+            ("generator.mode", gen.mode, gen.mode == "continuous", "must be continuous: one vLLM request a turn"),
+            ("simulation.generator", "set", self.simulation.generator is None, "must be null: vLLM plays episodes"),
             (
                 "generator.partial_rollouts",
-                self.generator.partial_rollouts,
-                "off or mask",
-                self.generator.partial_rollouts != "resume",
+                gen.partial_rollouts,
+                gen.partial_rollouts != "resume",
+                "must not be resume yet",
             ),
-            ("generator.greedy_baseline", self.generator.greedy_baseline, "false", not self.generator.greedy_baseline),
+            ("generator.greedy_baseline", gen.greedy_baseline, not gen.greedy_baseline, "must be false"),
+            ("eval.before", ev.before, not ev.before, "must be false: held-out episodes are not evaluated yet"),
+            ("eval.after", ev.after, not ev.after, "must be false: held-out episodes are not evaluated yet"),
+            (
+                "eval.every_versions",
+                ev.every_versions,
+                ev.every_versions is None,
+                "must be null: held-out episodes are not evaluated yet",
+            ),
         ]
-        for key, value, wanted, ok in needs:
+        for key, value, ok, rule in rules:
             if not ok:
-                raise ValueError(
-                    f"environment.cls ({env.cls}) needs {key} {wanted}, not {value}: episodes run one vLLM request a turn"
-                )
+                raise ValueError(f"{key} ({value}) {rule}, with environment.cls ({self.environment.cls})")
         return self
 
     @model_validator(mode="after")

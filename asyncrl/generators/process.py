@@ -34,11 +34,21 @@ from asyncrl.generators.evaluation import EvalCounters, HeldForVersion, answer_e
 from asyncrl.generators.groups import build_groups, refuse_too_long
 from asyncrl.generators.sampling import request_seed
 from asyncrl.generators.weights_apply import apply_newest_weights
-from asyncrl.observability.metrics import BUSY_SECONDS, GENERATED_TOKENS, POLICY_VERSION, ROLLOUT_SECONDS, SAMPLES
+from asyncrl.observability.metrics import (
+    BUSY_SECONDS,
+    ENVIRONMENT_FAILURES,
+    EPISODE_TOKENS,
+    EPISODE_TURNS,
+    GENERATED_TOKENS,
+    POLICY_VERSION,
+    ROLLOUT_SECONDS,
+    SAMPLES,
+    TOOL_CALLS,
+)
 from asyncrl.weights import make_subscriber
 from asyncrl.weights.probe import ProbeCheck
 from asyncrl.wire.messages import GeneratorFinal, PromptRow, ReadyEvent
-from asyncrl.wire.schema import Group, WireError, validate_group
+from asyncrl.wire.schema import Group, WireError, policy_tokens, validate_group
 from asyncrl.wire.sockets import EvalRequestReceiver
 
 log = logging.getLogger(__name__)
@@ -195,6 +205,7 @@ class Generator:
                 counts.generated += len(group.samples)
                 continue
             self.outbox.send(group)
+            count_episodes(group)
             counts.generated += len(group.samples)
             counts.tokens += group.num_tokens
             GENERATED_TOKENS.inc(group.num_tokens)
@@ -228,6 +239,21 @@ class Generator:
             if sock is not None:
                 sock.close()
         self.engine.close()
+
+
+def count_episodes(group: Group) -> None:
+    """The episode metrics of a group of multi-turn episodes (none for single answers)."""
+    for s in group.samples:
+        if s.loss_mask is None:
+            continue
+        EPISODE_TURNS.observe(s.turns)
+        own = policy_tokens(s)
+        EPISODE_TOKENS.labels("model").inc(own)
+        EPISODE_TOKENS.labels("environment").inc(len(s.response_ids) - own)
+        TOOL_CALLS.labels("ok").inc(s.tool_calls - s.tool_errors)
+        TOOL_CALLS.labels("error").inc(s.tool_errors)
+        if s.env_error is not None:
+            ENVIRONMENT_FAILURES.labels(s.env_error.split(":", 1)[0]).inc()
 
 
 def run_generator(ctx: GeneratorContext, model_dir: str) -> None:

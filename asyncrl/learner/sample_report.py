@@ -16,7 +16,7 @@ import numpy as np
 
 from asyncrl.observability.samples import cut
 from asyncrl.wire.messages import SamplesEvent, SampleText
-from asyncrl.wire.schema import Group
+from asyncrl.wire.schema import Group, policy_tokens
 
 if TYPE_CHECKING:
     from asyncrl.learner.context import LearnerContext
@@ -55,6 +55,11 @@ def sample_texts(groups: list[Group], version: int, max_chars: int) -> list[Samp
                     version_segments=s.version_segments,
                     staleness=int(version - 1 - oldest),
                     generator=g.generator,
+                    turns=s.turns,
+                    tool_calls=s.tool_calls,
+                    tool_errors=s.tool_errors,
+                    masked_tokens=len(s.response_ids) - policy_tokens(s),
+                    env_error=s.env_error,
                 )
             )
     return out

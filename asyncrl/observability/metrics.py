@@ -94,6 +94,28 @@ GENERATED_TOKENS = Counter(
     "asyncrl_generated_tokens", "Response tokens generated (sent on to the reward workers).", registry=REGISTRY
 )
 
+EPISODE_TURNS = Histogram(
+    "asyncrl_episode_turns",
+    "Model turns of each multi-turn episode sent (environment.cls).",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+    registry=REGISTRY,
+)
+EPISODE_TOKENS = Counter(
+    "asyncrl_episode_tokens",
+    "Tokens of the multi-turn episodes sent, by whose they are: the model's (trained) or the environment's (masked).",
+    ["side"],
+    registry=REGISTRY,
+)
+TOOL_CALLS = Counter(
+    "asyncrl_tool_calls", "Tool calls in the episodes sent, by outcome (ok or error).", ["outcome"], registry=REGISTRY
+)
+ENVIRONMENT_FAILURES = Counter(
+    "asyncrl_environment_failures",
+    "Episodes whose environment failed (raised or timed out): sent unscored, with the reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+
 EVAL_PROMPTS = Counter(
     "asyncrl_eval_prompts", "Held-out prompts a generator answered for evaluation (not samples).", registry=REGISTRY
 )

@@ -185,8 +185,8 @@ async def _timed(reward: Reward, group: Group) -> tuple[list[RewardResult], floa
 
 def out_of_range(reward: Reward, result: RewardResult) -> Unscored | None:
     """``Unscored("score_out_of_range")`` for a scalar result outside the reward's declared
-    ``score_range`` (low, high), None otherwise (a reward declaring none is unbounded)."""
-    low, high = getattr(reward, "score_range", (-np.inf, np.inf))
+    ``score_range`` (low, high), None otherwise (a reward declaring none, or None, is unbounded)."""
+    low, high = getattr(reward, "score_range", None) or (-np.inf, np.inf)
     if isinstance(result, (Unscored, np.ndarray)) or low <= result <= high or result != result:
         return None  # NaN is combine's to refuse (nonfinite_reward)
     return Unscored("score_out_of_range", f"{result} not in [{low}, {high}] (the reward's range)")

@@ -17,7 +17,6 @@ from asyncrl.wire.schema import Group
 class EnvironmentReward:
     """Each episode's ``env_reward``; unscored where its environment failed or none played it."""
 
-    score_range = None  # an environment's rewards are its own to scale
     per_sample = True
 
     def __init__(self, name: str = "environment"):

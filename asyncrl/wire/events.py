@@ -81,6 +81,14 @@ class SampleText(msgspec.Struct, kw_only=True):
     staleness: int
     """The learner's version before the step that trained it, minus ``policy_version``."""
     generator: str
+    turns: int = 1
+    """Model turns of a multi-turn episode (1: a single answer; ``completion`` is the last turn)."""
+    tool_calls: int = 0
+    tool_errors: int = 0
+    masked_tokens: int = 0
+    """Of ``tokens``, the environment's and the tools' (out of the loss)."""
+    env_error: str | None = None
+    """Why the episode's environment failed (then it is unscored)."""
 
 
 class SamplesEvent(Event, kw_only=True, tag="samples"):

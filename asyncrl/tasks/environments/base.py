@@ -25,6 +25,7 @@ Environments are named in the config by their dotted path, ``module:Class``, wit
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 from dataclasses import dataclass, field
@@ -62,8 +63,11 @@ class ToolEnvironment:
     """An environment whose public methods (not starting with ``_``, other than ``reset``,
     ``step``, ``close``) are the tools the model may call.
 
-    A turn with tool calls runs each (a method may be sync or async; it takes keyword arguments,
-    or one string for the ``tag`` format) and answers with one ``tool`` message per call; a call
+    A turn with tool calls runs each (a method may be async, or sync: then it runs in a thread,
+    so that it does not stall the episodes sharing the engine's event loop; it takes keyword
+    arguments, or one string for the ``tag`` format) and answers with one ``tool`` message per
+    call; a call that does not return within ``environment.step_timeout_s`` ends the episode
+    unscored (``environment_timeout``); a call
     to an unknown tool, with arguments the method does not take, or that raises, is answered
     with an error message and counted in ``Step.tool_errors``. A turn without a call ends the
     episode (``done``, reward 0: the run's rewards score the final answer). ``max_tool_calls``
@@ -110,11 +114,13 @@ class ToolEnvironment:
         method = self.tools().get(call.name)
         if method is None:
             return f"error: no tool named {call.name!r} (tools: {', '.join(self.tools())})", True
+        bound = getattr(self, call.name)
+        args, kwargs = ((call.arguments,), {}) if isinstance(call.arguments, str) else ((), call.arguments)
         try:
-            bound = getattr(self, call.name)
-            result = bound(call.arguments) if isinstance(call.arguments, str) else bound(**call.arguments)
-            if inspect.isawaitable(result):
-                result = await result
+            if inspect.iscoroutinefunction(bound):
+                result = await bound(*args, **kwargs)
+            else:  # in a thread: a slow tool must not stall the engine's event loop, which runs every episode
+                result = await asyncio.to_thread(bound, *args, **kwargs)
         except TypeError as e:
             return f"error: {call.name}: {e}", True
         except Exception as e:

@@ -6,6 +6,7 @@ reason, and nothing else fails."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -174,3 +175,37 @@ def test_a_hermes_tool_call_with_bad_json_or_an_unknown_tool_is_an_error_observa
     assert "no tool named 'mul'" in contents[2] and "unexpected keyword argument" in contents[3]
     assert (step.tool_calls, step.tool_errors, step.done) == (4, 3, False)
     assert asyncio.run(env.step("the answer is 5")) == Step(done=True)
+
+
+def test_a_hanging_sync_tool_times_the_episode_out_without_stalling_the_event_loop():
+    class Slow(ToolEnvironment):
+        tool_format = "tag"
+
+        def wait(self, seconds: str) -> str:
+            time.sleep(float(seconds))
+            return "done"
+
+    ticks = []
+
+    async def both():
+        async def ticker():
+            for _ in range(5):
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.05)
+
+        renderer = PlainRenderer(CharTokenizer())
+        episode = run_episode(
+            ScriptedModel(["<wait>1.5</wait>"]),
+            Slow(),
+            renderer,
+            {},
+            [1],
+            limits(max_turn_tokens=64, step_timeout_s=0.3),
+            {EOS},
+        )
+        return (await asyncio.gather(episode, ticker()))[0]
+
+    start = time.monotonic()
+    episode = asyncio.run(both())
+    assert episode.env_error.startswith("environment_timeout") and len(ticks) == 5
+    assert ticks[-1] - start < 1.0  # the loop ran on while the tool slept in its thread
