@@ -92,6 +92,10 @@ def run_reward_worker(ctx: RewardContext, owner: bool = True) -> None:
         signal.signal(signal.SIGINT, leave)
     try:
         asyncio.run(worker.run())
-    finally:
-        ctx.emit(worker.final_report())
+    except BaseException:
+        # No final report: a process that reported one has finished, and its exit is not taken
+        # for a death, so the controller would neither restart it nor stop the run.
         worker.close()
+        raise
+    ctx.emit(worker.final_report())
+    worker.close()
