@@ -26,12 +26,16 @@ Environments are named in the config by their dotted path, ``module:Class``, wit
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from asyncrl.tasks.environments.tool_calls import ToolCall, parse_tool_calls
+from asyncrl.tasks.environments.tool_child import load as load_tool
+from asyncrl.tasks.environments.tool_runner import ToolRunner
 
 
 @dataclass
@@ -63,20 +67,36 @@ class ToolEnvironment:
     """An environment whose public methods (not starting with ``_``, other than ``reset``,
     ``step``, ``close``) are the tools the model may call.
 
-    A turn with tool calls runs each (a method may be async, or sync: then it runs in a thread,
-    so that it does not stall the episodes sharing the engine's event loop; it takes keyword
-    arguments, or one string for the ``tag`` format) and answers with one ``tool`` message per
-    call; a call that does not return within ``environment.step_timeout_s`` ends the episode
-    unscored (``environment_timeout``); a call
-    to an unknown tool, with arguments the method does not take, or that raises, is answered
-    with an error message and counted in ``Step.tool_errors``. A turn without a call ends the
-    episode (``done``, reward 0: the run's rewards score the final answer). ``max_tool_calls``
-    calls in one turn at most; more are errors.
+    A turn with tool calls runs each and answers with one ``tool`` message per call; a turn
+    without a call ends the episode (``done``, reward 0: the run's rewards score the final
+    answer). ``max_tool_calls`` calls in one turn at most; more are errors. A tool takes keyword
+    arguments, or, in the ``tag`` format, one string (its first parameter).
+
+    - **Methods** run in the generator's process: an async one on the engine's event loop, a
+      sync one in a thread, so that it does not stall the other episodes. One that does not
+      return within ``environment.step_timeout_s`` ends its episode unscored
+      (``environment_timeout``). For tools you trust: a method that crashes the interpreter or
+      exhausts its memory takes the generator with it.
+    - **Process tools** (``process_tools``: name -> ``module:function``) run in a child process
+      (``asyncrl.tasks.environments.tool_runner``), one per class and generator, under
+      ``tool_timeout_s`` and ``tool_memory_bytes``: a tool that hangs, crashes, runs out of memory
+      or returns garbage is an error observation, counted, and the next call gets a fresh child.
+      The sandboxed Python tool is one (``python_tool:run_python``).
+
+    A call to an unknown tool, with arguments the tool does not take or bad JSON, or that fails
+    is answered with an error message and counted in ``Step.tool_errors``.
     """
 
     tool_format = "hermes"
     """How calls are written in the model's text: ``hermes`` or ``tag`` (``tool_calls``)."""
     max_tool_calls = 4
+    process_tools: ClassVar[dict[str, str]] = {}
+    """Tools run in a child process: tool name -> ``module:function``."""
+    tool_timeout_s = 10.0
+    """Seconds a process tool may take; past it its child is killed (an error observation)."""
+    tool_memory_bytes: int | None = 1 << 30
+    """Address space of the process tools' child."""
+    _runners: ClassVar[dict[type, ToolRunner]] = {}
 
     def __init__(self, **options):
         self.options = options
@@ -84,12 +104,27 @@ class ToolEnvironment:
 
     @classmethod
     def tools(cls) -> dict[str, Any]:
-        reserved = {"reset", "step", "close", "tools", "call_tool"}
-        return {
+        """Tool name -> its method, or its ``module:function`` for a process tool."""
+        reserved = {"reset", "step", "close", "tools", "call_tool", "runner"}
+        methods = {
             name: member
             for name, member in inspect.getmembers(cls, inspect.isfunction)
             if not name.startswith("_") and name not in reserved
         }
+        return {**methods, **cls.process_tools}
+
+    @classmethod
+    def runner(cls) -> ToolRunner:
+        """The child process of this class's process tools in this process (started on first use,
+        closed at exit)."""
+        runner = ToolEnvironment._runners.get(cls)
+        if runner is None:
+            runner = ToolRunner(
+                dict(cls.process_tools), timeout_s=cls.tool_timeout_s, memory_bytes=cls.tool_memory_bytes
+            )
+            ToolEnvironment._runners[cls] = runner
+            atexit.register(runner.close)
+        return runner
 
     async def reset(self, row: dict[str, Any]) -> None:
         self.row = row
@@ -114,6 +149,15 @@ class ToolEnvironment:
         method = self.tools().get(call.name)
         if method is None:
             return f"error: no tool named {call.name!r} (tools: {', '.join(self.tools())})", True
+        if call.name in self.process_tools:
+            arguments = call.arguments
+            if isinstance(arguments, str):  # the tag format: the one string is the first parameter
+                try:
+                    arguments = tag_arguments(self.process_tools[call.name], arguments)
+                except (ValueError, ImportError, AttributeError) as e:
+                    return f"error: {call.name}: {e}", True
+            result = await self.runner().call(call.name, arguments)
+            return result.content, result.error is not None
         bound = getattr(self, call.name)
         args, kwargs = ((call.arguments,), {}) if isinstance(call.arguments, str) else ((), call.arguments)
         try:
@@ -129,6 +173,22 @@ class ToolEnvironment:
 
     async def close(self) -> None:
         pass
+
+
+def tag_arguments(ref: str, text: str) -> dict[str, str]:
+    """The keyword arguments of a ``tag`` call's one string to the function ``ref`` names: its
+    first parameter, or none for a function without parameters called with nothing."""
+    parameters = _parameters(ref)
+    if parameters:
+        return {parameters[0]: text}
+    if text.strip():
+        raise ValueError(f"the tool takes no argument, and was given {text[:40]!r}")
+    return {}
+
+
+@functools.cache
+def _parameters(ref: str) -> list[str]:
+    return list(inspect.signature(load_tool(ref)).parameters)
 
 
 def load_environment_class(path: str) -> type:

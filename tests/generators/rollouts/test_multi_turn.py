@@ -6,6 +6,7 @@ reason, and nothing else fails."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -209,3 +210,46 @@ def test_a_hanging_sync_tool_times_the_episode_out_without_stalling_the_event_lo
     episode = asyncio.run(both())
     assert episode.env_error.startswith("environment_timeout") and len(ticks) == 5
     assert ticks[-1] - start < 1.0  # the loop ran on while the tool slept in its thread
+
+
+class Isolated(ToolEnvironment):
+    """Tools in a child process: a good one, one that kills its process, one that hangs, one that hogs memory."""
+
+    tool_timeout_s = 1.0
+    tool_memory_bytes = 256 << 20
+    process_tools = {
+        name: f"tests.tasks.environments.tools_for_tests:{name}" for name in ("echo", "exits", "hangs", "hogs")
+    }
+
+
+def call(name: str, **arguments) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def test_process_tools_that_crash_hang_or_hog_memory_are_error_observations_and_the_episode_goes_on():
+    turns = [
+        call("echo", text="hi"),
+        call("exits"),
+        call("hangs"),
+        call("hogs", mib=1024) + call("echo", text="ok"),
+        "done",
+    ]
+    try:
+        episode = play(
+            ScriptedModel(turns),
+            Isolated(),
+            template="{content}|",
+            max_turns=5,
+            max_turn_tokens=200,
+            max_episode_tokens=4000,
+            step_timeout_s=30,
+        )
+        errors = dict(Isolated.runner().errors)
+    finally:
+        Isolated.runner().close()
+    observations = CharTokenizer().decode(episode.response_ids[episode.loss_mask == 0]).split("|")[:-1]
+    assert observations[0] == "hi" and observations[-1] == "ok", observations
+    assert all(o.startswith("error") for o in observations[1:-1]), observations
+    assert (episode.turns, episode.tool_calls, episode.tool_errors, episode.env_error) == (5, 5, 3, None)
+    assert episode.finish_reason == "stop"
+    assert errors == {"crashed": 2, "timeout": 1}, errors  # the memory hog ran out of memory: its child ended

@@ -1,6 +1,6 @@
 """The child process of ``ToolRunner``: it imports the tools and runs one call at a time.
 
-Started as ``python -m asyncrl.generators.rollouts.tool_child SETTINGS`` where SETTINGS is a JSON
+Started as ``python -m asyncrl.tasks.environments.tool_child SETTINGS`` where SETTINGS is a JSON
 object: ``tools`` (name -> ``module:function``), ``path`` (the parent's ``sys.path``, appended to
 this one so that the same modules import), ``memory_bytes`` (the address-space limit, or null),
 ``max_result_chars`` and ``parent`` (the parent's PID).

@@ -5,8 +5,8 @@ import asyncio
 import os
 import socket
 
-from asyncrl.generators.rollouts.python_tool import PythonLimits, describe, run_python, run_sandboxed
-from asyncrl.generators.rollouts.tool_runner import ToolRunner
+from asyncrl.tasks.environments.python_tool import PythonLimits, describe, run_python, run_sandboxed
+from asyncrl.tasks.environments.tool_runner import ToolRunner
 
 FAST = PythonLimits(cpu_s=1, wall_s=2.0, file_bytes=1 << 20, output_chars=400)
 
@@ -91,7 +91,7 @@ def test_long_output_is_cut_to_the_limit():
 
 
 def test_it_runs_as_a_tool_of_the_runner():
-    runner = ToolRunner({"python": "asyncrl.generators.rollouts.python_tool:run_python"}, timeout_s=15.0)
+    runner = ToolRunner({"python": "asyncrl.tasks.environments.python_tool:run_python"}, timeout_s=15.0)
     try:
         result = asyncio.run(runner.call("python", {"code": "print(sum(range(10)))"}))
     finally:

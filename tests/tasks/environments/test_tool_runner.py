@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from asyncrl.generators.rollouts.tool_runner import ToolResult, ToolRunner
+from asyncrl.tasks.environments.tool_runner import ToolResult, ToolRunner
 
-T = "tests.generators.rollouts.tools_for_tests"
+T = "tests.tasks.environments.tools_for_tests"
 TOOLS = {name: f"{T}:{name}" for name in ("add", "echo", "later", "fails", "hangs", "exits", "hogs", "a_set", "pid")}
 
 

@@ -1,7 +1,7 @@
 """Tool calls run in a child process, so that no tool can kill or hang the generator.
 
 ``ToolRunner(tools)`` runs the functions ``tools`` names (tool name -> ``module:function``) in one
-long-lived child process (``asyncrl.generators.rollouts.tool_child``: a plain subprocess speaking
+long-lived child process (``asyncrl.tasks.environments.tool_child``: a plain subprocess speaking
 JSON lines, so nothing forks the generator's threads), started on the first call, with an
 address-space limit (``memory_bytes``). ``await runner.call(name, arguments)`` calls one with
 keyword ``arguments`` and always returns a ``ToolResult``, never raises: every failure is an
@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from asyncrl.generators.rollouts.tool_child import split_ref
+from asyncrl.tasks.environments.tool_child import split_ref
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class ToolRunner:
             "parent": os.getpid(),
         }
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncrl.generators.rollouts.tool_child", json.dumps(settings)],
+            [sys.executable, "-m", "asyncrl.tasks.environments.tool_child", json.dumps(settings)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,  # its own process group: a kill takes what a tool started too
