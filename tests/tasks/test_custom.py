@@ -2,13 +2,13 @@
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from asyncrl.config import RunConfig
+from asyncrl.generators.engine import Completion
 from asyncrl.generators.groups import build_groups
 from asyncrl.rewards.function import PythonReward, PythonRewardConfig
 from asyncrl.tasks.answers import score_answer
@@ -86,7 +86,7 @@ def test_the_rows_columns_travel_from_the_dispatcher_to_a_python_reward(tmp_path
     )
     row["columns"] = prompt.columns
     _, reply = decode(encode(Prompts(prompts=[row])))
-    completion = SimpleNamespace(
+    completion = Completion(
         response_ids=np.array([5, 6], np.int32),
         logprobs=np.array([-0.1, -0.2], np.float32),
         text="7",
