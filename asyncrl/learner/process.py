@@ -105,7 +105,7 @@ def run_learner(ctx: LearnerContext, model_dir: str) -> None:
             orders.send(Order("checkpoint", trainer.version))
             checkpoint_if_due(ctx, trainer, counters, trained_ids, auto)
         report_step(ctx, batch, stats)
-        report_samples(ctx, trainer.version, batch.groups)
+        report_samples(ctx, trainer.version, batch.groups, getattr(trainer, "decode", None))
     wall = time.monotonic() - loop_start
     orders.send(Order("finish", trainer.version))
     trainer.save_pretrained(ctx.run_dir / "final")

@@ -10,6 +10,7 @@ writes them to ``samples.jsonl`` and TensorBoard (``asyncrl.observability.sample
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,8 +33,27 @@ def pick_groups(groups: list[Group], k: int, seed: int, version: int) -> list[Gr
     return [groups[i] for i in sorted(rng.choice(len(groups), size=k, replace=False))]
 
 
-def sample_texts(groups: list[Group], version: int, max_chars: int) -> list[SampleText]:
-    """Each answer of ``groups``, trained by the step that produced ``version``, as a ``SampleText``."""
+def episode_transcript(ids: np.ndarray, mask: np.ndarray, decode: Callable[[list[int]], str]) -> str:
+    """A multi-turn episode as text: the model's turns as they are, what the environment answered
+    between them in ``⟦ ⟧``.
+
+    >>> episode_transcript(np.array([1, 2, 3, 4]), np.array([1, 0, 0, 1]), lambda ids: "".join(map(str, ids)))
+    '1⟦23⟧4'
+    """
+    out, start = [], 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or mask[end] != mask[start]:
+            text = decode([int(t) for t in ids[start:end]])
+            out.append(text if mask[start] else f"⟦{text}⟧")
+            start = end
+    return "".join(out)
+
+
+def sample_texts(
+    groups: list[Group], version: int, max_chars: int, decode: Callable[[list[int]], str] | None = None
+) -> list[SampleText]:
+    """Each answer of ``groups``, trained by the step that produced ``version``, as a
+    ``SampleText``; with ``decode`` (the learner's tokenizer), each episode's whole transcript."""
     out = []
     for g in groups:
         for s in g.samples:
@@ -60,14 +80,21 @@ def sample_texts(groups: list[Group], version: int, max_chars: int) -> list[Samp
                     tool_errors=s.tool_errors,
                     masked_tokens=len(s.response_ids) - policy_tokens(s),
                     env_error=s.env_error,
+                    transcript=None
+                    if s.loss_mask is None or decode is None
+                    else cut(episode_transcript(s.response_ids, s.loss_mask, decode), max_chars),
                 )
             )
     return out
 
 
-def report_samples(ctx: LearnerContext, version: int, groups: list[Group]) -> None:
+def report_samples(
+    ctx: LearnerContext, version: int, groups: list[Group], decode: Callable[[list[int]], str] | None = None
+) -> None:
     """The ``samples`` event of the step that produced ``version`` (none when ``samples_per_step`` is 0)."""
     cfg = ctx.cfg
     picked = pick_groups(groups, cfg.logging.samples_per_step, cfg.run.seed, version)
     if picked:
-        ctx.emit(SamplesEvent(version=version, samples=sample_texts(picked, version, cfg.logging.samples_max_chars)))
+        ctx.emit(
+            SamplesEvent(version=version, samples=sample_texts(picked, version, cfg.logging.samples_max_chars, decode))
+        )

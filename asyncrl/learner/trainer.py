@@ -267,6 +267,14 @@ class PolicyTrainer:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         return learner_probe(self.engine.module, self._tokenizer, max_len=max_len)
 
+    def decode(self, ids) -> str:
+        """Token ids as text, special tokens kept (an episode's transcript shows its turn markup)."""
+        from transformers import AutoTokenizer
+
+        if getattr(self, "_tokenizer", None) is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write a Hugging Face model dir (config, fp32 ``model.safetensors``, tokenizer files;
         ``hf_export.save_pretrained``). Collective under ZeRO-3; rank 0 writes. Returns ``out_dir``."""

@@ -98,9 +98,9 @@ def format_samples(records: list[dict]) -> str:
         for r in group:
             lines.append(
                 f"-- {r['uid']}: reward {_number(r['reward'])} {_parts(r)}| version {r['policy_version']}, "
-                f"staleness {r['staleness']} | {r['tokens']} tokens, {r['finish_reason']}"
+                f"staleness {r['staleness']} | {r['tokens']} tokens, {r['finish_reason']}{_episode(r)}"
             )
-            lines.append("   " + _indent(r["completion"], "   "))
+            lines.append("   " + _indent(r.get("transcript") or r["completion"], "   "))
         lines.append("")
     return "\n".join(lines)
 
@@ -115,6 +115,18 @@ def _by_group(records: list[dict]) -> list[tuple[str, list[dict]]]:
         else:
             out.append((key, [r]))
     return [(key.rsplit("@", 1)[0], group) for key, group in out]
+
+
+def _episode(record: dict) -> str:
+    """A multi-turn episode's figures (nothing for a single answer)."""
+    if record.get("turns", 1) == 1 and not record.get("masked_tokens"):
+        return ""
+    out = f" | {record['turns']} turns, {record.get('masked_tokens', 0)} tokens the environment's"
+    if record.get("tool_calls"):
+        out += f", {record['tool_calls']} tool calls ({record.get('tool_errors', 0)} failed)"
+    if record.get("env_error"):
+        out += f", environment failed: {record['env_error']}"
+    return out
 
 
 def _number(value) -> str:

@@ -89,6 +89,8 @@ class SampleText(msgspec.Struct, kw_only=True):
     """Of ``tokens``, the environment's and the tools' (out of the loss)."""
     env_error: str | None = None
     """Why the episode's environment failed (then it is unscored)."""
+    transcript: str | None = None
+    """A multi-turn episode's whole text: the model's turns, the environment's answers in ``⟦ ⟧``."""
 
 
 class SamplesEvent(Event, kw_only=True, tag="samples"):

@@ -39,5 +39,8 @@ def test_episodes_are_sampled_scored_trained_and_reconciled(tmp_path):
     multi = [s for s in samples if s["turns"] > 1]
     assert len(multi) > len(samples) / 2 and all(s["masked_tokens"] >= 2 * (s["turns"] - 1) for s in multi)
     assert all(1 <= s["turns"] <= 4 and s["env_error"] is None for s in samples)
+    # each episode is readable whole: the model's turns, the environment's answers marked
+    assert all(s["transcript"].count("⟦") == s["turns"] - 1 for s in samples)
+    assert main(["inspect", str(run), "--samples", "1"]) == 0
     steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
     assert len(steps) == 3 and all(s["loss"] == s["loss"] for s in steps)  # finite

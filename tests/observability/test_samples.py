@@ -97,3 +97,20 @@ def test_the_file_gets_a_line_per_answer_rotates_at_its_bound_and_inspect_prints
     assert json.loads(capsys.readouterr().out)["uid"] == "g1/1"
     assert main(["inspect", str(tmp_path / "none"), "--samples"]) == 0
     assert "no samples yet" in capsys.readouterr().out
+
+
+def test_an_episode_is_shared_whole_with_its_turns_and_printed_with_the_environments_answers_marked():
+    g = group(7, n=1)
+    sample = g.samples[0]
+    sample.response_ids = np.array([ord(c) for c in "8lower3"], np.int32)
+    sample.loss_mask = np.array([1, 0, 0, 0, 0, 0, 1], np.uint8)
+    sample.logprobs = np.where(sample.loss_mask == 1, -0.5, 0.0).astype(np.float32)
+    sample.version_segments, sample.turns, sample.text = None, 2, "3"
+    decode = lambda ids: "".join(chr(i) for i in ids)  # noqa: E731
+    (text,) = sample_texts([g], version=4, max_chars=200, decode=decode)
+    assert (text.turns, text.masked_tokens, text.transcript, text.completion) == (2, 5, "8⟦lower⟧3", "3")
+    record = msgspec.to_builtins(text)
+    printed = format_samples([{**record, "version": 4}])
+    assert "2 turns, 5 tokens the environment's" in printed and "8⟦lower⟧3" in printed
+    (single,) = sample_texts([group(8, n=1)], version=4, max_chars=200, decode=decode)
+    assert single.transcript is None and single.turns == 1
