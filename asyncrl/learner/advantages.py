@@ -7,6 +7,15 @@ batch) are the baseline. ReMax (a greedy answer's reward) takes one more input.
 ``gae_advantages`` and ``vtrace_targets`` are the token-level estimators of the actor-critic
 learner (``asyncrl.learner.critic``).
 
+Per-token rewards (``Sample.token_rewards``: a reward that scores tokens, e.g. each turn of a
+multi-turn episode) are credited token by token only by those two: the critic places each on the
+token that earned it (one on an environment's answer on the model token before it) and the rest
+of the sample's reward on its last trained token. The outcome estimators, REINFORCE++ included,
+see the sample's reward, of which the per-token rewards' sum is a part: every token of the
+answer gets the answer's advantage, as for single-turn answers. Across the model's turns of an
+episode only its trained tokens are steps of the estimators; the environment's tokens are passed
+over (``gae_advantages``: masked positions carry the next step's quantities through).
+
 Every function of ``ADV_ESTIMATORS`` is called with the same keyword arguments and takes the ones
 it uses: ``lengths`` ((G, n) response tokens of each sample, for the token-weighted statistics of
 REINFORCE++ and OPO's baseline), ``unbiased`` (``algorithm.std_estimator``: divide the variance by

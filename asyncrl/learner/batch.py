@@ -44,6 +44,10 @@ class TrainBatch:
     its oldest ones are masked; a row with none trained: its oldest policy token's)."""
     group_index: torch.Tensor
     """(B,) int64 index of each sequence's group in the list given to ``collate``."""
+    token_rewards: torch.Tensor
+    """(B, L-1) float32 the samples' per-token rewards (``Sample.token_rewards``) at the positions
+    that predict their tokens, each moved onto a trained token (``place_token_rewards``); 0
+    elsewhere and for samples without them. Their row sums are part of each sample's reward."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -59,7 +63,7 @@ class TrainBatch:
         length = max(int(rows["attention_mask"].sum(dim=1).max().item()), 2) if stop > start else 2
         for name in ("input_ids", "attention_mask"):
             rows[name] = rows[name][:, :length]
-        for name in ("response_mask", "behaviour_logprobs", "behaviour_version", "advantages"):
+        for name in ("response_mask", "behaviour_logprobs", "behaviour_version", "advantages", "token_rewards"):
             rows[name] = rows[name][:, : length - 1]
         return TrainBatch(**rows)
 
@@ -85,7 +89,7 @@ def collate(
         raise ValueError("groups is empty: a batch needs at least one group")
     if len(advantages) != len(groups):
         raise ValueError(f"advantages has {len(advantages)} rows, must have one per group ({len(groups)})")
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, int, int, np.ndarray | None]] = []
+    rows: list[tuple] = []
     for g_index, group in enumerate(groups):
         if len(group.prompt_ids) == 0:
             raise ValueError(f"group {group.group_id}: prompt_ids is empty, must hold at least one token")
@@ -107,6 +111,7 @@ def collate(
                     sample.trained_from,
                     g_index,
                     sample.loss_mask,
+                    sample.token_rewards,
                 )
             )
 
@@ -122,7 +127,8 @@ def collate(
     behaviour_version = np.zeros((B, L - 1), dtype=np.int64)
     policy_version = np.zeros(B, dtype=np.int64)
     group_index = np.zeros(B, dtype=np.int64)
-    for b, (prompt, response, logprobs, adv, versions, trained_from, g_index, loss_mask) in enumerate(rows):
+    token_reward_rows = np.zeros((B, L - 1), dtype=np.float32)
+    for b, (prompt, response, logprobs, adv, versions, trained_from, g_index, loss_mask, rewards) in enumerate(rows):
         P, T = len(prompt), len(response)
         input_ids[b, :P] = prompt
         input_ids[b, P : P + T] = response
@@ -133,6 +139,8 @@ def collate(
         if loss_mask is not None:  # a multi-turn episode: observation and tool tokens are context only
             response_mask[b, P - 1 : P - 1 + T] *= loss_mask
         behaviour_logprobs[b, P - 1 : P - 1 + T] = logprobs
+        if rewards is not None:
+            token_reward_rows[b, P - 1 : P - 1 + T] = place_token_rewards(rewards, response_mask[b, P - 1 : P - 1 + T])
         advantage_rows[b, :] = adv
         # Staleness is the oldest policy token's: an observation token was sampled by no policy.
         own = versions if loss_mask is None or not loss_mask.any() else versions[loss_mask != 0]
@@ -154,7 +162,27 @@ def collate(
         behaviour_version=torch.from_numpy(behaviour_version),
         policy_version=torch.from_numpy(policy_version),
         group_index=torch.from_numpy(group_index),
+        token_rewards=torch.from_numpy(token_reward_rows),
     )
+
+
+def place_token_rewards(rewards: np.ndarray, trained: np.ndarray) -> np.ndarray:
+    """Per-token rewards moved onto trained tokens: a reward on a token that is not trained (an
+    environment's answer, a tool's result, a token past the staleness bound) goes to the last
+    trained token before it, the action that led to it, else to the first one after it. Nothing
+    is lost unless no token is trained. ``trained``: the (T,) response mask of the row.
+
+    >>> place_token_rewards(np.array([0.0, 0.0, 0.5, 0.0, 1.0]), np.array([1, 1, 0, 0, 1])).tolist()
+    [0.0, 0.5, 0.0, 0.0, 1.0]
+    """
+    out = np.where(trained > 0, rewards, 0.0).astype(np.float32)
+    kept = np.flatnonzero(trained > 0)
+    if not len(kept):
+        return out
+    for t in np.flatnonzero((trained == 0) & (rewards != 0)):
+        before = kept[kept < t]
+        out[before[-1] if len(before) else kept[0]] += rewards[t]
+    return out
 
 
 def stale_samples(group: Group) -> list[str]:

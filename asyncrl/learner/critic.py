@@ -68,12 +68,17 @@ def whiten_tokens(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = Fal
 
 
 def token_rewards(batch: TrainBatch, rewards: torch.Tensor) -> torch.Tensor:
-    """(B, L-1) rewards: each sequence's outcome reward on its last response token, 0 elsewhere."""
+    """(B, L-1) rewards r_t for GAE and V-trace: each sample's per-token rewards where it has
+    them (``TrainBatch.token_rewards``: a reward function's per-token scores, on trained tokens),
+    and the rest of its reward, ``rewards`` minus their sum, on its last trained token; 0 elsewhere.
+    The row sums are ``rewards``, so the undiscounted return is the sequence's reward either way;
+    per-token rewards change only which tokens are credited with it."""
     mask = batch.response_mask
     positions = torch.arange(mask.shape[1]).expand_as(mask)  # (B, L-1)
-    last = (positions * (mask > 0)).amax(dim=1)  # (B,) index of the last response token
-    out = torch.zeros_like(mask)
-    out[torch.arange(mask.shape[0]), last] = rewards.to(out.dtype)
+    last = (positions * (mask > 0)).amax(dim=1)  # (B,) index of the last trained token
+    placed = batch.token_rewards.to(mask.dtype) * mask
+    out = placed.clone()
+    out[torch.arange(mask.shape[0]), last] += rewards.to(out.dtype) - placed.sum(dim=1)
     return out * mask
 
 

@@ -91,3 +91,29 @@ def test_the_gradient_at_every_observation_token_is_exactly_zero(policy_loss, mo
     outside = (mask == 0).numpy()
     assert np.all(logprobs.grad.numpy()[outside] == 0) and np.all(entropy.grad.numpy()[outside] == 0)
     assert logprobs.grad[mask == 1].abs().sum() > 0  # the policy's tokens are trained
+
+
+def test_per_token_rewards_reach_gae_on_the_tokens_that_earned_them():
+    # A reward of 1 for the first turn (on the observation after it, where a reward function
+    # placed it: it moves to the turn's last token) and 0.5 for the episode's end, in a sample
+    # whose reward is their sum; values 0, gamma = lam = 1: each token's advantage is the reward
+    # still to come after it, so the second turn's tokens are not credited with the first's.
+    from asyncrl.learner.advantages import gae_advantages
+    from asyncrl.learner.critic import token_rewards
+
+    g = group()
+    for sample in g.samples:
+        sample.token_rewards = np.zeros(len(MASK), np.float32)
+        sample.token_rewards[3] = 1.0  # on the observation after turn 1
+        sample.reward = 1.5
+    batch = collate([g], [[0.0, 0.0]], pad_id=0)
+    P = len(PROMPT)
+    placed = batch.token_rewards[0, P - 1 :].tolist()
+    assert placed[2] == 1.0 and sum(placed) == 1.0  # moved onto turn 1's last token
+    r = token_rewards(batch, torch.tensor([1.5, 1.5]))
+    assert torch.allclose(r.sum(dim=1), torch.tensor([1.5, 1.5]))
+    adv, _ = gae_advantages(r, torch.zeros_like(r), batch.response_mask, gamma=1.0, lam=1.0)
+    row = adv[0, P - 1 :].tolist()
+    trained = [t for t in range(len(MASK)) if MASK[t]]
+    assert [row[t] for t in trained] == [1.5, 1.5, 1.5, 0.5, 0.5, 0.5]
+    assert all(row[t] == 0 for t in range(len(MASK)) if not MASK[t])
