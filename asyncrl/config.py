@@ -189,8 +189,8 @@ class RunConfig(Config):
     @model_validator(mode="after")
     def _check_environment(self) -> RunConfig:
         """Episodes run on vLLM's async engine, one request a turn: continuous generation only,
-        not on the simulated engine; they are not yet resumed across updates, given ReMax's
-        greedy baseline or evaluated on a held-out split (the evaluation answers single turns)."""
+        not on the simulated engine, and held-out episodes are played by the generators; they are
+        not yet resumed across updates or given ReMax's greedy baseline."""
         if self.environment.cls is None:
             return self
         gen, ev = self.generator, self.eval
@@ -204,14 +204,7 @@ class RunConfig(Config):
                 "must not be resume yet",
             ),
             ("generator.greedy_baseline", gen.greedy_baseline, not gen.greedy_baseline, "must be false"),
-            ("eval.before", ev.before, not ev.before, "must be false: held-out episodes are not evaluated yet"),
-            ("eval.after", ev.after, not ev.after, "must be false: held-out episodes are not evaluated yet"),
-            (
-                "eval.every_versions",
-                ev.every_versions,
-                ev.every_versions is None,
-                "must be null: held-out episodes are not evaluated yet",
-            ),
+            ("eval.engine", ev.engine, ev.engine == "generators", "must be generators: they play held-out episodes"),
         ]
         for key, value, ok, rule in rules:
             if not ok:

@@ -121,7 +121,15 @@ class Controller:
         if by_generators:  # answers scored by the run's own rewards, here (asyncrl.rewards.evaluation)
             prompts, sets = load_eval_prompts(cfg, model_dir)
             scorer = EvalScorer(eval_reward_specs(cfg), cfg.task.metadata_by_task())
-            heldout = HeldOutEvaluator(cfg.eval, prompts, eval_requests, scorer, sets, seed=cfg.run.seed)
+            heldout = HeldOutEvaluator(
+                cfg.eval,
+                prompts,
+                eval_requests,
+                scorer,
+                sets,
+                seed=cfg.run.seed,
+                episodes=cfg.environment.cls is not None,
+            )
         evaluations = Evaluations(cfg.eval, cfg.learner.total_steps, self.run_dir, self.console, heldout, eval_before)
         self.fleet = make_fleet(cfg, self.run_dir, model_dir, child_env(self.run_dir))
         self.console.watch(self.fleet, eval_before)

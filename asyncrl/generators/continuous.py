@@ -247,7 +247,7 @@ class ContinuousLoop:
         if gen.evals is not None:
             from asyncrl.generators.evaluation import answer_eval_request
 
-            answer_eval_request(gen.engine, gen.evals, gen.ctx, gen.eval_counters)
+            answer_eval_request(gen.engine, gen.evals, gen.ctx, gen.eval_counters, self.episodes)
         self.send_finished(0.0)
         now = time.monotonic()
         self.expire(now)

@@ -125,8 +125,12 @@ def answer_options(request: EvalRequest, sampling: SamplingConfig) -> tuple[list
     return prompts, options
 
 
-def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalCounters) -> bool:
+def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalCounters, episodes=None) -> bool:
     """Take one waiting request, if any, answer it, send the answer; True if one was answered.
+
+    With ``episodes`` (an environment's run: ``asyncrl.generators.rollouts.episode_group``) each
+    prompt is played as episodes, greedy and sampled, and the answer carries each episode's
+    environment reward beside its last turn's text (``answer_with_episodes``).
 
     A prompt the engine refuses (too long for ``engine.max_model_len``) fails the request, not
     the generator: every prompt of it is answered with an empty text (scored wrong), and the
@@ -137,12 +141,17 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
     queued_s = max(0.0, time.time() - request.sent_at)
     version = engine.version
     start = time.monotonic()
-    prompts, options = answer_options(request, ctx.cfg.sampling)
-    try:
-        answers = engine.answer(prompts, options)
-    except ValueError as e:
-        log.warning("%s: eval %s request %d refused: %s", ctx.name, request.round, request.chunk, e)
-        answers = [[("", "error")] * o.n for o in options]
+    env_rewards: list[list[float | None]] = []
+    env_errors: list[list[str | None]] = []
+    if episodes is not None:
+        answers, env_rewards, env_errors = answer_with_episodes(engine, episodes, request, ctx)
+    else:
+        prompts, options = answer_options(request, ctx.cfg.sampling)
+        try:
+            answers = engine.answer(prompts, options)
+        except ValueError as e:
+            log.warning("%s: eval %s request %d refused: %s", ctx.name, request.round, request.chunk, e)
+            answers = [[("", "error")] * o.n for o in options]
     seconds = time.monotonic() - start
     count = len(request.prompts)
     greedy, sampled = answers[:count], answers[count:]
@@ -164,6 +173,57 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
             sample_finish_reasons=[[finish for _, finish in answers] for answers in sampled],
             seconds=seconds,
             queued_s=queued_s,
+            env_rewards=env_rewards,
+            env_errors=env_errors,
         )
     )
     return True
+
+
+def answer_with_episodes(engine, episodes, request: EvalRequest, ctx: GeneratorContext):
+    """An evaluation request played as episodes on the async engine: ``(answers, env_rewards,
+    env_errors)``, the answers laid out as ``engine.answer``'s (each prompt's greedy episode, then
+    each prompt's ``samples_k`` sampled ones) and the two lists per prompt, greedy first.
+
+    The generator's thread waits for them as it waits for ``engine.answer``, at most
+    ``eval.timeout_floor_s`` (the controller's shortest wait for a request: an answer later than
+    that would be asked again elsewhere); past it, or if a prompt is refused, the request is
+    answered with errors (scored wrong) and the episodes are cancelled."""
+    count, k = len(request.prompts), request.samples_k
+    failed = ([[("", "error")] for _ in range(count)] + [[("", "error")] * k for _ in range(count if k else 0)], [], [])
+    if len(request.rows) != count:
+        log.warning(
+            "%s: eval %s request %d has %d rows for %d prompts: an environment needs each prompt's row",
+            ctx.name,
+            request.round,
+            request.chunk,
+            len(request.rows),
+            count,
+        )
+        return failed
+    try:
+        prompt_ids = [list(t["prompt_token_ids"]) for t in engine.tokenize_prompts(request.prompts)]
+    except ValueError as e:
+        log.warning("%s: eval %s request %d refused: %s", ctx.name, request.round, request.chunk, e)
+        return failed
+    rows = [{**row, "text": text} for row, text in zip(request.rows, request.prompts)]
+    bound = ctx.cfg.eval.timeout_floor_s
+    future = engine.submit(episodes.evaluate(f"eval/{request.round}/{request.chunk}", rows, prompt_ids, request))
+    try:
+        played = future.result(timeout=bound)
+    except Exception as e:  # a timeout included: the request fails, not the generator
+        future.cancel()
+        log.warning(
+            "%s: eval %s request %d: the held-out episodes did not finish within %g s (eval.timeout_floor_s): %s",
+            ctx.name,
+            request.round,
+            request.chunk,
+            bound,
+            e,
+        )
+        return failed
+    greedy = [[(eps[0].text, eps[0].finish_reason)] for eps in played]
+    sampled = [[(e.text, e.finish_reason) for e in eps[1:]] for eps in played] if k else []
+    env_rewards = [[e.env_reward for e in eps] for eps in played]
+    env_errors = [[e.env_error for e in eps] for eps in played]
+    return greedy + sampled, env_rewards, env_errors

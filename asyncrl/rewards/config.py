@@ -107,7 +107,7 @@ class RewardConfig(Config):
         return {None: self.rewards, **self.by_task}
 
 
-IN_PROCESS = ("exact_match", "format", "math_verify", "python")
+IN_PROCESS = ("exact_match", "format", "math_verify", "python", "environment")
 """Reward kinds evaluation may score with (``asyncrl.rewards.evaluation`` says why not the others)."""
 COMPARES_ANSWER = ("exact_match", "math_verify")
 """Kinds that compare with the reference answer: a prompt without one is not scored by them."""
@@ -126,6 +126,7 @@ def eval_reward_spec(reward_cfg, eval_cfg, task: str) -> RewardSpec:
     else:
         spec = next((s for s in specs if s.kind in COMPARES_ANSWER), None)
         spec = spec or next((s for s in specs if s.kind == "python"), None)
+        spec = spec or next((s for s in specs if s.kind == "environment"), None)
         # Rewards of other kinds only (a judge, a reward model): the task's exact match, as before.
         spec = spec or RewardSpec(kind="exact_match")
     if spec.kind not in IN_PROCESS:

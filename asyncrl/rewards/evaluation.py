@@ -9,8 +9,9 @@ same reward objects (``build_reward``) and scores each answer with one of them: 
 task's exact match. An answer is correct when that reward's
 value is at least ``eval.correct_at`` (``asyncrl.tasks.eval_metrics``).
 
-Only the kinds that run in-process are allowed: the rules and ``python`` (whose user code runs in
-its own child processes with a timeout, as in a reward worker). The HTTP kinds and reward models
+Only the kinds that run in-process are allowed: the rules, ``python`` (whose user code runs in
+its own child processes with a timeout, as in a reward worker) and ``environment`` (the reward
+each held-out episode's environment gave it, sent back with the answers). The HTTP kinds and reward models
 are refused for evaluation with a config error: they would need the reward workers' rate limits,
 retries and breakers, or a model in the controller.
 
@@ -77,13 +78,18 @@ class EvalScorer:
         """Each task's evaluation reward by its name (``evals.jsonl``'s ``rewards``)."""
         return {task: spec.label for task, spec in self.specs.items()}
 
-    def submit(self, prompts: list, answers: list[list[tuple[str, str]]]) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(self._score(prompts, answers), self.loop)
+    def submit(
+        self, prompts: list, answers: list[list[tuple[str, str]]], played: list[list[tuple]] | None = None
+    ) -> concurrent.futures.Future:
+        """``played``: with an environment, each answer's (environment reward, environment error),
+        which the ``environment`` reward reads."""
+        return asyncio.run_coroutine_threadsafe(self._score(prompts, answers, played), self.loop)
 
-    async def _score(self, prompts: list, answers: list[list[tuple[str, str]]]) -> list:
-        return list(await asyncio.gather(*(self._prompt(p, a) for p, a in zip(prompts, answers))))
+    async def _score(self, prompts: list, answers: list[list[tuple[str, str]]], played=None) -> list:
+        played = played or [None] * len(prompts)
+        return list(await asyncio.gather(*(self._prompt(p, a, e) for p, a, e in zip(prompts, answers, played))))
 
-    async def _prompt(self, prompt, answers: list[tuple[str, str]]) -> list[float | None] | None:
+    async def _prompt(self, prompt, answers: list[tuple[str, str]], played=None) -> list[float | None] | None:
         spec, reward = self.specs[prompt.task], self.rewards[prompt.task]
         if spec.kind in COMPARES_ANSWER and not prompt.answer:
             return None
@@ -104,6 +110,8 @@ class EvalScorer:
             ],
             columns=prompt.columns,
         )
+        for sample, (env_reward, env_error) in zip(group.samples, played or ()):
+            sample.env_reward, sample.env_error = env_reward, env_error
         try:
             results = list(await reward.score(group))
             if len(results) != len(answers):

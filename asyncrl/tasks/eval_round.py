@@ -62,12 +62,16 @@ class EvalRound:
         sets: list[str] | None = None,
         seed: int = 0,
         clock=time.monotonic,
+        episodes: bool = False,
     ):
         if not prompts:
             raise ValueError("prompts (0 given) must hold at least one prompt")
         if sets is not None and len(sets) != len(prompts):
             raise ValueError(f"sets ({len(sets)}) must name the set of each of the {len(prompts)} prompts")
         self.label, self.version, self.prompts, self.cfg = label, version, prompts, cfg
+        self.episodes = episodes
+        """The prompts are played as episodes of an environment (``environment.cls``): requests
+        carry each prompt's row, answers each episode's environment reward."""
         self.sets = sets if sets is not None else [MAIN_SET] * len(prompts)
         self.chunk_size, self.max_new_tokens = cfg.chunk_prompts, cfg.max_new_tokens
         self.seeds = [prompt_seed(seed, p.prompt_uid) for p in prompts]
@@ -104,6 +108,12 @@ class EvalRound:
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
             seeds=self.seeds[self.span(chunk)] if k else [],
+            rows=[
+                {"answer": p.answer, "columns": p.columns, "prompt_uid": p.prompt_uid, "task": p.task}
+                for p in self.chunk_prompts(chunk)
+            ]
+            if self.episodes
+            else [],
         )
 
     def answer(self, body: EvalResult) -> float | None:
@@ -116,6 +126,10 @@ class EvalRound:
         shapes = [len(body.texts), len(body.finish_reasons), len(body.samples), len(body.sample_finish_reasons)]
         want = [n, n, n if k else 0, n if k else 0]
         inner = [len(x) for x in body.samples + body.sample_finish_reasons]
+        if self.episodes:  # each prompt's episodes' environment rewards and errors, greedy first
+            shapes += [len(body.env_rewards), len(body.env_errors)]
+            want += [n, n]
+            inner += [len(x) - 1 for x in body.env_rewards + body.env_errors]
         if shapes != want or any(m != k for m in inner):
             log.warning(
                 "eval %s: chunk %d came back with %s answers (texts, finish reasons, samples, their finish "
@@ -145,6 +159,14 @@ class EvalRound:
             [(text, finish), *zip(texts, finishes)]
             for text, finish, texts, finishes in zip(body.texts, body.finish_reasons, samples, reasons)
         ]
+
+    def played(self, chunk: int) -> list[list[tuple[float | None, str | None]]] | None:
+        """Each prompt's episodes' (environment reward, environment error), greedy first, of an
+        answered ``chunk``; None when the prompts were not played as episodes."""
+        if not self.episodes:
+            return None
+        body = self.answered[chunk]
+        return [list(zip(rewards, errors)) for rewards, errors in zip(body.env_rewards, body.env_errors)]
 
     def score(self, chunk: int, values: list[list[float | None] | None]) -> None:
         """Each prompt's reward values (greedy, then sampled; None: unscored), or None for a prompt

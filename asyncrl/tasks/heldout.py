@@ -62,9 +62,19 @@ class HeldOutEvaluator:
     the round's record once it is complete (or failed).
     """
 
-    def __init__(self, cfg: EvalConfig, prompts: list, sender, scorer, sets=None, seed: int = 0, clock=time.monotonic):
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        prompts: list,
+        sender,
+        scorer,
+        sets=None,
+        seed: int = 0,
+        clock=time.monotonic,
+        episodes: bool = False,
+    ):
         self.cfg, self.prompts, self.sender, self.scorer, self.clock = cfg, prompts, sender, scorer, clock
-        self.sets, self.seed = sets, seed
+        self.sets, self.seed, self.episodes = sets, seed, episodes
         self.current: EvalRound | None = None
         self.scoring: dict[int, tuple] = {}  # chunk -> (future, deadline) of the current round
         self.s_per_token: float | None = None  # slowest measured: a round trip / max_new_tokens
@@ -79,7 +89,9 @@ class HeldOutEvaluator:
                 self.current.num_chunks,
             )
             return False
-        self.current = EvalRound(label, version, self.prompts, self.cfg, self.sets, self.seed, clock=self.clock)
+        self.current = EvalRound(
+            label, version, self.prompts, self.cfg, self.sets, self.seed, clock=self.clock, episodes=self.episodes
+        )
         self.scoring = {}
         return True
 
@@ -132,7 +144,11 @@ class HeldOutEvaluator:
             per_token = round_trip / r.max_new_tokens
             self.s_per_token = per_token if self.s_per_token is None else max(self.s_per_token, per_token)
         if body.chunk in r.answered and body.chunk not in self.scoring and body.chunk not in r.scored:
-            future = self.scorer.submit(r.chunk_prompts(body.chunk), r.answers(body.chunk))
+            prompts, answers = r.chunk_prompts(body.chunk), r.answers(body.chunk)
+            if r.episodes:  # the environment's reward of each episode goes with its answer
+                future = self.scorer.submit(prompts, answers, r.played(body.chunk))
+            else:
+                future = self.scorer.submit(prompts, answers)
             self.scoring[body.chunk] = (future, self.clock() + self.cfg.score_timeout_s)
         return self._finish() if self._collect() else None
 

@@ -319,6 +319,9 @@ class EvalRequest(Message, tag="eval_request"):
     """Nucleus mass of the sampled answers."""
     seeds: list[int] = []
     """One seed per prompt for its sampled answers (empty when ``samples_k`` is 0)."""
+    rows: list[dict[str, Any]] = []
+    """With an environment (``environment.cls``): each prompt's row (``answer``, ``columns``,
+    ``prompt_uid``, ``task``), which the environment resets from; empty otherwise."""
 
 
 class EvalResult(Message, tag="eval_result"):
@@ -340,6 +343,11 @@ class EvalResult(Message, tag="eval_result"):
     """Each prompt's sampled answers (empty when none were asked)."""
     sample_finish_reasons: list[list[str]] = []
     """Why each sampled answer ended."""
+    env_rewards: list[list[float | None]] = []
+    """With an environment: each prompt's episodes' environment rewards, greedy first (None:
+    the environment failed); empty otherwise."""
+    env_errors: list[list[str | None]] = []
+    """Why each of those episodes' environment failed (None: it did not)."""
     source: str = ""
     role: str = ""
     loop: str | None = None

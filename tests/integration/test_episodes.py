@@ -21,6 +21,8 @@ def test_episodes_are_sampled_scored_trained_and_reconciled(tmp_path):
         "learner.batch_groups=2",
         "sampling.n=4",
         "logging.samples_per_step=2",
+        "eval.num_prompts=8",
+        "eval.samples_k=2",
         # Untrained weights seldom end a turn by themselves (a turn cut at max_tokens ends its
         # episode): every printable character ends one here, so episodes run several turns.
         f"sampling.stop_token_ids={list(range(3, 99))}",
@@ -42,5 +44,10 @@ def test_episodes_are_sampled_scored_trained_and_reconciled(tmp_path):
     # each episode is readable whole: the model's turns, the environment's answers marked
     assert all(s["transcript"].count("⟦") == s["turns"] - 1 for s in samples)
     assert main(["inspect", str(run), "--samples", "1"]) == 0
+    # held-out rows played as episodes by the generators, greedy and sampled, scored by the environment
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [e["label"] for e in evals] == ["before", "after"], evals
+    assert all(e["completed"] is not None and 0 <= e["exact_match"] <= 1 and e["failed"] is None for e in evals)
+    assert all(e["rewards"] == {"guess_number": "environment"} and 0 <= e["pass_at_k"] <= 1 for e in evals)
     steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
     assert len(steps) == 3 and all(s["loss"] == s["loss"] for s in steps)  # finite

@@ -1,6 +1,7 @@
 """The controller's side of held-out evaluation: rounds, windows, timeouts, scores."""
 
 import concurrent.futures
+import time
 
 import msgspec
 import pytest
@@ -139,3 +140,50 @@ def test_the_wire_refuses_malformed_eval_messages():
     for bad in ({**good, "prompts": [1]}, {**good, "chunk": "0"}, {k: v for k, v in good.items() if k != "round"}):
         with pytest.raises(WireError, match="bad_fields"):
             decode(encode_map("eval_request", bad))
+
+
+def test_with_an_environment_requests_carry_the_rows_and_answers_their_episodes_rewards():
+    from asyncrl.rewards.config import RewardSpec
+    from asyncrl.rewards.evaluation import EvalScorer
+
+    prompts = [Prompt(f"p{i}", "guess 1-16:", str(i + 1), "guess_number") for i in range(3)]
+    cfg = EvalConfig(chunk_prompts=3, samples_k=1, correct_at=0.05)
+    scorer = EvalScorer({"guess_number": RewardSpec(kind="environment")})
+    sent = []
+
+    class Sender:
+        def offer(self, request):
+            sent.append(request)
+            return True
+
+    try:
+        evaluator = HeldOutEvaluator(cfg, prompts, Sender(), scorer, episodes=True)
+        evaluator.start("before", 0)
+        evaluator.poll(1)
+        (request,) = sent
+        assert [r["answer"] for r in request.rows] == ["1", "2", "3"] and request.rows[0]["prompt_uid"] == "p0"
+        body = dict(round="before", chunk=0, generator="g", version=0, seconds=0.1, queued_s=0.0)
+        answers = dict(texts=["8"] * 3, finish_reasons=["stop", "length", "stop"])
+        samples = dict(samples=[["4"]] * 3, sample_finish_reasons=[["stop"]] * 3)
+        # the episodes' shapes must match: one environment reward a greedy and a sampled episode
+        assert (
+            evaluator.current.answer(
+                EvalResult(**body, **answers, **samples, env_rewards=[[1.0]] * 3, env_errors=[[None]] * 3)
+            )
+            is None
+        )
+        assert 0 not in evaluator.current.answered
+        played = dict(
+            env_rewards=[[0.9, 0.0], [0.0, None], [0.0, 1.0]],
+            env_errors=[[None, None], [None, "environment_timeout: slow"], [None, None]],
+        )
+        record = evaluator.answer(EvalResult(**body, **answers, **samples, **played))
+        deadline = time.monotonic() + 30
+        while record is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            record = evaluator.poll(1)
+    finally:
+        scorer.close()
+    assert record["rewards"] == {"guess_number": "environment"}
+    assert record["exact_match"] == pytest.approx(1 / 3)  # the greedy episodes: one found the number
+    assert record["pass_at_k"] == pytest.approx(1 / 3)  # the sampled: one found it, one failed (unscored: wrong)
