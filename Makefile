@@ -2,6 +2,10 @@
 # Both create .venv first when it is missing or out of date (scripts/setup.sh).
 PY := .venv/bin/python
 export OMP_NUM_THREADS := 1
+# The venv is installed without bytecode (scripts/setup.sh); each module is compiled on its first
+# import and its bytecode kept. Where PYTHONDONTWRITEBYTECODE is set, every process of every run
+# would compile its imports again (torch, vLLM: ~10 s each).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test test-fast test-gpu docs clean
 setup:

@@ -28,9 +28,12 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip="$VENV/bin/python -m pip"
 $pip install -q --upgrade pip
+# --no-compile: pip would byte-compile all ~29,000 modules of the dependencies, one at a time (about
+# 45 s here); Python compiles the ones a process imports, on first import, and keeps their bytecode
+# (the Makefile lets it write there).
 # torch first and pinned: anything unpinned would pull a multi-GB CUDA build.
-$pip install -q "torch==2.13.0"
-$pip install -q -e ".[$EXTRA,dev]" "torch==2.13.0"
+$pip install -q --no-compile "torch==2.13.0"
+$pip install -q --no-compile -e ".[$EXTRA,dev]" "torch==2.13.0"
 # PyPI's torchvision/torchaudio are CUDA builds that break `import vllm` on the CPU.
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The numba kernels (the buffer's sum tree, the weights' checksum) compile once per install into
