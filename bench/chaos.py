@@ -1,9 +1,10 @@
 """Chaos: kill components of a running pipeline with SIGKILL, then reconcile every sample by id.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/chaos.py [--kills 12] [--seed 0] [--simulated] [--out F]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/chaos.py [--kills 12] [--seed 0] [--simulated] [--config C] [--out F]
 
 Runs a training job (``configs/demo.yaml``'s toy pipeline: real vLLM generators and DeepSpeed
-learner; ``--simulated``: the simulated engines of ``configs/bench_pipeline.yaml``) under the
+learner; ``--simulated``: the simulated engines of ``configs/bench_pipeline.yaml``; ``--config``:
+another recipe, e.g. ``configs/guess_number.yaml``'s multi-turn episodes) under the
 controller's supervision, with checkpoints every few steps. A killer thread, seeded, waits a
 random few seconds, SIGKILLs one of a generator, the reward worker, the buffer or the learner
 (and, with ``learner.ranks`` above 1, learner rank 1: ``learner-1``, which takes the whole group
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=12, help="SIGKILLs to deliver (at least 10 for the evidence)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
     parser.add_argument("--simulated", action="store_true", help="simulated engines instead of vLLM + DeepSpeed")
+    parser.add_argument(
+        "--config", help="the recipe to run (default configs/demo.yaml, or bench_pipeline.yaml with --simulated)"
+    )
     parser.add_argument("--steps", type=int, help="learner steps (default: enough for the kills)")
     parser.add_argument("--gap", type=float, nargs=2, default=(2.0, 6.0), help="seconds between recovery and kill")
     parser.add_argument("--root", default="runs", help="folder of the run directory")
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.controller.process import Controller
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe = ROOT / ("configs/bench_pipeline.yaml" if args.simulated else "configs/demo.yaml")
+    recipe = ROOT / (args.config or ("configs/bench_pipeline.yaml" if args.simulated else "configs/demo.yaml"))
     steps = args.steps or (400 if args.simulated else 200)
     overrides = [
         f"run.root={args.root}",
@@ -233,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ledger = reconcile_ledger(controller.run_dir, cfg.sampling.n)
     result = {
         "pipeline": "simulated" if args.simulated else "toy (vLLM + DeepSpeed)",
+        "recipe": str(recipe.relative_to(ROOT)),
         "seed": args.seed,
         "learner_steps": summary.get("learner_steps"),
         "generated": ledger["dispatched"],
