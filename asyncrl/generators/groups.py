@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from asyncrl.wire.messages import PromptRow
-from asyncrl.wire.schema import Group, Sample
+from asyncrl.wire.schema import Episode, Group, Sample
 
 
 def build_groups(
@@ -53,17 +53,19 @@ def build_groups(
 
 
 def episode_fields(c, episode_id: str) -> dict:
-    """A multi-turn episode's fields of its ``Sample`` (none for a single answer)."""
+    """A multi-turn episode's ``Sample.episode`` (none for a single answer)."""
     if c.loss_mask is None:
         return {}
     return dict(
-        loss_mask=c.loss_mask.astype(np.uint8),
-        episode_id=episode_id,
-        turns=c.turns,
-        tool_calls=c.tool_calls,
-        tool_errors=c.tool_errors,
-        env_reward=c.env_reward,
-        env_error=None if c.env_error is None else c.env_error[:200],
+        episode=Episode(
+            id=episode_id,
+            loss_mask=c.loss_mask.astype(np.uint8),
+            turns=c.turns,
+            tool_calls=c.tool_calls,
+            tool_errors=c.tool_errors,
+            env_reward=c.env_reward,
+            env_error=None if c.env_error is None else c.env_error[:200],
+        )
     )
 
 

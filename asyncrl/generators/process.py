@@ -244,16 +244,17 @@ class Generator:
 def count_episodes(group: Group) -> None:
     """The episode metrics of a group of multi-turn episodes (none for single answers)."""
     for s in group.samples:
-        if s.loss_mask is None:
+        e = s.episode
+        if e is None:
             continue
-        EPISODE_TURNS.observe(s.turns)
+        EPISODE_TURNS.observe(e.turns)
         own = policy_tokens(s)
         EPISODE_TOKENS.labels("model").inc(own)
         EPISODE_TOKENS.labels("environment").inc(len(s.response_ids) - own)
-        TOOL_CALLS.labels("ok").inc(s.tool_calls - s.tool_errors)
-        TOOL_CALLS.labels("error").inc(s.tool_errors)
-        if s.env_error is not None:
-            ENVIRONMENT_FAILURES.labels(s.env_error.split(":", 1)[0]).inc()
+        TOOL_CALLS.labels("ok").inc(e.tool_calls - e.tool_errors)
+        TOOL_CALLS.labels("error").inc(e.tool_errors)
+        if e.env_error is not None:
+            ENVIRONMENT_FAILURES.labels(e.env_error.split(":", 1)[0]).inc()
 
 
 def run_generator(ctx: GeneratorContext, model_dir: str) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from asyncrl.wire.schema import Group, token_versions
+from asyncrl.wire.schema import loss_mask as policy_mask
 
 
 @dataclass
@@ -110,7 +111,7 @@ def collate(
                     versions,
                     sample.trained_from,
                     g_index,
-                    sample.loss_mask,
+                    policy_mask(sample),
                     sample.token_rewards,
                 )
             )
@@ -199,9 +200,10 @@ def fully_masked(groups: list[Group]) -> torch.Tensor:
 def trains_nothing(sample) -> bool:
     """True when ``sample`` has policy tokens but none from its ``trained_from`` on (every one
     was past the staleness bound); an empty answer is not one of them."""
-    if sample.loss_mask is None:
+    mask = policy_mask(sample)
+    if mask is None:
         return 0 < len(sample.response_ids) <= sample.trained_from
-    return bool(sample.loss_mask.any()) and not sample.loss_mask[sample.trained_from :].any()
+    return bool(mask.any()) and not mask[sample.trained_from :].any()
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -75,14 +75,14 @@ def sample_texts(
                     version_segments=s.version_segments,
                     staleness=int(version - 1 - oldest),
                     generator=g.generator,
-                    turns=s.turns,
-                    tool_calls=s.tool_calls,
-                    tool_errors=s.tool_errors,
+                    turns=1 if s.episode is None else s.episode.turns,
+                    tool_calls=0 if s.episode is None else s.episode.tool_calls,
+                    tool_errors=0 if s.episode is None else s.episode.tool_errors,
                     masked_tokens=len(s.response_ids) - policy_tokens(s),
-                    env_error=s.env_error,
+                    env_error=None if s.episode is None else s.episode.env_error,
                     transcript=None
-                    if s.loss_mask is None or decode is None
-                    else cut(episode_transcript(s.response_ids, s.loss_mask, decode), max_chars),
+                    if s.episode is None or decode is None
+                    else cut(episode_transcript(s.response_ids, s.episode.loss_mask, decode), max_chars),
                 )
             )
     return out

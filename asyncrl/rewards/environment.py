@@ -1,9 +1,9 @@
 """The ``environment`` reward: what a multi-turn episode's environment gave it.
 
-An episode's ``Sample.env_reward`` is the sum of its environment's step rewards
+An episode's ``Sample.episode.env_reward`` is the sum of its environment's step rewards
 (``asyncrl.generators.rollouts``). This reward hands it on, so that it combines with the run's
 other rewards (``reward = Σ w_i r_i``: e.g. the environment's success and an exact match of the
-final answer). An episode whose environment failed (``Sample.env_error``: it raised or timed
+final answer). An episode whose environment failed (``env_error``: it raised or timed
 out) is unscored with that reason, never a 0; so is a sample no environment played.
 """
 
@@ -25,13 +25,14 @@ class EnvironmentReward:
     async def score(self, group: Group) -> list[RewardResult]:
         results: list[RewardResult] = []
         for s in group.samples:
-            if s.env_error is not None:
-                reason, _, detail = s.env_error.partition(": ")
+            e = s.episode
+            if e is not None and e.env_error is not None:
+                reason, _, detail = e.env_error.partition(": ")
                 results.append(Unscored(reason or "environment_failed", detail))
-            elif s.env_reward is None:
+            elif e is None or e.env_reward is None:
                 results.append(Unscored("no_environment", "the sample is not an episode of an environment"))
             else:
-                results.append(float(s.env_reward))
+                results.append(float(e.env_reward))
         return results
 
     async def close(self) -> None:

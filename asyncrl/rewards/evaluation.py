@@ -38,7 +38,7 @@ from asyncrl.rewards.config import COMPARES_ANSWER, RewardSpec
 from asyncrl.rewards.config import eval_reward_specs as eval_reward_specs  # re-exported
 from asyncrl.rewards.registry import build_reward
 from asyncrl.rewards.unscored import Unscored
-from asyncrl.wire.schema import Group, Sample
+from asyncrl.wire.schema import Episode, Group, Sample
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class EvalScorer:
             columns=prompt.columns,
         )
         for sample, (env_reward, env_error) in zip(group.samples, played or ()):
-            sample.env_reward, sample.env_error = env_reward, env_error
+            sample.episode = Episode(f"{sample.uid}", np.zeros(0, np.uint8), env_reward=env_reward, env_error=env_error)
         try:
             results = list(await reward.score(group))
             if len(results) != len(answers):

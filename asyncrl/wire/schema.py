@@ -23,9 +23,10 @@ by producing and consuming these maps:
 
 - A sample may be a multi-turn episode (schema 3): ``response_ids`` then hold every token after
   the prompt, the model's turns and what the environment and tools answered between them, and
-  ``loss_mask`` (a (T,) uint8 array) marks the model's own tokens with 1; the others carry no
-  behaviour log-probability (0). ``episode_id``, ``turns``, ``tool_calls``, ``tool_errors``,
-  ``env_reward`` and ``env_error`` describe the episode. All are optional on the wire (a single-turn answer omits them).
+  its ``episode`` map says so: its ``loss_mask`` (a (T,) uint8 array) marks the model's own
+  tokens with 1 (the others carry no behaviour log-probability: 0), and ``id``, ``turns``,
+  ``tool_calls``, ``tool_errors``, ``env_reward`` and ``env_error`` describe the episode.
+  ``episode`` is optional on the wire (nil or absent for a single-turn answer).
 
 Schema 2 declared the group fields above; schema 1 carried them in ``meta``. A frame of an older
 schema is refused on the sockets like any other schema (``bad_schema``, with a message that says
@@ -52,12 +53,12 @@ SCHEMA_VERSION = 3
 """The wire protocol's version: every message carries it as ``schema``, and a receiver rejects any
 other (2: a group's ``sampled_at``, ``greedy_text``, ``greedy_reward``, ``unscored_reason`` and
 ``unscored_detail`` are declared fields, no longer in its ``meta``; 3: a sample may be a
-multi-turn episode, its ``loss_mask`` marking the policy's own tokens)."""
+multi-turn episode, its ``episode`` holding the mask of the policy's own tokens)."""
 SCHEMA_CHANGES = {
     1: "schema 1 carried a group's sampled_at, greedy_text, greedy_reward, unscored_reason and "
     "unscored_detail in its meta; schema 2 declares them: run one asyncrl version in every process",
     2: "schema 2 knew single-turn answers only; schema 3 carries multi-turn episodes (a sample's "
-    "loss_mask, episode_id, turns, tool_calls, tool_errors, env_reward, env_error): run one asyncrl version in every process",
+    "episode: its loss mask, turns, tool calls and errors, the environment's reward): run one asyncrl version in every process",
 }
 """Why each older schema is refused: said in the ``bad_schema`` rejection."""
 MOVED_FROM_META = ("sampled_at", "greedy_text", "greedy_reward", "unscored_reason", "unscored_detail")
@@ -75,6 +76,34 @@ class WireError(ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # records
+
+
+@dataclass
+class Episode:
+    """A multi-turn episode's own fields, on its sample (``Sample.episode``). One field of the
+    sample, not seven: a single-turn answer pays one key on the wire for them, not seven."""
+
+    id: str
+    """The episode (``{group_id}/{index}``). An episode whose every prompt extended the last one
+    token for token is one sample; one whose context was edited is several, linked by this id."""
+    loss_mask: np.ndarray
+    """(T,) uint8 over the sample's ``response_ids``: 1 where the policy sampled the token, 0 where
+    it is context the episode put there (an environment's observation, a tool's result, the chat
+    template's turn markup): those tokens are never trained on and carry no behaviour
+    log-probability (0 in ``logprobs``)."""
+    turns: int = 1
+    """Model turns in this sample."""
+    tool_calls: int = 0
+    """Tool calls the model made in them."""
+    tool_errors: int = 0
+    """Of those, the calls that ended in an error observation (a bad call, a tool that failed,
+    hung or returned garbage)."""
+    env_reward: float | None = None
+    """The reward the environment gave the episode (the sum of its steps'), read by the
+    ``environment`` reward kind; None: the environment failed."""
+    env_error: str | None = None
+    """Why the environment failed the episode (it raised, or a step timed out; at most 200
+    characters): the ``environment`` reward leaves it unscored with this reason, never a 0."""
 
 
 @dataclass
@@ -105,28 +134,9 @@ class Sample:
     each index on, up to the next, were sampled by that version. Starts at index 0, indices and
     versions strictly increasing, first version >= the group's. None: every token by the group's
     version. Optional on the wire (older senders omit it)."""
-    loss_mask: np.ndarray | None = None
-    """(T,) uint8, 1 where the policy sampled the token, 0 where it is context the episode put
-    there (an environment's observation, a tool's result, the chat template's turn markup): those
-    tokens are never trained on and carry no behaviour log-probability (0 in ``logprobs``). None:
-    every token is the policy's (a single-turn answer). Optional on the wire."""
-    episode_id: str | None = None
-    """The multi-turn episode this sample belongs to (``{group_id}/{index}``); None for a
-    single-turn answer. An episode whose every prompt extended the last one token for token is
-    one sample; one whose context was edited is several, linked by this id."""
-    turns: int = 1
-    """Model turns in this sample (1 for a single-turn answer)."""
-    tool_calls: int = 0
-    """Tool calls the model made in this sample's turns."""
-    tool_errors: int = 0
-    """Of those, the calls that ended in an error observation (a bad call, a tool that failed,
-    hung or returned garbage)."""
-    env_reward: float | None = None
-    """The reward the environment gave the episode (the sum of its steps'), read by the
-    ``environment`` reward kind; None: no environment scored it."""
-    env_error: str | None = None
-    """Why the environment failed the episode (it raised, or a step timed out; at most 200
-    characters): the ``environment`` reward leaves it unscored with this reason, never a 0."""
+    episode: Episode | None = None
+    """What makes this sample a multi-turn episode (its loss mask, turns, tools, the
+    environment's reward); None for a single-turn answer. Optional on the wire."""
     trained_from: int = 0
     """Index of the first token trained on: the tokens before it stay in the sequence as context
     but are out of the loss, because the versions that sampled them were past the staleness
@@ -273,7 +283,7 @@ def validate_sample(s: Sample, g: Group) -> None:
             raise WireError("bad_fields", f"sample {s.uid}: reward_parts and reward_seconds must be maps")
     if s.version_segments is not None:
         validate_segments(s.version_segments, len(s.response_ids), g.policy_version, s.uid)
-    if s.loss_mask is not None or s.episode_id is not None:
+    if s.episode is not None:
         validate_episode(s)
     if type(s.trained_from) is not int or not 0 <= s.trained_from <= len(s.response_ids):
         raise WireError(
@@ -283,36 +293,43 @@ def validate_sample(s: Sample, g: Group) -> None:
 
 
 def validate_episode(s: Sample) -> None:
-    """A multi-turn sample's fields: ``loss_mask`` a 0/1 integer array shaped like
+    """A multi-turn sample's ``episode``: its ``loss_mask`` a 0/1 integer array shaped like
     ``response_ids`` whose masked tokens carry no behaviour log-probability (0), the counters
-    non-negative ints, ``episode_id`` a string, ``env_reward`` finite."""
-    mask = s.loss_mask
-    if mask is not None:
-        if not isinstance(mask, np.ndarray) or mask.shape != s.response_ids.shape or mask.dtype.kind not in "biu":
-            raise WireError(
-                "bad_fields", f"sample {s.uid}: loss_mask must be an integer array shaped like response_ids"
-            )
-        if ((mask != 0) & (mask != 1)).any():
-            raise WireError("bad_fields", f"sample {s.uid}: loss_mask must hold only 0 and 1")
-        if (s.logprobs[mask == 0] != 0).any():
-            raise WireError(
-                "bad_fields", f"sample {s.uid}: a token out of the loss (loss_mask 0) must carry no logprob (0)"
-            )
-    for name in ("episode_id", "env_error"):
-        if (value := getattr(s, name)) is not None and type(value) is not str:
-            raise WireError("bad_fields", f"sample {s.uid}: {name} ({value!r:.40}) must be a string or absent")
-    for name in ("turns", "tool_calls", "tool_errors"):
-        if type(value := getattr(s, name)) is not int or value < 0:
-            raise WireError("bad_fields", f"sample {s.uid}: {name} ({value!r:.40}) must be an int >= 0")
-    if s.env_reward is not None and not (isinstance(s.env_reward, int | float) and math.isfinite(s.env_reward)):
+    non-negative ints, ``id`` a string, ``env_reward`` finite."""
+    e = s.episode
+    if not isinstance(e, Episode):
+        raise WireError("bad_fields", f"sample {s.uid}: episode must be a map of the episode's fields or absent")
+    mask = e.loss_mask
+    if not isinstance(mask, np.ndarray) or mask.shape != s.response_ids.shape or mask.dtype.kind not in "biu":
+        raise WireError("bad_fields", f"sample {s.uid}: loss_mask must be an integer array shaped like response_ids")
+    if ((mask != 0) & (mask != 1)).any():
+        raise WireError("bad_fields", f"sample {s.uid}: loss_mask must hold only 0 and 1")
+    if (s.logprobs[mask == 0] != 0).any():
         raise WireError(
-            "nonfinite_reward", f"sample {s.uid}: env_reward ({s.env_reward!r:.40}) must be a finite number"
+            "bad_fields", f"sample {s.uid}: a token out of the loss (loss_mask 0) must carry no logprob (0)"
         )
+    for name in ("id", "env_error"):
+        value = getattr(e, name)
+        if (value is not None or name == "id") and type(value) is not str:
+            raise WireError("bad_fields", f"sample {s.uid}: episode {name} ({value!r:.40}) must be a string")
+    for name in ("turns", "tool_calls", "tool_errors"):
+        if type(value := getattr(e, name)) is not int or value < 0:
+            raise WireError("bad_fields", f"sample {s.uid}: {name} ({value!r:.40}) must be an int >= 0")
+    if e.env_reward is not None and not (isinstance(e.env_reward, int | float) and math.isfinite(e.env_reward)):
+        raise WireError(
+            "nonfinite_reward", f"sample {s.uid}: env_reward ({e.env_reward!r:.40}) must be a finite number"
+        )
+
+
+def loss_mask(sample: Sample) -> np.ndarray | None:
+    """The (T,) mask of ``sample``'s policy tokens (an episode's); None: every token is the policy's."""
+    return None if sample.episode is None else sample.episode.loss_mask
 
 
 def policy_tokens(sample: Sample) -> int:
     """Tokens of ``sample`` the policy sampled (those its ``loss_mask`` keeps; all without one)."""
-    return len(sample.response_ids) if sample.loss_mask is None else int(np.count_nonzero(sample.loss_mask))
+    mask = loss_mask(sample)
+    return len(sample.response_ids) if mask is None else int(np.count_nonzero(mask))
 
 
 def validate_segments(segments, num_tokens: int, policy_version: int, uid: str) -> None:

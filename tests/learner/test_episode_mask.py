@@ -13,7 +13,7 @@ import torch
 from asyncrl.learner.batch import collate, stale_samples
 from asyncrl.learner.config import AlgorithmConfig, LossAggMode, PolicyLoss
 from asyncrl.learner.step import micro_loss
-from asyncrl.wire.schema import Group, Sample
+from asyncrl.wire.schema import Episode, Group, Sample
 
 PROMPT = np.array([3, 4, 5], dtype=np.int32)
 # turn 1 (3 tokens), an observation (2), turn 2 (2 tokens), a tool result (3), turn 3 (1)
@@ -23,7 +23,7 @@ MASK = np.array([1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1], dtype=np.uint8)
 def episode(uid: str, shift: int, versions=None) -> Sample:
     ids = np.arange(10, 10 + len(MASK), dtype=np.int32) + shift
     logprobs = np.where(MASK == 1, -0.7 - 0.1 * np.arange(len(MASK)), 0.0).astype(np.float32)
-    return Sample(uid, ids, logprobs, "", "stop", loss_mask=MASK, episode_id=uid, turns=3, version_segments=versions)
+    return Sample(uid, ids, logprobs, "", "stop", version_segments=versions, episode=Episode(uid, MASK, turns=3))
 
 
 def group(version: int = 0, segments=None) -> Group:

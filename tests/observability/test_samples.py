@@ -13,7 +13,7 @@ from asyncrl.learner.sample_report import pick_groups, sample_texts
 from asyncrl.observability.samples import FILE, ROTATED, SamplesLog, format_samples, read_last, samples_markdown
 from asyncrl.wire import decode, encode
 from asyncrl.wire.messages import SamplesEvent
-from asyncrl.wire.schema import Group, Sample
+from asyncrl.wire.schema import Episode, Group, Sample
 
 
 def group(index: int, policy_version: int = 3, n: int = 2) -> Group:
@@ -103,9 +103,9 @@ def test_an_episode_is_shared_whole_with_its_turns_and_printed_with_the_environm
     g = group(7, n=1)
     sample = g.samples[0]
     sample.response_ids = np.array([ord(c) for c in "8lower3"], np.int32)
-    sample.loss_mask = np.array([1, 0, 0, 0, 0, 0, 1], np.uint8)
-    sample.logprobs = np.where(sample.loss_mask == 1, -0.5, 0.0).astype(np.float32)
-    sample.version_segments, sample.turns, sample.text = None, 2, "3"
+    mask = np.array([1, 0, 0, 0, 0, 0, 1], np.uint8)
+    sample.logprobs = np.where(mask == 1, -0.5, 0.0).astype(np.float32)
+    sample.version_segments, sample.text, sample.episode = None, "3", Episode("g7/0", mask, turns=2)
     decode = lambda ids: "".join(chr(i) for i in ids)  # noqa: E731
     (text,) = sample_texts([g], version=4, max_chars=200, decode=decode)
     assert (text.turns, text.masked_tokens, text.transcript, text.completion) == (2, 5, "8⟦lower⟧3", "3")

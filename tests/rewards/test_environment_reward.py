@@ -3,18 +3,25 @@ environment failed (or a sample no environment played) unscored with the reason,
 
 import asyncio
 
+import numpy as np
+
 from asyncrl.rewards.base import score_with
 from asyncrl.rewards.config import RewardSpec
 from asyncrl.rewards.registry import build_reward
 from asyncrl.rewards.unscored import Unscored
+from asyncrl.wire.schema import Episode
 from tests.factories import make_group
+
+
+def episode(**fields) -> Episode:
+    return Episode("e/0", np.ones(3, np.uint8), **fields)
 
 
 def test_each_episode_gets_its_environments_reward_or_is_unscored_with_the_reason():
     reward = build_reward(RewardSpec(kind="environment"))
     group = make_group("e", n=3)
-    group.samples[0].env_reward = 0.7
-    group.samples[1].env_error = "environment_timeout: its step took longer than 30 s"
+    group.samples[0].episode = episode(env_reward=0.7)
+    group.samples[1].episode = episode(env_error="environment_timeout: its step took longer than 30 s")
     results = asyncio.run(reward.score(group))
     assert results[0] == 0.7
     assert results[1] == Unscored("environment_timeout", "its step took longer than 30 s")
@@ -24,10 +31,11 @@ def test_each_episode_gets_its_environments_reward_or_is_unscored_with_the_reaso
 def test_unbounded_rewards_combine_and_an_unscored_episode_unscores_its_group():
     reward = build_reward(RewardSpec(kind="environment"))
     group = make_group("e", n=2)
-    group.samples[0].env_reward, group.samples[1].env_reward = 5.0, -2.0  # no declared range
+    group.samples[0].episode, group.samples[1].episode = episode(env_reward=5.0), episode(env_reward=-2.0)  # no range
     asyncio.run(score_with(group, [(reward, 1.0)]))
     assert [s.reward for s in group.samples] == [5.0, -2.0]
     failed = make_group("f", n=2)
-    failed.samples[0].env_reward, failed.samples[1].env_error = 1.0, "environment_failed: step raised KeyError: 'x'"
+    failed.samples[0].episode = episode(env_reward=1.0)
+    failed.samples[1].episode = episode(env_error="environment_failed: step raised KeyError: 'x'")
     asyncio.run(score_with(failed, [(reward, 1.0)]))
     assert failed.unscored_reason.startswith("reward_failed: environment: environment_failed")
