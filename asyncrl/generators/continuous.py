@@ -34,7 +34,9 @@ ledger as ``returned`` (dispatched, never sampled), like prompts that arrive aft
 
 An engine is driven through a *stream* (``asyncrl.generators.mock_stream.MockStream`` for the
 simulated engine, ``asyncrl.generators.vllm_stream.VLLMStream`` for vLLM's ``AsyncLLM``):
-``submit(key, prompt, sampling, seed, greedy_tokens)``, ``finished(timeout)`` -> ``[(key,
+``submit(key, prompt, sampling, seed, greedy_tokens)`` (or, with an environment,
+``submit_episodes(key, row, episodes, seed)``: a group of n multi-turn episodes,
+``asyncrl.generators.rollouts``), ``finished(timeout)`` -> ``[(key,
 completions, greedy_text)]``, ``abort(keys)``, ``running`` (sequences held), ``capacity(expected_tokens)``,
 ``kv_pressure()`` (a running count of KV-pressure signals), ``until_next(limit)`` (seconds worth waiting elsewhere before a group may be done).
 """
