@@ -8,6 +8,7 @@ that works, and unknown keys are errors that name the key.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,19 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise UserValueError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data
+
+
+def import_class(path: str, key: str) -> type:
+    """The class a config value names, ``module:Class``; a ValueError names ``key``, the value and
+    the rule."""
+    module_name, sep, name = path.partition(":")
+    if not sep or not module_name or not name:
+        raise ValueError(f"{key} ({path!r}) must be 'module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{key} ({path!r}): cannot import {module_name}: {e}") from e
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{key} ({path!r}): {module_name} has no class {name}")
+    return cls

@@ -5,12 +5,11 @@ config (``asyncrl.config``) imports this module and nothing else of the generato
 
 from __future__ import annotations
 
-import importlib
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from asyncrl.configbase import Config
+from asyncrl.configbase import Config, import_class
 
 
 class GeneratorConfig(Config):
@@ -91,17 +90,8 @@ class EnvironmentConfig(Config):
     @classmethod
     def _importable(cls, path: str | None) -> str | None:
         """A wrong path fails when the config is read, naming it, not in a generator's start."""
-        if path is None:
-            return path
-        module_name, sep, name = path.partition(":")
-        if not sep or not module_name or not name:
-            raise ValueError(f"environment.cls ({path!r}) must be 'module:Class'")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ValueError(f"environment.cls ({path!r}): cannot import {module_name}: {e}") from e
-        if not isinstance(getattr(module, name, None), type):
-            raise ValueError(f"environment.cls ({path!r}): {module_name} has no class {name}")
+        if path is not None:
+            import_class(path, "environment.cls")
         return path
 
 

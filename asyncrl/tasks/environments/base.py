@@ -28,11 +28,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from asyncrl.configbase import import_class
 from asyncrl.tasks.environments.tool_calls import ToolCall, parse_tool_calls
 from asyncrl.tasks.environments.tool_child import load as load_tool
 from asyncrl.tasks.environments.tool_runner import ToolRunner
@@ -193,16 +193,7 @@ def _parameters(ref: str) -> list[str]:
 
 def load_environment_class(path: str) -> type:
     """The class at ``module:Class``; a ValueError names what is wrong."""
-    module_name, sep, name = path.partition(":")
-    if not sep or not module_name or not name:
-        raise ValueError(f"environment.cls ({path!r}) must be 'module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"environment.cls ({path!r}): cannot import {module_name}: {e}") from e
-    cls = getattr(module, name, None)
-    if not inspect.isclass(cls):
-        raise ValueError(f"environment.cls ({path!r}): {module_name} has no class {name}")
+    cls = import_class(path, "environment.cls")
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing:
         raise ValueError(f"environment.cls ({path!r}) must define async {' and '.join(missing)} (see Environment)")
