@@ -81,6 +81,11 @@ class Completion:
     """The environment's reward for the episode (None: no environment, or it failed)."""
     env_error: str | None = None
     """Why the environment failed the episode (it raised or timed out): the episode is unscored."""
+    episode_index: int | None = None
+    """Which of the group's episodes this sample belongs to; None: its place among the completions."""
+    part: int = 0
+    """0, or k for the k-th later sample of an episode whose context stopped extending the one
+    before (``Episode.part``); such a part's ``prompt_ids`` are its own context."""
 
 
 def tokens_prompts(tokenizer, prompts: list[str], max_model_len: int) -> list:

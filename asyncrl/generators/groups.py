@@ -12,7 +12,8 @@ from asyncrl.wire.schema import Episode, Group, Sample
 def build_groups(
     rows: list[PromptRow], completions, version: int, generator: str, rollout_s: float, sampled_at: float = 0.0
 ) -> list[Group]:
-    """One ``Group`` per dispatched prompt row, from the engine's n completions of it.
+    """One ``Group`` per dispatched prompt row, from the engine's n completions of it (more when
+    an episode is split: its later parts follow, each with its own context).
 
     ``version`` stamps completions the engine did not label; labelled ones (``version_segments``,
     swapped in flight) stamp the group with the version of its oldest token, and a sample keeps
@@ -21,18 +22,20 @@ def build_groups(
     for row, comps in zip(rows, completions):
         segments = [c.version_segments or [[0, version]] for c in comps]
         oldest = min(seg[0][1] for seg in segments)
-        samples = [
-            Sample(
-                uid=f"{row['group_id']}/{i}",
-                response_ids=c.response_ids.astype(np.int32),
-                logprobs=c.logprobs.astype(np.float32),
-                text=c.text,
-                finish_reason=c.finish_reason,
-                version_segments=None if seg == [[0, oldest]] else seg,
-                **episode_fields(c, f"{row['group_id']}/{i}"),
+        samples = []
+        for i, (c, seg) in enumerate(zip(comps, segments)):
+            episode_id = f"{row['group_id']}/{i if c.episode_index is None else c.episode_index}"
+            samples.append(
+                Sample(
+                    uid=episode_id if c.part == 0 else f"{episode_id}.{c.part}",
+                    response_ids=c.response_ids.astype(np.int32),
+                    logprobs=c.logprobs.astype(np.float32),
+                    text=c.text,
+                    finish_reason=c.finish_reason,
+                    version_segments=None if seg == [[0, oldest]] else seg,
+                    **episode_fields(c, episode_id),
+                )
             )
-            for i, (c, seg) in enumerate(zip(comps, segments))
-        ]
         groups.append(
             Group(
                 group_id=row["group_id"],
@@ -65,6 +68,8 @@ def episode_fields(c, episode_id: str) -> dict:
             tool_errors=c.tool_errors,
             env_reward=c.env_reward,
             env_error=None if c.env_error is None else c.env_error[:200],
+            part=c.part,
+            prompt_ids=c.prompt_ids.astype(np.int32) if c.part > 0 else None,
         )
     )
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from asyncrl.wire.schema import Group, token_versions
+from asyncrl.wire.schema import Group, sample_prompt_ids, token_versions
 from asyncrl.wire.schema import loss_mask as policy_mask
 
 
@@ -104,7 +104,7 @@ def collate(
             versions = token_versions(sample, group.policy_version)  # (T,)
             rows.append(
                 (
-                    group.prompt_ids,
+                    sample_prompt_ids(group, sample),  # a later part of a split episode follows its own context
                     sample.response_ids,
                     sample.logprobs,
                     adv,

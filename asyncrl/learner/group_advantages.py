@@ -6,6 +6,13 @@ group, or over the batch for the estimators that need it, with the options ``alg
 (``estimator_options``); ``weighted_advantages`` scales each group's row by its importance
 weight. One (n_g,) array per group throughout. The critic's
 per-token advantages (``gae``) are ``asyncrl.learner.critic``'s.
+
+An episode split into several samples (``Episode.part``: an agent that edited its context)
+counts once: its outcome is its last part's reward (the part that holds its final answer), the
+estimator runs over the group's episodes with each episode's length the sum of its parts', and
+every part is trained with its episode's advantage. Counting parts as answers would weigh an
+episode by how often it edited its context. (verl's and AReaL's agent loops give each split
+sample the trajectory's reward likewise; here the baseline is also taken over episodes.)
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import numpy as np
 from asyncrl.learner.advantages import ADV_ESTIMATORS, BATCH_ESTIMATORS, remax_advantages
 from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.truncation import is_truncated, overlong_penalty
-from asyncrl.wire.schema import Group
+from asyncrl.wire.schema import Group, episode_parts
 
 
 def shaped_rewards(algo: AlgorithmConfig, groups: list[Group]) -> list[np.ndarray]:
@@ -24,7 +31,7 @@ def shaped_rewards(algo: AlgorithmConfig, groups: list[Group]) -> list[np.ndarra
     for group in groups:
         if not group.scored:
             raise ValueError(f"group {group.group_id}: every sample needs a reward before training")
-    rewards = [np.asarray([s.reward for s in g.samples], dtype=np.float32) for g in groups]
+    rewards = [episode_outcomes(g, np.asarray([s.reward for s in g.samples], dtype=np.float32)) for g in groups]
     truncation = algo.truncation
     if truncation.mode == "penalise":
         l_max, l_cache = truncation.interval(truncation.max_tokens)
@@ -33,6 +40,35 @@ def shaped_rewards(algo: AlgorithmConfig, groups: list[Group]) -> list[np.ndarra
             for r, g in zip(rewards, groups)
         ]
     return rewards
+
+
+def episode_outcomes(group: Group, row: np.ndarray) -> np.ndarray:
+    """``row`` (one reward per sample) with each part of a split episode given its episode's
+    outcome, the reward of its last part; unchanged when no episode is split."""
+    parts = episode_parts(group)
+    if parts is None:
+        return row
+    last = {episode: i for i, episode in enumerate(parts)}  # the last sample of each episode
+    return np.asarray([row[last[e]] for e in parts], dtype=row.dtype)
+
+
+def by_episode(group: Group, row: np.ndarray, reduce) -> np.ndarray:
+    """One value per episode of ``group`` from ``row`` (one per sample): ``reduce`` over its parts."""
+    parts = episode_parts(group)
+    if parts is None:
+        return row
+    count = max(parts) + 1
+    return np.asarray([reduce(row[[i for i, e in enumerate(parts) if e == k]]) for k in range(count)], dtype=row.dtype)
+
+
+def _last(values: np.ndarray):
+    return values[-1]
+
+
+def to_samples(group: Group, row: np.ndarray) -> np.ndarray:
+    """Each sample's value from ``row`` (one per episode): a part takes its episode's."""
+    parts = episode_parts(group)
+    return row if parts is None else row[np.asarray(parts)]
 
 
 def loss_lengths(algo: AlgorithmConfig, groups: list[Group]) -> list[np.ndarray]:
@@ -66,6 +102,16 @@ def group_advantages(
     """
     if rewards is None:
         rewards = shaped_rewards(algo, groups)
+    if any(episode_parts(g) is not None for g in groups):  # split episodes: estimated over episodes
+        outcomes = [by_episode(g, r, _last) for g, r in zip(groups, rewards)]
+        lengths = [by_episode(g, n, np.sum) for g, n in zip(groups, loss_lengths(algo, groups))]
+        rows = _estimate(algo, groups, outcomes, lengths)
+        return [to_samples(g, row) for g, row in zip(groups, rows)]
+    return _estimate(algo, groups, rewards, loss_lengths(algo, groups))
+
+
+def _estimate(algo: AlgorithmConfig, groups: list[Group], rewards: list[np.ndarray], lengths: list[np.ndarray]):
+    """``algorithm.adv_estimator`` over ``rewards`` (one row per group) of samples of ``lengths``."""
     if algo.adv_estimator == "remax":  # baseline: the reward of each prompt's greedy answer
         missing = [g.group_id for g in groups if g.greedy_reward is None]
         if missing:
@@ -76,7 +122,6 @@ def group_advantages(
     # priorities, it stands in with the group-centred rewards.
     estimator = ADV_ESTIMATORS["dr_grpo" if algo.adv_estimator == "gae" else algo.adv_estimator]
     options = estimator_options(algo)
-    lengths = loss_lengths(algo, groups)
     sizes = {len(r) for r in rewards}
     if len(sizes) == 1:
         return list(estimator(np.stack(rewards), lengths=np.stack(lengths), **options))  # (G, n) -> G rows

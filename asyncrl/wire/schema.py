@@ -104,6 +104,15 @@ class Episode:
     env_error: str | None = None
     """Why the environment failed the episode (it raised, or a step timed out; at most 200
     characters): the ``environment`` reward leaves it unscored with this reason, never a 0."""
+    part: int = 0
+    """This sample's place in its episode: 0, or k for the k-th time the episode went on from a
+    context that did not extend the one before token for token (an agent that edited or
+    summarised its history): a new sample then starts, linked to the others by ``id``. The
+    episode's outcome is its last part's; every part is trained with its episode's advantage
+    (``asyncrl.learner.group_advantages``)."""
+    prompt_ids: np.ndarray | None = None
+    """(P,) int32: the context a later part continues, in place of the group's ``prompt_ids``
+    (the learner's input is this, then ``response_ids``); None: the group's prompt."""
 
 
 @dataclass
@@ -177,7 +186,8 @@ class Group:
     generator: str
     """Name of the generator process that sampled it."""
     samples: list[Sample]
-    """The n answers."""
+    """The n answers (n episodes; more samples when an episode is split into parts,
+    ``Episode.part``)."""
     rollout_s: float = 0.0
     """Seconds from the generator receiving the prompt to the group being complete."""
     reward_s: float = 0.0
@@ -312,18 +322,47 @@ def validate_episode(s: Sample) -> None:
         value = getattr(e, name)
         if (value is not None or name == "id") and type(value) is not str:
             raise WireError("bad_fields", f"sample {s.uid}: episode {name} ({value!r:.40}) must be a string")
-    for name in ("turns", "tool_calls", "tool_errors"):
+    for name in ("turns", "tool_calls", "tool_errors", "part"):
         if type(value := getattr(e, name)) is not int or value < 0:
             raise WireError("bad_fields", f"sample {s.uid}: {name} ({value!r:.40}) must be an int >= 0")
     if e.env_reward is not None and not (isinstance(e.env_reward, int | float) and math.isfinite(e.env_reward)):
         raise WireError(
             "nonfinite_reward", f"sample {s.uid}: env_reward ({e.env_reward!r:.40}) must be a finite number"
         )
+    p = e.prompt_ids
+    if p is not None and (not isinstance(p, np.ndarray) or p.ndim != 1 or p.dtype.kind not in "iu" or len(p) == 0):
+        raise WireError(
+            "bad_fields", f"sample {s.uid}: episode prompt_ids must be a non-empty 1-D integer array or absent"
+        )
 
 
 def loss_mask(sample: Sample) -> np.ndarray | None:
     """The (T,) mask of ``sample``'s policy tokens (an episode's); None: every token is the policy's."""
     return None if sample.episode is None else sample.episode.loss_mask
+
+
+def sample_prompt_ids(group: Group, sample: Sample) -> np.ndarray:
+    """The ids ``sample``'s response follows: a later part's own context, else the group's prompt."""
+    if sample.episode is not None and sample.episode.prompt_ids is not None:
+        return sample.episode.prompt_ids
+    return group.prompt_ids
+
+
+def episode_parts(group: Group) -> list[int] | None:
+    """The index of each sample's episode among ``group``'s episodes (in order of first sample),
+    when some episode is split into several parts; None when every sample is its own episode.
+
+    >>> ids = np.zeros(1, dtype=np.int32)
+    >>> def part(uid, eid, k):
+    ...     return Sample(uid, ids, ids.astype(np.float32), "", "stop", episode=Episode(eid, ids.astype(np.uint8), part=k))
+    >>> g = Group("g", "p", "t", "", "", ids, 0, "gen-0", [part("g/0", "g/0", 0), part("g/0.1", "g/0", 1), part("g/1", "g/1", 0)])
+    >>> episode_parts(g)
+    [0, 0, 1]
+    """
+    if all(s.episode is None or s.episode.part == 0 for s in group.samples):
+        return None
+    index: dict[str, int] = {}
+    return [index.setdefault(s.uid if s.episode is None else s.episode.id, len(index)) for s in group.samples]
 
 
 def policy_tokens(sample: Sample) -> int:
