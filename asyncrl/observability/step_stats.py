@@ -137,6 +137,27 @@ class StepStats(msgspec.Struct, kw_only=True):
     """Response tokens outside pi_theta's top-k/top-p set (0 without top-k/top-p)."""
     padding_frac: float | None = None
     """Padding / token slots of the micro batches' forward passes (``asyncrl.learner.packing``)."""
+    # -- multi-turn episodes: set by the learner process from the batch's ``Sample.episode``s
+    # (``asyncrl.learner.step_report.episode_figures``); None on a batch of single-turn answers
+    episodes: int | None = None
+    """Episodes in the batch (an episode of several parts, linked by ``Episode.id``, counts once)."""
+    episode_turns: float | None = None
+    """Mean model turns per episode."""
+    episode_tool_calls: float | None = None
+    """Mean tool calls per episode."""
+    episode_tool_errors: float | None = None
+    """Mean tool calls per episode that ended in an error observation."""
+    episode_tokens: float | None = None
+    """Mean length of an episode in response tokens, the model's and the environment's, all its parts."""
+    episode_masked_tokens: float | None = None
+    """Mean tokens per episode out of the loss as context (``loss_mask`` 0: the environment's
+    observations, tool results, the chat template's turn markup)."""
+    episode_masked_frac: float | None = None
+    """Those tokens' share of every response token of the batch (single-turn answers' included):
+    out of the loss by design, unlike ``masked_frac``'s."""
+    episode_env_failed: float | None = None
+    """Share of the episodes the environment failed (``env_error``: it raised or timed out); those
+    the ``environment`` reward scores are dropped unscored before the learner, so 0 then."""
     # -- the KL reference and the critic
     ref_kl: float | None = None
     """Token-mean KL to the reference policy, when one is used."""
