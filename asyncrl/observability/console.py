@@ -3,8 +3,9 @@
 * ``live``: a panel redrawn in place (rich) with the step and a progress bar, reward, accuracy,
   staleness, loss, tokens/s, and one line per process with its state: starting, ready, serving vN
   (a generator), at vN (the learner), restarting, exited (rc), stopped. Falls back to ``plain``
-  when stdout is not a terminal (a log file, a CI job).
-* ``plain``: one line per learner step.
+  when stdout is not a terminal (a log file, a CI job). A step that trained multi-turn episodes
+  adds a row: turns, tool calls (errors) per episode, and the masked tokens' share (``EPISODE``).
+* ``plain``: one line per learner step (with the episode figures when it trained episodes).
 * ``quiet``: nothing per step (log lines and the final summary only).
 * ``jsonl``: one JSON object per learner step on stdout and nothing else there, for services
   and scripts (``{"type": "step", "version": ..., "reward": ..., "components": {...}}``: the
@@ -17,7 +18,7 @@ stats, when such a reward ran). Tokens/s is response tokens trained per second o
 
 ``update(ev)`` takes every event the controller receives (their ``source``, ``type``, ``role``
 and ``version`` set the process states); ``step(stats, t)`` each learner step's ``StepStats``.
-The statistics shown are named in ``CELLS`` and ``LINE_EXTRAS``, checked against ``StepStats``
+The statistics shown are named in ``CELLS``, ``LINE_EXTRAS`` and ``EPISODE``, checked against ``StepStats``
 when this module is imported.
 """
 
@@ -152,7 +153,35 @@ def step_line(stats: StepStats, total: int, tokens_per_s: float | None = None) -
         if (value := getattr(stats, key)) is not None:
             label, fmt = _LINE_LABELS[key]
             parts.append(f"{label} {value:{fmt}}")
+    parts += [f"{label} {value}" for label, value in episode_cells(stats)]
     return "  ".join(parts)
+
+
+EPISODE = check_names(
+    ("episode_turns", "episode_tool_calls", "episode_tool_errors", "episode_masked_frac"), "console.EPISODE"
+)
+"""A step's multi-turn figures, shown when it trained episodes (a single-turn run's console is
+unchanged): on the ``plain`` line and as a row of the live panel."""
+
+
+def episode_cells(stats: StepStats | None) -> list[tuple[str, str]]:
+    """(label, value) of the ``EPISODE`` figures; none for a step without episodes.
+
+    >>> s = StepStats(version=1, loss=0.0, tokens=8, staleness_mean=0.0, staleness_max=0)
+    >>> episode_cells(s)
+    []
+    >>> s.episode_turns, s.episode_tool_calls, s.episode_tool_errors, s.episode_masked_frac = 2.5, 1.5, 0.5, 0.25
+    >>> episode_cells(s)
+    [('turns/ep', '2.50'), ('tools/ep', '1.50 (0.50 err)'), ('masked', '25.0%')]
+    """
+    if stats is None or stats.episode_turns is None:
+        return []
+    turns, calls, errors, masked = (getattr(stats, key) for key in EPISODE)
+    return [
+        ("turns/ep", _fmt(turns, ".2f")),
+        ("tools/ep", f"{_fmt(calls, '.2f')} ({_fmt(errors, '.2f')} err)"),
+        ("masked", _fmt(masked, ".1%")),
+    ]
 
 
 CELLS = (
@@ -279,6 +308,10 @@ class RunConsole:
         cells = [(label, getattr(last, key) if last is not None else None, fmt) for label, key, fmt in CELLS]
         cells += [("tokens/s", window.tokens_per_s, ",.0f"), ("samples/s", window.samples_per_s, ",.1f")]
         numbers.add_row(*(f"{name} [bold]{_fmt(value, fmt)}[/]" for name, value, fmt in cells))
+        episode_row = None
+        if episodes := episode_cells(last):  # a grid of its own: the numbers' columns keep their widths
+            episode_row = Table.grid(padding=(0, 3))
+            episode_row.add_row(*(f"{name} [bold]{value}[/]" for name, value in episodes))
         held_out = []
         if window.eval_before is not None:
             held_out.append(f"held-out exact match before RL [bold]{window.eval_before:.3f}[/]")
@@ -292,7 +325,13 @@ class RunConsole:
             state = snapshot[name]
             style = "red" if state.startswith(("exited", "failed", "restarting")) else "green"
             procs.add_row(name, f"[{style}]{state}[/]")
-        parts = [head, numbers, *([" ".join(held_out)] if held_out else []), procs]
+        parts = [
+            head,
+            numbers,
+            *([episode_row] if episode_row else []),
+            *([" ".join(held_out)] if held_out else []),
+            procs,
+        ]
         return Panel(Group(*parts), title="asyncrl", border_style="blue")
 
 

@@ -130,3 +130,35 @@ def test_a_statistic_the_console_names_must_be_a_step_stat():
         check_names(("clipfrac", "clipfrc"), "console.LINE_EXTRAS")
     with pytest.raises(AttributeError, match="clipfrc"):
         _ = stats(1).clipfrc
+
+
+EPISODES = dict(episodes=4, episode_turns=2.5, episode_tool_calls=1.25, episode_tool_errors=0.5)
+EPISODES |= dict(episode_masked_frac=0.375, episode_masked_tokens=12.0, episode_tokens=40.0, episode_env_failed=0.0)
+
+
+def test_a_step_of_episodes_shows_turns_tool_calls_and_masked_share_and_a_single_turn_step_does_not():
+    line = step_line(stats(3, **EPISODES), 5)
+    assert "turns/ep 2.50" in line and "tools/ep 1.25 (0.50 err)" in line and "masked 37.5%" in line
+    single = step_line(stats(3), 5)
+    assert "turns" not in single and "tools" not in single and "masked" not in single
+    # a single-turn step's line is the one it was before episodes had figures
+    assert single == ("step    3/5  loss +0.0100  reward 0.500  acc 0.250  staleness 1.50/3  wait 0.10s step 0.20s")
+
+
+def test_live_panel_adds_the_episode_row_only_for_steps_of_episodes():
+    def screen(steps) -> str:
+        console = RunConsole("live", total_steps=10, run_name="demo", out=TTY())
+        try:
+            for s, t in steps:
+                console.step(s, t)
+            out = io.StringIO()
+            Console(file=out, width=160).print(console.render())
+            return out.getvalue()
+        finally:
+            console.close()
+
+    with_episodes = screen([(stats(1, **EPISODES), 2.0)])
+    for expected in ("turns/ep 2.50", "tools/ep 1.25 (0.50 err)", "masked 37.5%", "reward 0.500"):
+        assert expected in with_episodes, expected
+    single = screen([(stats(1), 2.0)])
+    assert "turns/ep" not in single and "tools/ep" not in single and "reward 0.500" in single
