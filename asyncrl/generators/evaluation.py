@@ -130,7 +130,7 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
 
     With ``episodes`` (an environment's run: ``asyncrl.generators.rollouts.episode_group``) each
     prompt is played as episodes, greedy and sampled, and the answer carries each episode's
-    environment reward beside its last turn's text (``answer_with_episodes``).
+    environment reward, turns and tool calls beside its last turn's text (``answer_with_episodes``).
 
     A prompt the engine refuses (too long for ``engine.max_model_len``) fails the request, not
     the generator: every prompt of it is answered with an empty text (scored wrong), and the
@@ -141,10 +141,9 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
     queued_s = max(0.0, time.time() - request.sent_at)
     version = engine.version
     start = time.monotonic()
-    env_rewards: list[list[float | None]] = []
-    env_errors: list[list[str | None]] = []
+    played: dict[str, list] = {}
     if episodes is not None:
-        answers, env_rewards, env_errors = answer_with_episodes(engine, episodes, request, ctx)
+        answers, played = answer_with_episodes(engine, episodes, request, ctx)
     else:
         prompts, options = answer_options(request, ctx.cfg.sampling)
         try:
@@ -173,24 +172,25 @@ def answer_eval_request(engine, receiver, ctx: GeneratorContext, counters: EvalC
             sample_finish_reasons=[[finish for _, finish in answers] for answers in sampled],
             seconds=seconds,
             queued_s=queued_s,
-            env_rewards=env_rewards,
-            env_errors=env_errors,
+            **played,
         )
     )
     return True
 
 
 def answer_with_episodes(engine, episodes, request: EvalRequest, ctx: GeneratorContext):
-    """An evaluation request played as episodes on the async engine: ``(answers, env_rewards,
-    env_errors)``, the answers laid out as ``engine.answer``'s (each prompt's greedy episode, then
-    each prompt's ``samples_k`` sampled ones) and the two lists per prompt, greedy first.
+    """An evaluation request played as episodes on the async engine: ``(answers, played)``, the
+    answers laid out as ``engine.answer``'s (each prompt's greedy episode, then each prompt's
+    ``samples_k`` sampled ones) and ``played`` the ``EvalResult`` fields of the episodes, one list
+    per prompt, greedy first: ``env_rewards``, ``env_errors``, ``turns``, ``tool_calls``,
+    ``tool_errors`` ({} when the request failed).
 
     The generator's thread waits for them as it waits for ``engine.answer``, at most
     ``eval.timeout_floor_s`` (the controller's shortest wait for a request: an answer later than
     that would be asked again elsewhere); past it, or if a prompt is refused, the request is
     answered with errors (scored wrong) and the episodes are cancelled."""
     count, k = len(request.prompts), request.samples_k
-    failed = ([[("", "error")] for _ in range(count)] + [[("", "error")] * k for _ in range(count if k else 0)], [], [])
+    failed = ([[("", "error")] for _ in range(count)] + [[("", "error")] * k for _ in range(count if k else 0)], {})
     if len(request.rows) != count:
         log.warning(
             "%s: eval %s request %d has %d rows for %d prompts: an environment needs each prompt's row",
@@ -224,6 +224,10 @@ def answer_with_episodes(engine, episodes, request: EvalRequest, ctx: GeneratorC
         return failed
     greedy = [[(eps[0].text, eps[0].finish_reason)] for eps in played]
     sampled = [[(e.text, e.finish_reason) for e in eps[1:]] for eps in played] if k else []
-    env_rewards = [[e.env_reward for e in eps] for eps in played]
-    env_errors = [[e.env_error for e in eps] for eps in played]
-    return greedy + sampled, env_rewards, env_errors
+    return greedy + sampled, {
+        "env_rewards": [[e.env_reward for e in eps] for eps in played],
+        "env_errors": [[e.env_error for e in eps] for eps in played],
+        "turns": [[e.turns for e in eps] for eps in played],
+        "tool_calls": [[e.tool_calls for e in eps] for eps in played],
+        "tool_errors": [[e.tool_errors for e in eps] for eps in played],
+    }

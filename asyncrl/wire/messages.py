@@ -348,6 +348,13 @@ class EvalResult(Message, tag="eval_result"):
     the environment failed); empty otherwise."""
     env_errors: list[list[str | None]] = []
     """Why each of those episodes' environment failed (None: it did not)."""
+    turns: list[list[int]] = []
+    """With an environment: each of those episodes' model turns, greedy first; empty otherwise
+    (and from a generator that predates them: the round then reports no episode figures)."""
+    tool_calls: list[list[int]] = []
+    """Each of those episodes' tool calls."""
+    tool_errors: list[list[int]] = []
+    """Each of those episodes' tool calls that ended in an error observation."""
     source: str = ""
     role: str = ""
     loop: str | None = None
