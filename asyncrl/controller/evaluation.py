@@ -105,10 +105,15 @@ class Evaluations:
 
 
 def describe(figures: dict) -> str:
-    """One line of a round's (or a set's) figures: greedy accuracy, completed correctness, mean@k, pass@k.
+    """One line of a round's (or a set's) figures: greedy accuracy, completed correctness, mean@k,
+    pass@k, and, for prompts played as episodes, the greedy episodes' turns and tool calls and
+    the environment's failures.
 
     >>> describe({"exact_match": 0.5, "completed": 0.75, "completed_accuracy": 0.6667})
     'greedy 0.500 (completed 0.750, correct of those 0.667)'
+    >>> played = {"episode_turns": 2.5, "episode_tool_calls": 1.25, "episode_tool_errors": 0.5, "env_failures": 1}
+    >>> describe({"exact_match": 0.5, "completed": 1.0, "completed_accuracy": 0.5, **played})
+    'greedy 0.500 (completed 1.000, correct of those 0.500); episodes: 2.50 turns, 1.25 tool calls (0.50 errors), 1 failed by the environment'
     """
 
     def share(value: float | None) -> str:
@@ -124,5 +129,14 @@ def describe(figures: dict) -> str:
             f", sampled k={k}: mean@k {share(figures['mean_at_k'])}, pass@k {share(figures['pass_at_k'])} "
             f"(completed {share(figures['sampled_completed'])}, correct of those "
             f"{share(figures['sampled_completed_accuracy'])})"
+        )
+    if "env_failures" in figures:  # played as episodes
+
+        def mean(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.2f}"
+
+        line += (
+            f"; episodes: {mean(figures['episode_turns'])} turns, {mean(figures['episode_tool_calls'])} tool calls "
+            f"({mean(figures['episode_tool_errors'])} errors), {figures['env_failures']} failed by the environment"
         )
     return line

@@ -36,8 +36,16 @@ EVAL_SCALARS = (
     "pass_at_k",
     "sampled_completed",
     "sampled_completed_accuracy",
+    "episode_turns",
+    "episode_tool_calls",
+    "episode_tool_errors",
+    "sampled_episode_turns",
+    "sampled_episode_tool_calls",
+    "sampled_episode_tool_errors",
+    "env_failures",
 )
-"""The figures of an evaluation record (``asyncrl.tasks.eval_metrics``) that go to TensorBoard."""
+"""The figures of an evaluation record (``asyncrl.tasks.eval_metrics``) that go to TensorBoard
+(those a round has: the episode figures when its prompts were played as episodes)."""
 
 
 class RunProgress:

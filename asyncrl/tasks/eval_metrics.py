@@ -18,6 +18,16 @@ is *correct* when its value is at least ``eval.correct_at``. Over the prompts of
 - ``sampled_completed`` and ``sampled_completed_accuracy``: as for greedy, over the samples;
 - ``unscored``: answers the reward could not score (a timeout, an error); they count as wrong.
 
+When the prompts are played as episodes of an environment (``environment.cls``), beside the score:
+
+- ``episode_turns``, ``episode_tool_calls``, ``episode_tool_errors``: the greedy episodes' mean
+  model turns, tool calls, and tool calls that ended in an error observation, per episode (None
+  when the generators did not send them: older ones);
+- ``sampled_episode_turns``, ``sampled_episode_tool_calls``, ``sampled_episode_tool_errors``: the
+  same over the sampled episodes;
+- ``env_failures``: episodes, greedy and sampled, the environment failed (it raised or timed out;
+  their answers are unscored, so wrong).
+
 A prompt the reward cannot score at all (no reference answer for a reward that compares with one)
 is left out of every share, as before rewards scored evaluation.
 """
@@ -72,14 +82,23 @@ class PromptScore:
     greedy_ended: bool
     samples: list[float | None] = field(default_factory=list)
     samples_ended: list[bool] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    """Played as episodes: each answer's model turns, greedy first; empty otherwise (or not sent)."""
+    tool_calls: list[int] = field(default_factory=list)
+    """Each answer's tool calls, greedy first (as ``turns``)."""
+    tool_errors: list[int] = field(default_factory=list)
+    """Each answer's tool calls that ended in an error observation, greedy first (as ``turns``)."""
+    env_failed: list[bool] = field(default_factory=list)
+    """Played as episodes: whether the environment failed each answer's episode, greedy first."""
 
 
 def _share(num: int, den: int) -> float | None:
     return num / den if den else None
 
 
-def round_metrics(scores: list[PromptScore], correct_at: float, samples_k: int) -> dict:
-    """The figures of the module docstring over ``scores`` (one set, one task, or a round)."""
+def round_metrics(scores: list[PromptScore], correct_at: float, samples_k: int, episodes: bool = False) -> dict:
+    """The figures of the module docstring over ``scores`` (one set, one task, or a round);
+    ``episodes``: the prompts were played as episodes (then the episode figures too)."""
 
     def right(value: float | None) -> bool:
         return value is not None and value >= correct_at
@@ -109,9 +128,34 @@ def round_metrics(scores: list[PromptScore], correct_at: float, samples_k: int) 
             sampled_completed=_share(len(finished), len(flat)),
             sampled_completed_accuracy=_share(sum(finished), len(finished)),
         )
+    if episodes:
+        out.update(episode_metrics(scores, samples_k))
     return out
 
 
-def empty_metrics(samples_k: int) -> dict:
+def episode_metrics(scores: list[PromptScore], samples_k: int) -> dict:
+    """The episode figures of the module docstring over ``scores`` (prompts played as episodes).
+
+    >>> played = [PromptScore("guess", "test", 1.0, True, turns=[3], tool_calls=[2], tool_errors=[1], env_failed=[False]),
+    ...           PromptScore("guess", "test", None, True, turns=[1], tool_calls=[0], tool_errors=[0], env_failed=[True])]
+    >>> episode_metrics(played, 0)
+    {'episode_turns': 2.0, 'episode_tool_calls': 1.0, 'episode_tool_errors': 0.5, 'env_failures': 1}
+    """
+    sent = [s for s in scores if s.turns]  # a generator that predates the figures sends none
+
+    def mean(values: list[int]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    out = {
+        f"episode_{name}": mean([getattr(s, name)[0] for s in sent]) for name in ("turns", "tool_calls", "tool_errors")
+    }
+    if samples_k:
+        for name in ("turns", "tool_calls", "tool_errors"):
+            out[f"sampled_episode_{name}"] = mean([v for s in sent for v in getattr(s, name)[1:]])
+    out["env_failures"] = sum(sum(s.env_failed) for s in scores)
+    return out
+
+
+def empty_metrics(samples_k: int, episodes: bool = False) -> dict:
     """The figures of a round with no score (failed): every share None."""
-    return {key: (None if key != "samples_k" else samples_k) for key in round_metrics([], 1.0, samples_k)}
+    return {key: (None if key != "samples_k" else samples_k) for key in round_metrics([], 1.0, samples_k, episodes)}

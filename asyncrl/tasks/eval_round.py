@@ -130,10 +130,16 @@ class EvalRound:
             shapes += [len(body.env_rewards), len(body.env_errors)]
             want += [n, n]
             inner += [len(x) - 1 for x in body.env_rewards + body.env_errors]
+            figures = [body.turns, body.tool_calls, body.tool_errors]
+            if any(figures):  # and their turns and tool calls (a generator that predates them: none)
+                shapes += [len(x) for x in figures]
+                want += [n, n, n]
+                inner += [len(x) - 1 for x in body.turns + body.tool_calls + body.tool_errors]
         if shapes != want or any(m != k for m in inner):
             log.warning(
                 "eval %s: chunk %d came back with %s answers (texts, finish reasons, samples, their finish "
-                "reasons) for %d prompts and k = %d; ignored",
+                "reasons; episodes: rewards, errors, turns, tool calls, tool errors) for %d prompts and k = %d; "
+                "ignored",
                 self.label,
                 chunk,
                 shapes,
@@ -171,22 +177,27 @@ class EvalRound:
     def score(self, chunk: int, values: list[list[float | None] | None]) -> None:
         """Each prompt's reward values (greedy, then sampled; None: unscored), or None for a prompt
         its reward cannot score (no reference answer)."""
-        answers = self.answers(chunk)
+        answers, body = self.answers(chunk), self.answered[chunk]
         scores = []
         for index, (given, prompt_values, prompt_answers) in enumerate(zip(self.chunk_prompts(chunk), values, answers)):
             if prompt_values is None:
                 continue
             ended = [finish == "stop" for _, finish in prompt_answers]
-            scores.append(
-                PromptScore(
-                    given.task,
-                    self.sets[chunk * self.chunk_size + index],
-                    prompt_values[0],
-                    ended[0],
-                    list(prompt_values[1:]),
-                    ended[1:],
-                )
+            score = PromptScore(
+                given.task,
+                self.sets[chunk * self.chunk_size + index],
+                prompt_values[0],
+                ended[0],
+                list(prompt_values[1:]),
+                ended[1:],
             )
+            if self.episodes:
+                score.env_failed = [error is not None for error in body.env_errors[index]]
+                if body.turns:
+                    score.turns = list(body.turns[index])
+                    score.tool_calls = list(body.tool_calls[index])
+                    score.tool_errors = list(body.tool_errors[index])
+            scores.append(score)
         self.scored[chunk] = scores
 
     @property
@@ -196,13 +207,18 @@ class EvalRound:
     def record(self) -> dict:
         """What the run writes about this round (``evals.jsonl``, the console, TensorBoard): the
         figures of the task's own split at the top (``asyncrl.tasks.eval_metrics``); with prompts of
-        several tasks (a mix), ``by_task`` holds each one's; with ``eval.sets``, ``sets`` each set's."""
+        several tasks (a mix), ``by_task`` holds each one's; with ``eval.sets``, ``sets`` each set's.
+        Played as episodes, every one of them has the episode figures too."""
         k, at = self.cfg.samples_k, self.cfg.correct_at
         complete = len(self.scored) == self.num_chunks and self.failed is None
         scores = [s for chunk in sorted(self.scored) for s in self.scored[chunk]] if complete else []
 
         def figures(selected: list[PromptScore]) -> dict:
-            return round_metrics(selected, at, k) if complete and selected else empty_metrics(k)
+            return (
+                round_metrics(selected, at, k, self.episodes)
+                if complete and selected
+                else empty_metrics(k, self.episodes)
+            )
 
         main = [s for s in scores if s.eval_set == MAIN_SET]
         record = {

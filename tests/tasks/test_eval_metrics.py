@@ -63,3 +63,33 @@ def test_mean_and_pass_at_k_over_sampled_answers():
     assert m["sampled_completed_accuracy"] == pytest.approx(4 / 10)  # 1 + 0 + 3 right among the 10 ended
     # a lower threshold counts the 0.5 as right
     assert round_metrics(scores, correct_at=0.5, samples_k=4)["mean_at_k"] == pytest.approx((1 / 4 + 0 + 1) / 3)
+
+
+def played(greedy, turns, calls, errors, failed, samples=()):
+    s = score(greedy, True, samples, [True] * len(samples))
+    s.turns, s.tool_calls, s.tool_errors, s.env_failed = list(turns), list(calls), list(errors), list(failed)
+    return s
+
+
+def test_episode_figures_beside_the_score_greedy_and_sampled_apart():
+    scores = [  # per prompt: the greedy episode, then two sampled
+        played(1.0, [2, 3, 1], [1, 2, 0], [0, 1, 0], [False, False, False], [1.0, 0.0]),
+        played(None, [4, 1, 2], [3, 0, 1], [3, 0, 1], [True, False, True], [0.0, None]),
+    ]
+    m = round_metrics(scores, correct_at=1.0, samples_k=2, episodes=True)
+    assert m["exact_match"] == 0.5 and m["unscored"] == 2
+    assert m["episode_turns"] == 3.0 and m["episode_tool_calls"] == 2.0 and m["episode_tool_errors"] == 1.5
+    assert m["sampled_episode_turns"] == pytest.approx((3 + 1 + 1 + 2) / 4)
+    assert m["sampled_episode_tool_calls"] == pytest.approx(3 / 4)
+    assert m["sampled_episode_tool_errors"] == pytest.approx(2 / 4)
+    assert m["env_failures"] == 2  # the second prompt's greedy and second sampled episodes
+    greedy_only = round_metrics([played(1.0, [2], [1], [0], [False])], correct_at=1.0, samples_k=0, episodes=True)
+    assert "sampled_episode_turns" not in greedy_only and greedy_only["episode_turns"] == 2.0
+
+
+def test_episodes_from_a_generator_that_sends_no_turns_count_failures_only_and_answers_none():
+    s = score(0.0, True)
+    s.env_failed = [True]  # env_errors came, turns and tool calls did not
+    m = round_metrics([s], correct_at=1.0, samples_k=0, episodes=True)
+    assert m["episode_turns"] is None and m["episode_tool_calls"] is None and m["env_failures"] == 1
+    assert "episode_turns" not in round_metrics([score(1.0, True)], correct_at=1.0, samples_k=0)

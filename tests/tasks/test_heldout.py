@@ -187,3 +187,44 @@ def test_with_an_environment_requests_carry_the_rows_and_answers_their_episodes_
     assert record["rewards"] == {"guess_number": "environment"}
     assert record["exact_match"] == pytest.approx(1 / 3)  # the greedy episodes: one found the number
     assert record["pass_at_k"] == pytest.approx(1 / 3)  # the sampled: one found it, one failed (unscored: wrong)
+
+
+def test_a_round_of_episodes_reports_turns_tool_calls_and_environment_failures_beside_the_score():
+    from asyncrl.tasks.eval_round import EvalRound
+
+    prompts = [Prompt(f"p{i}", "guess 1-16:", str(i + 1), "guess_number") for i in range(2)]
+    cfg = EvalConfig(chunk_prompts=2, samples_k=1, correct_at=0.05)
+    body = dict(round="before", chunk=0, generator="g", version=0, seconds=0.1, queued_s=0.0)
+    body |= dict(
+        texts=["8", "3"], finish_reasons=["stop"] * 2, samples=[["4"]] * 2, sample_finish_reasons=[["stop"]] * 2
+    )
+    body |= dict(env_rewards=[[0.9, 0.0], [0.0, None]], env_errors=[[None, None], [None, "environment_failed: x"]])
+    figures = dict(turns=[[2, 4], [3, 1]], tool_calls=[[1, 2], [0, 1]], tool_errors=[[0, 2], [0, 1]])
+
+    def result(**fields):  # through the real codec, as the controller receives it
+        return decode(encode(EvalResult(**{**body, **fields})))[1]
+
+    r = EvalRound("before", 0, prompts, cfg, episodes=True)
+    assert r.answer(result(**{**figures, "turns": [[2], [3]]})) is None and 0 not in r.answered  # one per episode
+    r.answer(result(**figures))
+    r.score(0, [[0.9, 0.0], [0.0, None]])
+    record = r.record()
+    assert record["exact_match"] == 0.5
+    assert record["episode_turns"] == 2.5 and record["episode_tool_calls"] == 0.5 and record["episode_tool_errors"] == 0
+    assert record["sampled_episode_turns"] == 2.5 and record["sampled_episode_tool_errors"] == 1.5
+    assert record["env_failures"] == 1
+
+    # a generator that predates the figures: the answer is taken, the failures counted, the means unknown
+    older = EvalRound("v2", 2, prompts, cfg, episodes=True)
+    old = result()
+    assert old.turns == [] and older.answer(old) is None and 0 in older.answered
+    older.score(0, [[0.9, 0.0], [0.0, None]])
+    record = older.record()
+    assert record["episode_turns"] is None and record["sampled_episode_tool_calls"] is None
+    assert record["env_failures"] == 1
+
+    # a failed round of episodes keeps the episode keys (every one None), a round of answers has none
+    failed = EvalRound("v4", 4, prompts, cfg, episodes=True)
+    failed.failed = "request 0 unanswered"
+    assert failed.record()["episode_turns"] is None and "env_failures" in failed.record()
+    assert "episode_turns" not in EvalRound("v4", 4, PROMPTS, cfg).record()
