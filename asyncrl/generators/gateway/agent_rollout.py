@@ -35,7 +35,7 @@ import os
 import signal
 from typing import Any
 
-from asyncrl.generators.engines.base import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.gateway.recorder import EpisodeRecorder
 from asyncrl.generators.gateway.server import Gateway
 from asyncrl.generators.gateway.session import AgentEpisode, turn_params
@@ -121,6 +121,8 @@ class AgentGroups:
             error = await self._play(episode_id, episode, row)
         finally:
             await self.gateway.end(episode_id)
+        if episode.failure is not None:
+            raise RuntimeError(f"agent episode {name}: the engine failed") from episode.failure
         self.counts["episodes"] += 1
         self.counts["ignored_sampling"] += bool(episode.ignored)
         parts = recorder.completions(index)

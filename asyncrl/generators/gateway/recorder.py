@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.generators.engines.base import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.rollouts.episode import EpisodeBuilder
 from asyncrl.generators.rollouts.render import Message
 

@@ -74,7 +74,7 @@ class Gateway:
         # handler_cancellation: a client that hangs up cancels its call (its engine request is aborted).
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, shutdown_timeout=5.0)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = self._runner.addresses[0][1]
 

@@ -19,7 +19,7 @@ import logging
 import math
 import secrets
 
-from asyncrl.generators.engines.base import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.gateway.recorder import Context, EpisodeRecorder
 from asyncrl.generators.sampling import derive_seed
 
@@ -89,6 +89,8 @@ class AgentEpisode:
         self.rewarded = asyncio.Event()
         self.ignored: set[str] = set()
         """Request fields this episode asked for and the gateway ignored (logged once)."""
+        self.failure: BaseException | None = None
+        """What the engine raised during a call, if anything."""
         self._lock = asyncio.Lock()
         self._calls: set[asyncio.Task] = set()
         self._started = 0
@@ -146,13 +148,17 @@ class AgentEpisode:
             task = asyncio.ensure_future(self.engine.sample_request(context.ids, params, f"{self.name}/c{index}"))
             self._calls.add(task)
             try:
-                turn = await task
+                await asyncio.wait({task})  # a task cancelled by close() ends the wait, not this handler
             except asyncio.CancelledError:
-                task.cancel()  # the client went away, or the episode closed: vLLM aborts the request
+                task.cancel()  # the client went away: vLLM aborts the request
                 raise
             finally:
                 self._calls.discard(task)
             self._check_open()  # closed while sampling: the turn is not the episode's
+            if task.exception() is not None:
+                self.failure = task.exception()  # the engine's failure is the generator's (AgentGroups raises it)
+                raise GatewayError(500, f"the engine failed: {self.failure!r:.200}", "server_error")
+            turn = task.result()
             self.recorder.add_turn(context, turn)
             return turn, len(context.ids)
 

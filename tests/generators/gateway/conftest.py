@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from asyncrl.generators.engines.base import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.models.char_tokenizer import build_char_tokenizer
 
 CHATML = (

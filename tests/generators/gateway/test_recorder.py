@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncrl.generators.engines.base import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.gateway.recorder import EpisodeRecorder
 from asyncrl.generators.rollouts.render import ChatRenderer
 
