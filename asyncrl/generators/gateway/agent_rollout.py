@@ -95,25 +95,46 @@ class AgentGroups:
     async def evaluate(
         self, key: str, rows: list[dict[str, Any]], prompt_ids: list[list[int]], request
     ) -> list[list[Completion]]:
-        """Held-out episodes for an ``EvalRequest``, per prompt ``1 + samples_k`` of them, each
-        episode's last part (the answer the evaluation scores). The program samples with the run's
-        settings: an agent episode has no greedy variant."""
+        """Held-out episodes for an ``EvalRequest``, as ``EpisodeGroups.evaluate``: per prompt, one
+        greedy episode, then ``samples_k`` sampled with the request's temperature and top_p (seeded
+        by the request's seed of the prompt), each episode's last part (the answer scored). Nothing
+        here is trained, so the calls follow the request rather than the run's sampling."""
         per_prompt = []
         for index, (row, ids) in enumerate(zip(rows, prompt_ids)):
-            count = 1 + request.samples_k
-            per_prompt.append(
-                _all([self.episode(f"{key}/{index}/{j}", row, ids, request.seeds[index], j) for j in range(count)])
-            )
+            settings = [(0.0, 1.0, None)] + [
+                (request.temperature, request.top_p, request.seeds[index])
+            ] * request.samples_k
+            episodes = []
+            for j, (temperature, top_p, seed) in enumerate(settings):
+                update = {
+                    "n": 1,
+                    "temperature": temperature,
+                    "top_p": top_p,
+                    "top_k": 0,
+                    "max_tokens": request.max_new_tokens,
+                }
+                sampling = self.sampling.model_copy(update=update)  # unvalidated: temperature 0 is greedy here
+                episodes.append(self.episode(f"{key}/{index}/{j}", row, ids, seed, j, sampling))
+            per_prompt.append(_all(episodes))
         return [[parts[-1] for parts in done] for done in await _all(per_prompt)]
 
     async def episode(
-        self, name: str, row: dict[str, Any], prompt_ids: list[int], seed: int | None, index: int
+        self, name: str, row: dict[str, Any], prompt_ids: list[int], seed: int | None, index: int, sampling=None
     ) -> list[Completion]:
-        """One episode (see the module docstring): its parts, never empty."""
+        """One episode (see the module docstring): its parts, never empty. ``sampling``: the
+        calls' settings (None: the run's)."""
         await self.start()
         recorder = EpisodeRecorder(self.engine.tokenizer, self.renderer, self.end_of_turn_ids, prompt_ids)
         episode = AgentEpisode(
-            name, self.engine, recorder, self.sampling, self.max_model_len, self.cfg.max_calls, seed, index, self.params
+            name,
+            self.engine,
+            recorder,
+            sampling or self.sampling,
+            self.max_model_len,
+            self.cfg.max_calls,
+            seed,
+            index,
+            self.params,
         )
         episode_id = self.gateway.open(episode)
         error: str | None = None
@@ -159,7 +180,9 @@ class AgentGroups:
         stderr = asyncio.ensure_future(_tail(process.stderr))
         timeout = self.cfg.episode_timeout_s
         try:
-            await asyncio.wait_for(_until_exit_or_reward(process, episode, json.dumps(task).encode()), timeout)
+            await asyncio.wait_for(
+                _until_exit_or_reward(process, episode, json.dumps(task, default=str).encode()), timeout
+            )
         except asyncio.TimeoutError:
             self.counts["timeouts"] += 1
             return f"agent_timeout: the program ran longer than {timeout:g} s (agent.episode_timeout_s)"

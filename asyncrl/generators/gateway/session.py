@@ -53,7 +53,7 @@ def turn_params(sampling, max_tokens: int, stop: list[str], seed: int | None):
     return SamplingParams(
         n=1,
         temperature=sampling.temperature,
-        top_p=sampling.top_p,
+        top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
         top_k=sampling.top_k,
         max_tokens=max_tokens,
         stop=stop or None,

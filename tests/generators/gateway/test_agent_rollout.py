@@ -10,6 +10,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -133,3 +134,24 @@ def test_a_program_that_makes_no_call_is_unscored(engine):
     assert completion.env_error.startswith("agent_made_no_call")
     assert completion.env_reward is None and len(completion.response_ids) == 0 and completion.turns == 0
     assert groups.counts["no_call"] == 1
+
+
+@pytest.mark.slow
+def test_held_out_episodes_follow_the_evaluation_request_greedy_first(engine):
+    cfg = AgentConfig(command=[sys.executable, str(AGENTS / "arithmetic_agent.py")], episode_timeout_s=60)
+    request = SimpleNamespace(samples_k=2, temperature=0.7, top_p=0.9, seeds=[3, 4], max_new_tokens=4)
+    rows = [ROW, {**ROW, "text": "What is 1+1?\n", "answer": "3"}]
+
+    async def main():
+        groups = AgentGroups(engine, cfg, SamplingConfig(n=8, max_tokens=8), 256, params=fake_params)
+        try:
+            ids = [engine.tokenizer.encode(r["text"]) for r in rows]
+            return await asyncio.wait_for(groups.evaluate("eval/0/0", rows, ids, request), 120)
+        finally:
+            await groups.close()
+
+    played = asyncio.run(main())
+    assert [[e.env_reward for e in eps] for eps in played] == [[1.0] * 3, [0.0] * 3]
+    temperatures = sorted(params.temperature for _, params in engine.requests)
+    assert temperatures == [0.0, 0.0] + [0.7] * 4  # one greedy episode per prompt, then samples_k sampled
+    assert {params.max_tokens for _, params in engine.requests} == {4}
