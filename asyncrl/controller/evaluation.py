@@ -85,22 +85,22 @@ class Evaluations:
         self.console.eval(record)
         if record["exact_match"] is not None:
             log.info(
-                "held-out %s (version %d, served %s): %s over %d prompts in %.1f s",
+                "held-out %s (version %d, served %s, %d prompts, %.1f s): %s",
                 record["label"],
                 record["version"],
                 record["versions"],
-                describe(record),
                 record["num_prompts"],
                 record["wall_s"],
+                describe(record),
             )
             for name, figures in (record.get("sets") or {}).items():
                 if name != MAIN_SET and figures["exact_match"] is not None:
                     log.info(
-                        "held-out %s, set %s: %s over %d prompts",
+                        "held-out %s, set %s (%d prompts): %s",
                         record["label"],
                         name,
-                        describe(figures),
                         figures["num_prompts"],
+                        describe(figures),
                     )
 
 
