@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 from asyncrl.benchmarks.long_tail import addition_prompts as prompts  # noqa: E402
 from asyncrl.benchmarks.long_tail import describe, draw_lengths  # noqa: E402
 from asyncrl.benchmarks.provenance import measured_commit  # noqa: E402
-from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.engines.vllm_engine import EngineConfig, SamplingConfig  # noqa: E402
 
 
 def run(stream, mode: str, texts: list[str], lengths: list[int], n: int, bound: int) -> dict:
@@ -115,7 +115,7 @@ def main() -> None:
     if min(args.bounds) < args.n:
         raise SystemExit(f"--bounds ({args.bounds}) must be >= --n ({args.n}): room for one group at least")
 
-    from asyncrl.generators.vllm_stream import build_stream
+    from asyncrl.generators.engines.vllm_stream import build_stream
     from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     texts, lengths = prompts(args.groups, args.seed), draw_lengths(args.groups, args.seed)

@@ -57,7 +57,7 @@ def measure(model_dir: str, engine_dtype: str, learner_dtype: str, prompts: list
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl.generators.engine import EngineConfig, SamplingConfig, VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import EngineConfig, SamplingConfig, VLLMEngine
     from asyncrl.weights.probe import learner_probe
 
     max_len = 512

@@ -87,7 +87,7 @@ def vllm_engine(tmp_path_factory, model_dir, version: int = 0):
     engine's start ends (a later Ray test's socket paths must stay short)."""
     import pytest
 
-    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import EngineConfig, VLLMEngine
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("vllm_tmp")))

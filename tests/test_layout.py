@@ -18,12 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_MODULE_LINES = 500
 """A module that passes this is split by concern (STYLE.md: modules of 100-300 lines)."""
 
-KNOWN_CYCLES = {
-    frozenset({"asyncrl.generators.continuous", "asyncrl.generators.process"}): (
-        "the continuous loop types the Generator that builds it; it goes with the rollout interface, "
-        "which puts what the loop needs below both"
-    ),
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 """Import cycles between the modules of one package that are allowed for now, each with its reason
 (the acyclic contract in pyproject.toml ignores the same import)."""
 

@@ -56,7 +56,7 @@ EVENT_DELAY_S = 0.05
 
 def inflight_sequences(cfg: RunConfig) -> int:
     """The most sequences a continuous generator keeps in its simulated engine
-    (``asyncrl.generators.continuous.InflightBound``; the simulated engine reports no KV capacity)."""
+    (``asyncrl.generators.schedulers.continuous.InflightBound``; the simulated engine reports no KV capacity)."""
     per_group = cfg.sampling.n + (1 if cfg.generator.greedy_baseline else 0)
     return max(per_group, cfg.generator.max_inflight_sequences or cfg.generator.prompts_per_batch * per_group)
 
@@ -72,7 +72,7 @@ def length_moments(cfg: RunConfig, draws: int = LENGTH_DRAWS) -> dict:
     """Of the answer lengths the simulated engine draws (clipped to ``sampling.max_tokens``): the
     mean, the coefficient of variation, and the mean of a group's longest (its n answers and,
     with ReMax's baseline, its greedy one)."""
-    from asyncrl.generators.mock_engine import MockEngine
+    from asyncrl.generators.engines.mock_engine import MockEngine
 
     n = cfg.sampling.n
     engine = MockEngine(cfg.simulation.generator, seed=cfg.run.seed)
@@ -87,7 +87,7 @@ def length_moments(cfg: RunConfig, draws: int = LENGTH_DRAWS) -> dict:
 def continuous_group_seconds(cfg: RunConfig, lengths: dict, prompt_tokens: float) -> float:
     """Least engine seconds one group takes on average in a continuous generator (module docstring);
     ``lengths``: ``length_moments(cfg)``."""
-    from asyncrl.generators.mock_engine import MockEngine
+    from asyncrl.generators.engines.mock_engine import MockEngine
 
     g, n, b = cfg.simulation.generator, cfg.sampling.n, inflight_sequences(cfg)
     greedy = MockEngine(g).greedy_length(cfg.sampling.max_tokens) if cfg.generator.greedy_baseline else 0
@@ -101,7 +101,7 @@ def continuous_group_seconds(cfg: RunConfig, lengths: dict, prompt_tokens: float
 def generation_capacity(cfg: RunConfig, draws: int = 200) -> dict:
     """Samples/s the run's generators could produce if they never waited, in their generator mode
     (module docstring); ``draws`` Monte Carlo calls for the batch mode."""
-    from asyncrl.generators.mock_engine import MockEngine
+    from asyncrl.generators.engines.mock_engine import MockEngine
 
     gen_cfg = cfg.simulation.generator
     if gen_cfg is None:

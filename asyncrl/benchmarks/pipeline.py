@@ -69,7 +69,7 @@ def capacities(cfg: RunConfig, draws: int = 200) -> dict:
     slowest of the parallel generator calls, then the step, then a weight load), by Monte Carlo
     over the same response-length distribution the run uses."""
     from asyncrl.benchmarks.capacity import generation_capacity, mean_prompt_tokens
-    from asyncrl.generators.mock_engine import MockEngine
+    from asyncrl.generators.engines.mock_engine import MockEngine
     from asyncrl.learner.mock_trainer import MockTrainer
 
     gen_cfg, learner_cfg = cfg.simulation.generator, cfg.simulation.learner

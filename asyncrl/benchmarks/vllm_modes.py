@@ -121,7 +121,7 @@ class Driver:
         self.prompts, self.lengths = prompts, lengths
 
     def submit(self, key: str, index: int, version: int) -> None:
-        from asyncrl.generators.engine import SamplingConfig, derive_seed
+        from asyncrl.generators.engines.vllm_engine import SamplingConfig, derive_seed
 
         length = self.lengths[index % len(self.lengths)]
         self.stream.submit(
@@ -266,8 +266,8 @@ def run_modes_bench(recipe: str | None, overrides: list[str], out: Path) -> dict
 
 def _run_modes(cfg, out: Path) -> dict:
     from asyncrl.benchmarks.steady_state import machine_load
-    from asyncrl.generators.engine import EngineConfig
-    from asyncrl.generators.vllm_stream import build_stream
+    from asyncrl.generators.engines.vllm_engine import EngineConfig
+    from asyncrl.generators.engines.vllm_stream import build_stream
     from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     groups = (cfg.warmup_steps + cfg.steps + cfg.max_staleness + 2) * cfg.batch_groups + cfg.bound

@@ -40,11 +40,11 @@ from asyncrl.config import RunConfig, dump_config, load_config, load_run_config
 
 def make_engine(cfg: RunConfig, model_dir: str, gen_index: int):
     """The engine a generator process builds (``worker.run_generator``), with its seed."""
-    from asyncrl.generators.engine import VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import VLLMEngine
 
     engine_cls = VLLMEngine
     if getattr(cfg.weights, "apply_mode", "between_requests") == "in_flight":
-        from asyncrl.generators.async_engine import AsyncVLLMEngine as engine_cls
+        from asyncrl.generators.engines.async_vllm_engine import AsyncVLLMEngine as engine_cls
     return engine_cls(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
 
 

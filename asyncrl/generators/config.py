@@ -16,7 +16,7 @@ class GeneratorConfig(Config):
     mode: Literal["continuous", "batch"] = "continuous"
     """``continuous``: keep up to ``max_inflight_sequences`` sequences in the engine, ask for more
     prompts as soon as room frees and send each group the moment its n answers are done
-    (``asyncrl.generators.continuous``); weights are then swapped in flight. ``batch``: ask for
+    (``asyncrl.generators.schedulers.continuous``); weights are then swapped in flight. ``batch``: ask for
     ``prompts_per_batch`` prompts, sample them in one engine call and send them when the slowest
     answer is done (the batch barrier, kept for comparison)."""
     prompts_per_batch: int = Field(16, ge=1)
@@ -39,7 +39,7 @@ class GeneratorConfig(Config):
     group is dropped, reason ``generation_timeout``, named in the log (an engine never holds
     sequences forever). None: scaled to the model, 8 x ``sampling.max_tokens`` x the seconds per
     token the engine has taken (averaged over finished groups), at least 30 s, and 600 s until a
-    group has finished (``asyncrl.generators.continuous.GroupTimeout``)."""
+    group has finished (``asyncrl.generators.schedulers.continuous.GroupTimeout``)."""
     dispatcher_silence_s: float = Field(30.0, gt=0)
     """continuous: seconds without an answer from the dispatcher after which the silence is logged
     by name (the sequences in flight go on and are sent; nothing waits on the dispatcher)."""

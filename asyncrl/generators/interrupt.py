@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from asyncrl.generators.engine import Completion, derive_seed
+from asyncrl.generators.completion import Completion
+from asyncrl.generators.sampling import derive_seed
 from asyncrl.observability.metrics import PARTIAL_ROLLOUTS
 
 log = logging.getLogger(__name__)

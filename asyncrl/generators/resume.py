@@ -8,7 +8,7 @@ behaviour logprobs and their versions (the old version did sample them), and the
 ``version_segments`` record the switch. Which of its tokens are then trained is the staleness
 gate's decision (``Sample.trained_from``), as for any answer spanning an update.
 
-These are the pure parts (``asyncrl.generators.async_engine.AsyncVLLMEngine.resume_request``
+These are the pure parts (``asyncrl.generators.engines.async_vllm_engine.AsyncVLLMEngine.resume_request``
 uses them): the continuation's sampling parameters and the merge of prefix and continuation.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 
 SEED_RANGE = 1 << 31
 """vLLM's seeds are 31-bit here (``engine.derive_seed``); a continuation's seed stays in range."""

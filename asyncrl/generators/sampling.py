@@ -1,7 +1,7 @@
 """How each group is sampled: the ``sampling`` config, vLLM's ``SamplingParams`` and the seeds.
 
 Every option here keeps the behaviour logprobs vLLM returns (``logprobs_mode=
-"processed_logprobs"``, ``asyncrl.generators.engine``) equal to the distribution the learner
+"processed_logprobs"``, ``asyncrl.generators.engines.vllm_engine``) equal to the distribution the learner
 recomputes (``asyncrl.learner.logprobs``: temperature, then top-k, then top-p). What each allowed
 option does to the tokens, as vLLM 0.32 does it:
 

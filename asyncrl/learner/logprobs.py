@@ -23,7 +23,7 @@ same module call. verl and OpenRLHF instead compute the full logits and chunk on
 log-softmax (or use a fused Triton kernel); this keeps the logits of the scored tokens only.
 
 The scored distribution (``TokenDistribution``) is the one the generators sample from with
-vLLM's ``logprobs_mode="processed_logprobs"`` (``asyncrl.generators.engine``): z = logits / T in
+vLLM's ``logprobs_mode="processed_logprobs"`` (``asyncrl.generators.engines.vllm_engine``): z = logits / T in
 float32, then the top-k filter and then the top-p nucleus, both on the tempered z, exactly as
 vLLM's PyTorch sampler path (``apply_top_k_top_p_pytorch``; ``apply_top_k_only`` when top-p is
 off) computes them:

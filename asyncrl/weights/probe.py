@@ -26,7 +26,7 @@ fixed by dtype and held against the largest of two tokens failed healthy updates
    Weights that did not load sit at the previous version (``mean|G − L_prev|`` ≈ noise); weights
    in the wrong tensors or corrupted give differences of order 1 and more, far from both; a
    partial load (one tensor left stale) lands in between, which only the calibrated bound sees:
-   it is how the stale tied head of ``asyncrl.generators.tied_head`` was found (6e-4 after one
+   it is how the stale tied head of ``asyncrl.generators.engines.tied_head`` was found (6e-4 after one
    step of a float32 SmolLM2, against 6e-6 at identical weights).
 
 When the new and previous versions are closer to each other than ``tol`` (a tiny learning rate),

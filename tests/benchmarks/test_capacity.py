@@ -9,9 +9,9 @@ import pytest
 from asyncrl.benchmarks.capacity import generation_capacity, inflight_sequences, mode_ideal, training_capacity
 from asyncrl.benchmarks.pipeline import mode_overrides, run_mode
 from asyncrl.config import load_config
-from asyncrl.generators.engine import SamplingConfig
-from asyncrl.generators.mock_engine import MockEngine
-from asyncrl.generators.mock_stream import MockStream
+from asyncrl.generators.engines.mock_engine import MockEngine
+from asyncrl.generators.engines.mock_stream import MockStream
+from asyncrl.generators.engines.vllm_engine import SamplingConfig
 from asyncrl.tasks.prompts import load_prompts
 
 
@@ -35,8 +35,8 @@ class SimulatedClock:
 def clock(monkeypatch):
     clock = SimulatedClock()
     fake = SimpleNamespace(monotonic=clock.monotonic, perf_counter=clock.perf_counter, sleep=clock.sleep)
-    monkeypatch.setattr("asyncrl.generators.mock_stream.time", fake)
-    monkeypatch.setattr("asyncrl.generators.mock_engine.time", fake)
+    monkeypatch.setattr("asyncrl.generators.engines.mock_stream.time", fake)
+    monkeypatch.setattr("asyncrl.generators.engines.mock_engine.time", fake)
     return clock
 
 

@@ -4,7 +4,7 @@ import pytest
 from asyncrl.benchmarks.measured_run import warmup_steps
 from asyncrl.benchmarks.pipeline import capacities, mode_overrides
 from asyncrl.config import load_config
-from asyncrl.generators.mock_engine import MockEngine
+from asyncrl.generators.engines.mock_engine import MockEngine
 from asyncrl.learner.mock_trainer import MockTrainer
 from asyncrl.tasks.prompts import load_prompts
 

@@ -10,7 +10,7 @@ import pytest
 from asyncrl.benchmarks.long_tail import CAP, draw_lengths
 from asyncrl.benchmarks.timed_learner import Rollout, TimedLearner
 from asyncrl.benchmarks.vllm_modes import Driver, ModesBenchConfig, summarize, trained_figures
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 
 
 class _Load:

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import msgspec
 
+from asyncrl.generators.engines.mock_engine import MockEngine, MockEngineConfig
 from asyncrl.generators.evaluation import EvalCounters, answer_eval_request
-from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
 from asyncrl.generators.sampling import SamplingConfig
 from asyncrl.wire.messages import EvalRequest
 from asyncrl.wire.sockets import EvalRequestReceiver, EvalRequestSender, StreamReceiver, StreamSender

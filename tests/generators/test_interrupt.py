@@ -11,16 +11,17 @@ import pytest
 import torch
 
 from asyncrl.config import load_config
-from asyncrl.generators.engine import Completion, SamplingConfig
+from asyncrl.generators.completion import Completion
+from asyncrl.generators.engines.mock_engine import MockEngine, MockEngineConfig
+from asyncrl.generators.engines.mock_stream import MockStream
 from asyncrl.generators.groups import build_groups
 from asyncrl.generators.interrupt import StaleResumer, answer_params, record_resumed, resume_bound
-from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
-from asyncrl.generators.mock_stream import MockStream
-from asyncrl.generators.process import GeneratorCounters
+from asyncrl.generators.parts import GeneratorCounters
 from asyncrl.generators.resume import merge_continuation
+from asyncrl.generators.sampling import SamplingConfig
 from asyncrl.learner.batch import collate
 from asyncrl.wire import decode, encode_group
-from tests.generators.test_continuous import Harness, N, answer, dispatcher, lengths_in_turn, row  # noqa: F401
+from tests.generators.schedulers.test_continuous import Harness, N, answer, dispatcher, lengths_in_turn, row  # noqa: F401
 
 SLOW = MockEngineConfig(length_sigma=0, length_median=60, decode_step_s=0.004, overhead_s=0)
 

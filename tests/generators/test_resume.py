@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from vllm import SamplingParams
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.groups import build_groups
 from asyncrl.generators.resume import continuation_params, merge_continuation, merge_segments, oldest_version
 

@@ -4,7 +4,7 @@ wire, and malformed segments are rejected with the rule they break."""
 import numpy as np
 import pytest
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.groups import build_groups
 from asyncrl.wire import WireError, decode, encode_group, validate_group
 

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it)
 
-from asyncrl.generators.engine import SamplingConfig  # noqa: E402
+from asyncrl.generators.engines.vllm_engine import SamplingConfig  # noqa: E402
 from asyncrl.learner.batch import collate  # noqa: E402
 from asyncrl.learner.logprobs import TokenDistribution, token_scores  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
@@ -182,7 +182,7 @@ def test_seeds_per_group_reproduce_a_group_wherever_it_sits_in_the_batch(engine)
 def test_min_tokens_changes_vllms_logprobs_by_the_stop_mass_the_learner_keeps(engine, hf_model):
     """Why training refuses ``min_tokens``: at the first ``min_tokens`` positions vLLM reports
     logprobs renormalised without EOS (log p - log(1 - p(EOS))), the learner the unmasked log p."""
-    from asyncrl.generators.engine import to_completions
+    from asyncrl.generators.engines.vllm_engine import to_completions
     from asyncrl.generators.sampling import sampling_params
 
     min_tokens = 4

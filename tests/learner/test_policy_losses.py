@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.groups import build_groups
 from asyncrl.learner.batch import collate
 from asyncrl.learner.config import AlgorithmConfig

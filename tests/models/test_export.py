@@ -49,7 +49,7 @@ def test_export_of_a_published_version_loads_with_transformers(run_dir, tmp_path
 
 @pytest.mark.slow  # a vLLM engine
 def test_export_of_the_final_model_loads_with_vllm(run_dir, tmp_path):
-    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import EngineConfig, VLLMEngine
 
     out = tmp_path / "final"
     assert main(["export", str(run_dir), str(out)]) == 0

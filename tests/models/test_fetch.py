@@ -200,7 +200,7 @@ def test_the_converted_model_gives_the_gguf_models_logits(smollm2_dir, tmp_path)
 
 @pytest.mark.slow  # a vLLM engine on the real model
 def test_vllm_serves_the_converted_model_with_its_chat_template(smollm2_dir):
-    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import EngineConfig, VLLMEngine
 
     engine = VLLMEngine(str(smollm2_dir), EngineConfig(max_model_len=256))
     try:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from asyncrl.config import RunConfig
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.groups import build_groups
 from asyncrl.rewards.function import PythonReward, PythonRewardConfig
 from asyncrl.tasks.answers import score_answer

@@ -4,7 +4,7 @@ reported back when it fails (never swallowed)."""
 import pytest
 import torch
 
-from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
+from asyncrl.generators.engines.mock_engine import MockEngine, MockEngineConfig
 from asyncrl.generators.weights_apply import apply_newest_weights
 from asyncrl.observability.metrics import REGISTRY
 from asyncrl.weights.probe import ProbeCheck

@@ -44,7 +44,7 @@ def learner(models):
 
 @pytest.fixture(scope="module")
 def engine(models):
-    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import EngineConfig, VLLMEngine
 
     e = VLLMEngine(str(models["a"]), EngineConfig())
     yield e

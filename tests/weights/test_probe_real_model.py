@@ -30,7 +30,7 @@ MAX_LEN = 256
 def sides(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import EngineConfig, VLLMEngine
 
     engine = VLLMEngine(
         str(smollm2_dir), EngineConfig(dtype="bfloat16", max_model_len=MAX_LEN, kv_cache_memory_bytes=64 << 20)

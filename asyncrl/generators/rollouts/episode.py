@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 
 
 class EpisodeBuilder:

@@ -1,7 +1,7 @@
 """A group of n episodes of one prompt, on the generator's async vLLM engine.
 
 ``EpisodeGroups.sample(key, row, prompt_ids, seed)`` is a coroutine for the engine's event loop
-(``VLLMStream.submit_episodes``): n episodes run concurrently, each with its own environment
+(``VLLMStream.submit_rollout``): n episodes run concurrently, each with its own environment
 instance, and each model turn is one request of n = 1 (``AsyncVLLMEngine.sample_request``), so
 vLLM batches the turns of every episode in flight like any other requests. ``evaluate`` plays
 the held-out prompts of an evaluation request the same way, greedily and sampled.
@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.rollouts.multi_turn import EpisodeLimits, run_episode
 from asyncrl.generators.rollouts.render import build_renderer
 from asyncrl.generators.sampling import derive_seed
@@ -21,7 +21,7 @@ from asyncrl.tasks.environments.base import ToolEnvironment, load_environment_cl
 from asyncrl.tasks.environments.tool_calls import stop_strings
 
 
-class EpisodeGroups:
+class EpisodeGroups:  # a Rollout (asyncrl.generators.rollouts.base)
     """Episodes of the environment ``env_cfg.cls`` (an ``EnvironmentConfig``) sampled by
     ``engine`` (an ``AsyncVLLMEngine``) with ``sampling`` (a ``SamplingConfig``)."""
 

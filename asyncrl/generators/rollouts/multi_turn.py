@@ -16,7 +16,7 @@ An environment that raises, or takes longer than ``environment.step_timeout_s`` 
 close, ends its episode with ``env_error`` set: the ``environment`` reward leaves it unscored
 with that reason (the group is dropped by it, counted), and the generator goes on. Nothing here
 waits without a bound: each model turn is bounded by the generator's group timeout, which aborts
-the whole group (``asyncrl.generators.continuous``).
+the whole group (``asyncrl.generators.schedulers.continuous``).
 
 Each turn is its own engine request with its own seed (derived from the group's seed, the
 episode's index and the turn), so a group replays under the same weights. A weight update
@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.rollouts.episode import EpisodeBuilder
 from asyncrl.generators.rollouts.render import Renderer
 from asyncrl.tasks.environments.base import Environment

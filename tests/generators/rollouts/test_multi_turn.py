@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.rollouts.multi_turn import EpisodeLimits, run_episode
 from asyncrl.generators.rollouts.render import PlainRenderer
 from asyncrl.tasks.environments.base import Step, ToolEnvironment

@@ -17,8 +17,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
-from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
-from asyncrl.generators.vllm_stream import build_stream  # noqa: E402
+from asyncrl.generators.engines.vllm_engine import EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.engines.vllm_stream import build_stream  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from tests.waits import wait_until  # noqa: E402
 
@@ -93,7 +93,7 @@ def test_episodes_run_turn_by_turn_token_in_token_out(stream, monkeypatch):
         return await sample_request(prompt_ids, params, request_id, oldest)
 
     monkeypatch.setattr(stream.engine, "sample_request", recording)
-    stream.submit_episodes("ep", {"text": PROMPT, "answer": "7", "group_id": "ep"}, episodes, seed=7)
+    stream.submit_rollout("ep", {"text": PROMPT, "answer": "7", "group_id": "ep"}, episodes, seed=7)
     assert stream.running == 2
     ((key, group, _),) = stream.finished(timeout=120)
     prompt = tokenizer.encode(PROMPT)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from asyncrl.generators.engine import SamplingConfig
-from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig, simulated_answer
+from asyncrl.generators.engines.mock_engine import MockEngine, MockEngineConfig, simulated_answer
+from asyncrl.generators.engines.vllm_engine import SamplingConfig
 
 
 def test_batch_time_follows_the_timing_model():

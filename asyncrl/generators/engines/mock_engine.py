@@ -23,9 +23,10 @@ import time
 
 import numpy as np
 
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.config import MockEngineConfig
-from asyncrl.generators.engine import Completion, SamplingConfig, check_prompts
-from asyncrl.generators.sampling import AnswerOptions
+from asyncrl.generators.engines.vllm_engine import check_prompts
+from asyncrl.generators.sampling import AnswerOptions, SamplingConfig
 
 
 class MockEngine:

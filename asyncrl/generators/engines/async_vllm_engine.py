@@ -46,9 +46,10 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncrl.generators.engine import (
+from asyncrl.generators.completion import Completion
+from asyncrl.generators.engines.tied_head import reload_weights
+from asyncrl.generators.engines.vllm_engine import (
     FINISH_REASONS,
-    Completion,
     EngineConfig,
     SamplingConfig,
     ScoreRequest,
@@ -61,16 +62,15 @@ from asyncrl.generators.engine import (
 )
 from asyncrl.generators.resume import continuation_params, merge_continuation, oldest_version
 from asyncrl.generators.sampling import AnswerOptions, answer_params
-from asyncrl.generators.tied_head import reload_weights
 
-EXTENSION = "asyncrl.generators.async_engine.WeightLoaderExtension"
+EXTENSION = "asyncrl.generators.engines.async_vllm_engine.WeightLoaderExtension"
 
 
 class WeightLoaderExtension:
     """Mixed into vLLM's worker (``worker_extension_cls``): reloads weights sent by the generator.
 
     Each method ends in ``reload_weights(weights_iterator=...)``, which copies into the model's
-    own tensors, so the buffers may go once it returns (``asyncrl.generators.tied_head``: then
+    own tensors, so the buffers may go once it returns (``asyncrl.generators.engines.tied_head``: then
     a head tied to the embedding is re-packed)."""
 
     def asyncrl_load_shm(self, buckets: list[dict], version: int = 0) -> int:
@@ -148,7 +148,7 @@ class AsyncVLLMEngine:
         self._running: dict[str, int] = {}  # request id -> oldest version it may hold (engine loop only)
         args = AsyncEngineArgs(**engine_args(model_dir, cfg), worker_extension_cls=EXTENSION)
 
-        async def build():  # stat_loggers: vLLM stat logger factories (asyncrl.generators.vllm_stream)
+        async def build():  # stat_loggers: vLLM stat logger factories (asyncrl.generators.engines.vllm_stream)
             vllm_config = args.create_engine_config()  # where vLLM's CPU backend asks for spawn
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = cfg.core_start_method  # read as the core starts
             return AsyncLLM.from_vllm_config(vllm_config, stat_loggers=stat_loggers)
@@ -310,7 +310,7 @@ class AsyncVLLMEngine:
             self._call(self._llm.abort(list(request_ids)), f"{len(request_ids)} requests to be aborted")
 
     # -----------------------------------------------------------------------------------------
-    # streaming (continuous generation: asyncrl.generators.vllm_stream submits with ``submit``)
+    # streaming (continuous generation: asyncrl.generators.engines.vllm_stream submits with ``submit``)
 
     @property
     def llm(self):
@@ -321,6 +321,11 @@ class AsyncVLLMEngine:
         """The final ``RequestOutput`` of one request, n answers in it (a coroutine for ``submit``;
         cancelling its future aborts the request in the engine)."""
         return await self._one(prompt, params)
+
+    async def sample_group(self, prompt_ids: list[int], params) -> list[Completion]:
+        """The ``params.n`` answers of one request after ``prompt_ids`` (``FINAL_ONLY``: when all
+        are done), as ``Completion``s (a coroutine for ``submit``)."""
+        return to_completions(await self._one({"prompt_token_ids": list(prompt_ids)}, params))
 
     # -----------------------------------------------------------------------------------------
     # weights

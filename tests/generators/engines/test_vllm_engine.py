@@ -1,4 +1,4 @@
-"""Real vLLM (CPU build) tests of ``asyncrl.generators.engine`` on a tiny Qwen2 model.
+"""Real vLLM (CPU build) tests of ``asyncrl.generators.engines.vllm_engine`` on a tiny Qwen2 model.
 
 The key check is that the behaviour logprobs vLLM returns equal those of an independent
 transformers forward pass at the sampling temperature: the learner's importance ratios rely on it.
@@ -22,7 +22,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
-from asyncrl.generators.engine import Completion, EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.completion import Completion  # noqa: E402
+from asyncrl.generators.engines.vllm_engine import EngineConfig, SamplingConfig  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from tests.factories import vllm_engine  # noqa: E402
 

@@ -18,13 +18,13 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
-from asyncrl.generators.async_engine import AsyncVLLMEngine  # noqa: E402
-from asyncrl.generators.engine import EngineConfig  # noqa: E402
-from asyncrl.generators.vllm_stream import EngineLoad, VLLMStream  # noqa: E402
+from asyncrl.generators.engines.async_vllm_engine import AsyncVLLMEngine  # noqa: E402
+from asyncrl.generators.engines.vllm_engine import EngineConfig  # noqa: E402
+from asyncrl.generators.engines.vllm_stream import EngineLoad, VLLMStream  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from asyncrl.wire.messages import Prompts  # noqa: E402
 from asyncrl.wire.sockets import ReplyServer  # noqa: E402
-from tests.generators.test_continuous import Harness, N, row  # noqa: E402
+from tests.generators.schedulers.test_continuous import Harness, N, row  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a vLLM engine (~30 s) and ~30 s of generation
 
@@ -78,7 +78,7 @@ def test_the_bound_shrinks_when_vllm_runs_out_of_kv_cache_and_grows_back_and_no_
     assert bound.value == bound.ceiling == BOUND
     given, lowest, regrown = [], BOUND, False
     deadline = time.monotonic() + 240
-    with caplog.at_level(logging.INFO, logger="asyncrl.generators.continuous"):
+    with caplog.at_level(logging.INFO, logger="asyncrl.generators.schedulers.continuous"):
         # Six long groups first, then short ones (which never fill the cache) until the bound is back.
         while not (regrown and len(h.outbox.groups) == len(given)):
             assert time.monotonic() < deadline, (bound.value, lowest, len(given), len(h.outbox.groups))

@@ -1,12 +1,14 @@
 """Continuous batching on vLLM's ``AsyncLLM``: groups submitted one by one, each handed back when done.
 
-``VLLMStream`` is the stream ``asyncrl.generators.continuous`` drives (``submit``, ``finished``,
+``VLLMStream`` is the stream ``asyncrl.generators.schedulers.continuous`` drives (``submit``, ``finished``,
 ``abort``, ``running``, ``capacity``, ``kv_pressure``, ``until_next``) over an ``AsyncVLLMEngine``:
 
-- **Each group is its own request** (n samples, ``FINAL_ONLY``: one message when all n are done),
-  a coroutine on the engine's event loop; when it ends it lands in a queue the generator's thread
-  reads. vLLM's scheduler admits new requests between decode steps, so a group submitted while
-  others run joins the running batch at once, and a short one leaves before a long one.
+- **Each group is a rollout's coroutine** on the engine's event loop (single answers: one
+  request of n samples, ``FINAL_ONLY``, ``asyncrl.generators.rollouts.single_turn``; multi-turn
+  episodes and agent programs: one request per turn, ``submit_rollout``); when it ends it lands
+  in a queue the generator's thread reads. vLLM's scheduler admits new requests between decode
+  steps, so a group submitted while others run joins the running batch at once, and a short one
+  leaves before a long one.
 - **Abort** cancels the request's coroutine; vLLM's ``generate`` aborts the request in the engine
   when cancelled, freeing its KV blocks.
 - **Answers apart** (``answers_apart``, for ``generator.partial_rollouts: resume``): each of the n
@@ -36,16 +38,14 @@ import threading
 import time
 from concurrent.futures import Future
 
-from asyncrl.generators.async_engine import AsyncVLLMEngine
-from asyncrl.generators.engine import (
-    Completion,
+from asyncrl.generators.completion import Completion
+from asyncrl.generators.engines.async_vllm_engine import AsyncVLLMEngine
+from asyncrl.generators.engines.vllm_engine import (
     EngineConfig,
     SamplingConfig,
     greedy_params,
     sampling_params,
-    to_completions,
 )
-from asyncrl.generators.interrupt import resumable_answers
 
 KV_FULL = 0.9
 """KV cache use at or above which sequences waiting in the engine are counted as KV pressure."""
@@ -124,7 +124,7 @@ def build_stream(model_dir: str, cfg: EngineConfig, timeout_s: float = 600.0) ->
 class VLLMStream:
     """Groups in and out of an ``AsyncVLLMEngine`` one at a time (see the module docstring).
 
-    With a vLLM engine (so not a doctest; tests/generators/test_vllm_stream.py runs it)::
+    With a vLLM engine (so not a doctest; tests/generators/engines/test_vllm_stream.py runs it)::
 
         stream = build_stream(model_dir, EngineConfig(max_model_len=640))
         stream.submit("g0", "12+34=", SamplingConfig(n=8, max_tokens=32))
@@ -169,57 +169,50 @@ class VLLMStream:
         greedy_tokens: int | None = None,
         **extra,
     ) -> None:
-        """Start ``sampling.n`` samples of ``prompt`` under ``key`` (and its greedy answer of up to
-        ``greedy_tokens``); ``extra`` goes to vLLM's ``SamplingParams`` (e.g. ``min_tokens``,
+        """Start ``sampling.n`` samples of ``prompt`` under ``key`` (the single-turn rollout,
+        ``asyncrl.generators.rollouts.single_turn``), and its greedy answer of up to
+        ``greedy_tokens``; ``extra`` goes to vLLM's ``SamplingParams`` (e.g. ``min_tokens``,
         ``ignore_eos``). A prompt that leaves no room to sample is a ValueError naming it."""
         from vllm.sampling_params import RequestOutputKind
 
-        if key in self._requests:
-            raise ValueError(f"request {key!r} is already running: keys must be unique")
+        from asyncrl.generators.rollouts.single_turn import SingleTurn
+
         (tokens,) = self.engine.tokenize_prompts([prompt])
         (params,) = sampling_params(sampling, 1, seed, output_kind=RequestOutputKind.FINAL_ONLY, **extra)
         greedy = None
         if greedy_tokens is not None:
             greedy = greedy_params(greedy_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
-        self._requests[key] = self.engine.submit(self._run(key, tokens, params, greedy))
-        self._sequences[key] = sampling.n + (greedy is not None)
-
-    async def _run(self, key: str, tokens, params, greedy) -> None:
-        try:
-            requests = [self._answers(key, tokens, params)]
-            if greedy is not None:
-                requests.append(self.engine.request(tokens, greedy))
-            outputs = await asyncio.gather(*requests)
-            text = outputs[1].outputs[0].text if greedy is not None else None
-            self._done.put((key, outputs[0], text, None))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # handed to the generator's thread by finished(): never swallowed
-            self._done.put((key, None, None, e))
-
-    def submit_episodes(self, key: str, row, episodes, seed: int) -> None:
-        """Start the n episodes of ``row`` under ``key`` (``episodes``: the generator's
-        ``asyncrl.generators.rollouts.episode_group.EpisodeGroups``); they come back from
-        ``finished`` like a group's answers, one ``Completion`` per episode."""
-        if key in self._requests:
-            raise ValueError(f"request {key!r} is already running: keys must be unique")
-        (tokens,) = self.engine.tokenize_prompts([row["text"]])
+        rollout = SingleTurn(self.engine, sampling, params, self.answers_apart)
         prompt_ids = list(tokens["prompt_token_ids"])
-        self._requests[key] = self.engine.submit(self._episodes(key, episodes.sample(key, row, prompt_ids, seed)))
-        self._sequences[key] = episodes.sampling.n
+        self._start(key, rollout.sample(key, None, prompt_ids, seed), sampling.n, prompt_ids, greedy)
 
-    async def _episodes(self, key: str, group) -> None:
+    def submit_rollout(self, key: str, row, rollout, seed: int) -> None:
+        """Start ``rollout``'s group of ``row`` under ``key`` (``asyncrl.generators.rollouts.base``:
+        multi-turn episodes, agent programs); its samples come back from ``finished`` like a
+        single-turn group's answers."""
+        (tokens,) = self.engine.tokenize_prompts([row["text"]])
+        self._start(key, rollout.sample(key, row, list(tokens["prompt_token_ids"]), seed), rollout.sampling.n)
+
+    def _start(self, key: str, samples, sequences: int, prompt_ids=None, greedy=None) -> None:
+        if key in self._requests:
+            samples.close()  # never awaited
+            raise ValueError(f"request {key!r} is already running: keys must be unique")
+        self._requests[key] = self.engine.submit(self._run(key, samples, prompt_ids, greedy))
+        self._sequences[key] = sequences + (greedy is not None)
+
+    async def _run(self, key: str, samples, prompt_ids, greedy) -> None:
         try:
-            self._done.put((key, await group, None, None))
+            if greedy is None:
+                self._done.put((key, await samples, None, None))
+                return
+            completions, out = await asyncio.gather(
+                samples, self.engine.request({"prompt_token_ids": prompt_ids}, greedy)
+            )
+            self._done.put((key, completions, out.outputs[0].text, None))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # handed to the generator's thread by finished(): never swallowed
             self._done.put((key, None, None, e))
-
-    async def _answers(self, key: str, tokens, params) -> list[Completion]:
-        if self.answers_apart:
-            return await resumable_answers(self.engine, tokens["prompt_token_ids"], params, key)
-        return to_completions(await self.engine.request(tokens, params))
 
     def resume_older_than(self, version: int) -> int:
         """Abort every running answer that may hold tokens older than ``version`` (``answers_apart``

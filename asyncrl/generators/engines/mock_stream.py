@@ -1,6 +1,6 @@
 """Continuous batching on the simulated engine: requests join and leave a running batch in simulated time.
 
-``MockStream`` is what ``asyncrl.generators.vllm_stream.VLLMStream`` is to vLLM's ``AsyncLLM``,
+``MockStream`` is what ``asyncrl.generators.engines.vllm_stream.VLLMStream`` is to vLLM's ``AsyncLLM``,
 for ``MockEngine``: requests are submitted one group at a time and each is returned the moment
 its n sequences (and its greedy answer, if asked) are done, so a short group overtakes a long one
 submitted with it. Time follows ``MockEngine``'s model, with sequences joining between steps:
@@ -22,8 +22,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from asyncrl.generators.engine import Completion, SamplingConfig, check_prompts
-from asyncrl.generators.mock_engine import MockEngine, simulated_answer
+from asyncrl.generators.completion import Completion
+from asyncrl.generators.engines.mock_engine import MockEngine, simulated_answer
+from asyncrl.generators.engines.vllm_engine import check_prompts
+from asyncrl.generators.sampling import SamplingConfig
 
 
 @dataclass
@@ -52,7 +54,7 @@ class _Request:
 class MockStream:
     """Submit groups to a ``MockEngine`` and take each back as soon as it is done (module docstring).
 
-    >>> from asyncrl.generators.mock_engine import MockEngineConfig
+    >>> from asyncrl.generators.engines.mock_engine import MockEngineConfig
     >>> stream = MockStream(MockEngine(MockEngineConfig(lengths=[2], decode_step_s=0.001), seed=0))
     >>> stream.submit("g0", "1+1=", SamplingConfig(n=2, max_tokens=4))
     >>> [(key, len(comps)) for key, comps, _greedy in stream.finished(timeout=1.0)]

@@ -1,6 +1,6 @@
 """A head tied to the embedding serves the new weights after an in-place reload (SmolLM2-135M,
 float32, vLLM's CPU build): before the head was re-packed, logits still came from the initial
-embedding matrix (``asyncrl.generators.tied_head``)."""
+embedding matrix (``asyncrl.generators.engines.tied_head``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow  # a real model and a vLLM engine
 def test_a_tied_head_follows_the_reloaded_embedding(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl.generators.engine import EngineConfig, VLLMEngine
+    from asyncrl.generators.engines.vllm_engine import EngineConfig, VLLMEngine
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     assert model.config.tie_word_embeddings

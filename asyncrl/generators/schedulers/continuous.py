@@ -32,13 +32,10 @@ few finish. Here each generator keeps up to ``bound`` sequences in its engine in
 At the end (``finish``) what is still in the engine is aborted and its prompts are written to the
 ledger as ``returned`` (dispatched, never sampled), like prompts that arrive after the last turn.
 
-An engine is driven through a *stream* (``asyncrl.generators.mock_stream.MockStream`` for the
-simulated engine, ``asyncrl.generators.vllm_stream.VLLMStream`` for vLLM's ``AsyncLLM``):
-``submit(key, prompt, sampling, seed, greedy_tokens)`` (or, with an environment,
-``submit_episodes(key, row, episodes, seed)``: a group of n multi-turn episodes,
-``asyncrl.generators.rollouts``), ``finished(timeout)`` -> ``[(key,
-completions, greedy_text)]``, ``abort(keys)``, ``running`` (sequences held), ``capacity(expected_tokens)``,
-``kv_pressure()`` (a running count of KV-pressure signals), ``until_next(limit)`` (seconds worth waiting elsewhere before a group may be done).
+An engine is driven through a *stream* (the ``Stream`` interface of ``asyncrl.generators.engines.base``:
+``MockStream`` for the simulated engine, ``VLLMStream`` for vLLM's ``AsyncLLM``): single answers
+by ``submit``, any other rollout (multi-turn episodes with an environment, agent programs
+through the gateway: ``asyncrl.generators.rollouts.base.build_rollout``) by ``submit_rollout``.
 """
 
 from __future__ import annotations
@@ -55,7 +52,8 @@ from asyncrl.observability.metrics import BUSY_SECONDS, ROLLOUT_SECONDS
 from asyncrl.wire.messages import PromptRow
 
 if TYPE_CHECKING:
-    from asyncrl.generators.process import Generator
+    from asyncrl.generators.parts import GeneratorParts
+    from asyncrl.generators.rollouts.base import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +75,19 @@ GROUP_TIMEOUT_UNMEASURED_S = 600.0
 """The group timeout until a group has finished and the engine's speed is known."""
 
 
-def build_stream(cfg, model_dir: str, gen_index: int):
-    """The engine a generator drives continuously, behind its stream (see the module docstring):
-    the simulated engine, or vLLM's ``AsyncLLM`` reporting its load. ``stream.engine`` is the engine."""
-    if cfg.simulation.generator is not None:
-        from asyncrl.generators.mock_engine import MockEngine
-        from asyncrl.generators.mock_stream import MockStream
+def build_rollout(cfg, engine) -> Rollout | None:
+    """The config's multi-turn rollout on ``engine`` (an ``AsyncVLLMEngine``): agent programs
+    (``agent.command``) or an environment (``environment.cls``); None: single answers, which the
+    stream samples itself (``SingleTurn``, or the simulated engine's)."""
+    if getattr(cfg, "agent", None) is not None and cfg.agent.command is not None:
+        from asyncrl.generators.gateway.agent_rollout import AgentGroups
 
-        return MockStream(MockEngine(cfg.simulation.generator, seed=cfg.run.seed + gen_index))
-    from asyncrl.generators.vllm_stream import build_stream as build_vllm_stream
+        return AgentGroups(engine, cfg.agent, cfg.sampling, cfg.engine.max_model_len)
+    if cfg.environment.cls is not None:
+        from asyncrl.generators.rollouts.episode_group import EpisodeGroups
 
-    stream = build_vllm_stream(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
-    stream.answers_apart = cfg.generator.partial_rollouts == "resume"  # each answer interruptible
-    return stream
+        return EpisodeGroups(engine, cfg.environment, cfg.sampling, cfg.engine.max_model_len)
+    return None
 
 
 class InflightBound:
@@ -208,7 +206,7 @@ class _InFlight:
 class ContinuousLoop:
     """One generator's continuous turns (``step``) and end (``finish``); see the module docstring."""
 
-    def __init__(self, gen: Generator, stream):
+    def __init__(self, gen: GeneratorParts, stream):
         self.gen, self.stream = gen, stream
         self.cfg = gen.cfg
         gcfg = self.cfg.generator
@@ -220,15 +218,9 @@ class ContinuousLoop:
             self.per_group,
             gen.ctx.name,
         )
-        self.episodes = None  # multi-turn: each group is n episodes with an environment
-        turns = 1
-        if self.cfg.environment.cls is not None:
-            from asyncrl.generators.rollouts.episode_group import EpisodeGroups
-
-            self.episodes = EpisodeGroups(
-                stream.engine, self.cfg.environment, self.cfg.sampling, self.cfg.engine.max_model_len
-            )
-            turns = self.cfg.environment.max_turns
+        # Multi-turn: each group is n episodes (an environment's, or agent programs'); None: single answers.
+        self.episodes = build_rollout(self.cfg, stream.engine)
+        turns = 1 if self.episodes is None else getattr(self.episodes, "max_turns", self.cfg.environment.max_turns)
         self.timeout = GroupTimeout(gcfg.group_timeout_s, self.cfg.sampling.max_tokens * turns)
         self.inflight: dict[str, _InFlight] = {}
         self.asked_at: float | None = None
@@ -283,7 +275,7 @@ class ContinuousLoop:
         for row in gen.refuse_too_long(rows):
             seed = request_seed(cfg.run.seed, row["group_id"])  # reproducible per group
             if self.episodes is not None:
-                self.stream.submit_episodes(row["group_id"], row, self.episodes, seed)
+                self.stream.submit_rollout(row["group_id"], row, self.episodes, seed)
             else:
                 self.stream.submit(row["group_id"], row["text"], cfg.sampling, seed, greedy_tokens)
             self.submitted += 1

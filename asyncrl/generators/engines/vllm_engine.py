@@ -10,7 +10,7 @@ Why it is built this way:
   blocking ``LLM.generate`` call and ``load_weights`` only runs between calls, so every token of
   every returned group came from the weights of ``self.version``: a weight update is atomic per
   request, and the learner's importance ratios use the right behaviour policy. (To swap while
-  requests run, ``weights.apply_mode: in_flight`` uses ``asyncrl.generators.async_engine``.)
+  requests run, ``weights.apply_mode: in_flight`` uses ``asyncrl.generators.engines.async_vllm_engine``.)
 - **Behaviour logprobs, not model logprobs.** The engine is built with
   ``logprobs_mode="processed_logprobs"``: the logprob returned for each sampled token is taken
   from the distribution the sampler actually drew from, i.e.
@@ -34,58 +34,21 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from safetensors import safe_open
 
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.config import EngineConfig
+from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.sampling import AnswerOptions, SamplingConfig, answer_params, greedy_params, sampling_params
 from asyncrl.generators.sampling import derive_seed as derive_seed  # re-exported
-from asyncrl.generators.tied_head import reload_weights
 from asyncrl.models.precision import resolve_engine_dtype
 
 # The sampler reports logprobs of the distribution it sampled from (see the module docstring).
 LOGPROBS_MODE = "processed_logprobs"
 FINISH_REASONS = ("stop", "length")
-
-
-@dataclass
-class Completion:
-    """One sampled answer, with what the learner needs to recompute its logprobs."""
-
-    prompt_ids: np.ndarray
-    """(P,) int32 prompt token ids exactly as the engine saw them."""
-    response_ids: np.ndarray
-    """(T,) int32 sampled token ids, EOS included when the answer ended by EOS."""
-    logprobs: np.ndarray
-    """(T,) float32 behaviour logprobs of ``response_ids`` (see the module docstring)."""
-    text: str
-    """The decoded answer, special tokens (EOS) left out."""
-    finish_reason: str
-    """``stop`` (ended by EOS) or ``length`` (hit max_tokens or max_model_len)."""
-    version_segments: list[list[int]] | None = None
-    """``[[first_token_index, policy_version], ...]``: which version sampled which tokens, when the
-    engine labels versions (``AsyncVLLMEngine``: more than one when the answer spans an update)."""
-    resumed: int = 0
-    """Times this answer was aborted and continued from its tokens so far under newer weights
-    (``asyncrl.generators.resume``); 0 for an answer sampled in one request."""
-    loss_mask: np.ndarray | None = None
-    """(T,) uint8 for a multi-turn episode: 1 on the model's tokens, 0 on what the environment
-    answered (``asyncrl.generators.rollouts.episode``); None for a single answer."""
-    turns: int = 1
-    tool_calls: int = 0
-    tool_errors: int = 0
-    env_reward: float | None = None
-    """The environment's reward for the episode (None: no environment, or it failed)."""
-    env_error: str | None = None
-    """Why the environment failed the episode (it raised or timed out): the episode is unscored."""
-    episode_index: int | None = None
-    """Which of the group's episodes this sample belongs to; None: its place among the completions."""
-    part: int = 0
-    """0, or k for the k-th later sample of an episode whose context stopped extending the one
-    before (``Episode.part``); such a part's ``prompt_ids`` are its own context."""
 
 
 def tokens_prompts(tokenizer, prompts: list[str], max_model_len: int) -> list:

@@ -17,8 +17,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
-from asyncrl.generators.async_engine import AsyncVLLMEngine  # noqa: E402
-from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.engines.async_vllm_engine import AsyncVLLMEngine  # noqa: E402
+from asyncrl.generators.engines.vllm_engine import EngineConfig, SamplingConfig  # noqa: E402
 from asyncrl.generators.groups import build_groups  # noqa: E402
 from asyncrl.generators.inflight import InFlightApplier  # noqa: E402
 from asyncrl.weights.buckets import iter_buckets  # noqa: E402

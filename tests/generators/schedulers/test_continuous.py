@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.generators import continuous
 from asyncrl.generators.channels import PromptSource
-from asyncrl.generators.continuous import ContinuousLoop, GroupTimeout, InflightBound
-from asyncrl.generators.engine import SamplingConfig
-from asyncrl.generators.mock_engine import MockEngine, MockEngineConfig
-from asyncrl.generators.mock_stream import MockStream
-from asyncrl.generators.process import Generator, GeneratorCounters
+from asyncrl.generators.engines.mock_engine import MockEngine, MockEngineConfig
+from asyncrl.generators.engines.mock_stream import MockStream
+from asyncrl.generators.engines.vllm_engine import SamplingConfig
+from asyncrl.generators.parts import GeneratorCounters, GeneratorParts
+from asyncrl.generators.schedulers import continuous
+from asyncrl.generators.schedulers.continuous import ContinuousLoop, GroupTimeout, InflightBound
 from asyncrl.wire.messages import Prompts, WantPrompts
 from asyncrl.wire.sockets import ReplyServer
 
@@ -82,8 +82,8 @@ class Harness:
     def apply_weights(self):
         pass
 
-    refuse_too_long = Generator.refuse_too_long
-    send = Generator.send
+    refuse_too_long = GeneratorParts.refuse_too_long
+    send = GeneratorParts.send
 
     def run_until(self, done, timeout: float, what: str):
         deadline = time.monotonic() + timeout
@@ -142,7 +142,7 @@ def test_a_silent_dispatcher_never_leaves_sequences_in_the_engine(dispatcher, ca
     h = Harness(dispatcher, ["generator.dispatcher_silence_s=0.3"])
     lengths_in_turn(h.engine, [50, 80, 20])
     answer(h, dispatcher, [row("g0"), row("g1"), row("g2")])
-    with caplog.at_level(logging.WARNING, logger="asyncrl.generators.continuous"):
+    with caplog.at_level(logging.WARNING, logger="asyncrl.generators.schedulers.continuous"):
         # the dispatcher answers nothing more, yet every group is done and sent within the bound
         h.run_until(lambda: h.loop.stream.running == 0 and len(h.outbox.groups) == 3, 10, "the engine to empty")
         h.run_until(lambda: "dispatcher has not answered" in caplog.text, 5, "the silence to be named")
@@ -154,7 +154,7 @@ def test_a_group_stuck_in_the_engine_is_aborted_and_dropped_by_name(dispatcher, 
     stalled = MockEngineConfig(decode_step_s=10.0, overhead_s=0)  # 10 s a token: it never ends in time
     h = Harness(dispatcher, ["generator.group_timeout_s=0.3"], engine=stalled)
     answer(h, dispatcher, [row("g0")])
-    with caplog.at_level(logging.WARNING, logger="asyncrl.generators.continuous"):
+    with caplog.at_level(logging.WARNING, logger="asyncrl.generators.schedulers.continuous"):
         h.run_until(lambda: h.ctx.ledger.ids("dropped"), 5, "the stuck group to be given up")
     assert "group_timeout_s" in caplog.text and "g0" in caplog.text
     assert h.loop.stream.running == 0 and not h.outbox.groups
@@ -174,7 +174,7 @@ def test_a_silent_dispatcher_and_a_stalled_group_end_within_a_bound_scaled_to_th
     assert h.loop.timeout.seconds() == continuous.GROUP_TIMEOUT_UNMEASURED_S  # nothing measured yet
     lengths_in_turn(h.engine, [8, 10**6])  # g1 would take 1000 s: the engine stalls on it
     answer(h, dispatcher, [row("g0"), row("g1")])
-    with caplog.at_level(logging.WARNING, logger="asyncrl.generators.continuous"):
+    with caplog.at_level(logging.WARNING, logger="asyncrl.generators.schedulers.continuous"):
         h.run_until(lambda: h.outbox.groups, 10, "the short group")
         # g0 measured the engine: g1 may take 8 x max_tokens at that pace, then it is given up
         limit = h.loop.timeout.seconds()

@@ -17,9 +17,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
-from asyncrl.generators.engine import EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.engines.vllm_engine import EngineConfig, SamplingConfig  # noqa: E402
+from asyncrl.generators.engines.vllm_stream import build_stream  # noqa: E402
 from asyncrl.generators.groups import build_groups  # noqa: E402
-from asyncrl.generators.vllm_stream import build_stream  # noqa: E402
 from asyncrl.learner.batch import collate  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from tests.waits import wait_until  # noqa: E402
