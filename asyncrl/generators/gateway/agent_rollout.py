@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 from typing import Any
 
@@ -62,6 +63,8 @@ class AgentGroups:
     def __init__(self, engine, agent_cfg, sampling, max_model_len: int, gateway=None, params=turn_params):
         if not agent_cfg.command:
             raise ValueError("agent.command (None) must name the agent program to run")
+        if shutil.which(agent_cfg.command[0]) is None:
+            raise ValueError(f"agent.command[0] ({agent_cfg.command[0]!r}) is not an executable program here")
         self.engine, self.cfg, self.sampling = engine, agent_cfg, sampling
         self.max_model_len, self.params = max_model_len, params
         self.gateway = gateway or Gateway(agent_cfg.host, agent_cfg.port, agent_cfg.max_request_bytes)

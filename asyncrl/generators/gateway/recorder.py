@@ -13,7 +13,8 @@ decides how a new call relates to the one before:
   merge or split tokens (or drop the EOS the text leaves out), and the learner would then train on
   ids the policy never sampled.
 - **Split.** Anything else (a context edit, a summarised history, a changed system prompt, a switch
-  between chat and raw calls) starts a new sample of the same episode, a *part*, whose prompt is the
+  between chat and raw calls, a chat template that renders earlier turns anew once more follow, as
+  templates that drop past reasoning do) starts a new sample of the same episode, a *part*, whose prompt is the
   whole conversation rendered by the chat template with the generation prompt (or the raw prompt),
   tokenized once.
 
@@ -72,8 +73,12 @@ class EpisodeRecorder:
         messages = [_plain(m) for m in messages]
         previous = self._last_history if self._last_kind == "chat" else None
         if previous is not None and messages[: len(previous)] == previous:
-            observation = self.renderer.observation(messages[len(previous) :], turn_closed=self._closed)
-            return Context(self.parts[-1].context() + observation, observation, messages)
+            try:
+                observation = self.renderer.observation(messages[len(previous) :], turn_closed=self._closed)
+            except ValueError:  # a template that renders earlier turns anew once more follow: split
+                observation = None
+            if observation is not None:
+                return Context(self.parts[-1].context() + observation, observation, messages)
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return Context(list(self.tokenizer.encode(text, add_special_tokens=False)), None, messages)
 

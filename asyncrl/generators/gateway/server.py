@@ -102,10 +102,14 @@ class Gateway:
         await episode.close()
 
     def base_url(self, episode_id: str) -> str:
-        return f"http://{self.host}:{self.port}/episodes/{episode_id}/v1"
+        return f"{self._origin()}/episodes/{episode_id}/v1"
 
     def reward_url(self, episode_id: str) -> str:
-        return f"http://{self.host}:{self.port}/episodes/{episode_id}/reward"
+        return f"{self._origin()}/episodes/{episode_id}/reward"
+
+    def _origin(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"http://{host}:{self.port}"
 
     def _episode(self, request: web.Request) -> AgentEpisode:
         """The request's open episode, or the refusal: 404 unknown, 401 bad token, 409 over."""

@@ -155,3 +155,11 @@ def test_held_out_episodes_follow_the_evaluation_request_greedy_first(engine):
     temperatures = sorted(params.temperature for _, params in engine.requests)
     assert temperatures == [0.0, 0.0] + [0.7] * 4  # one greedy episode per prompt, then samples_k sampled
     assert {params.max_tokens for _, params in engine.requests} == {4}
+
+
+def test_a_command_that_is_not_a_program_is_refused_at_construction(engine):
+    cfg = AgentConfig(command=["asyncrl-no-such-agent-program"])
+    with pytest.raises(ValueError, match="is not an executable program"):
+        AgentGroups(engine, cfg, SamplingConfig(n=1), 256, params=fake_params)
+    with pytest.raises(ValueError, match="must name the agent program"):
+        AgentGroups(engine, AgentConfig(), SamplingConfig(n=1), 256, params=fake_params)

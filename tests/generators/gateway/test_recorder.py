@@ -114,3 +114,24 @@ def test_a_call_that_was_not_sampled_leaves_no_trace(tokenizer):
     rec.add_turn(again, turn(tokenizer, "fine"))
     (sample,) = rec.completions(0)
     assert sample.turns == 2 and int(sample.loss_mask.sum()) == 3 + 5  # "ok"+EOS, "fine"+EOS
+
+
+def test_a_template_that_renders_earlier_turns_anew_splits_rather_than_refuses(tmp_path):
+    from asyncrl.models.char_tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(tmp_path)
+    # Past assistant turns lose their content once a message follows them (as templates that drop
+    # past reasoning do): the sampled ids cannot be extended.
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' and not loop.last %}{% else %}{{ m.content }}{% endif %}<eos>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    rec = recorder(tok)
+    question = [{"role": "user", "content": "hi"}]
+    rec.add_turn(rec.context_for_chat(question), turn(tok, "ok"))
+    follow = question + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    second = rec.context_for_chat(follow)
+    assert second.observation is None and second.ids == render(tok, follow)
+    rec.add_turn(second, turn(tok, "fine"))
+    assert [p.part for p in rec.completions(0)] == [1, 2]
