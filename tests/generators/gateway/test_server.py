@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 
 from asyncrl.generators.gateway.recorder import EpisodeRecorder
 from asyncrl.generators.gateway.server import Gateway
@@ -146,5 +147,46 @@ def test_a_request_body_that_is_not_an_object_is_refused(engine):
         for data in (b"not json", json.dumps([1, 2]).encode(), json.dumps({"prompt": 3}).encode()):
             async with http.post(url, data=data, headers=headers) as response:
                 assert response.status == 400 and "error" in await response.json()
+
+    serve(check)
+
+
+def test_the_openai_client_works_unchanged_and_does_not_retry_a_refusal(engine):
+    openai = pytest.importorskip("openai")  # vLLM's dependency: the client most agents are written with
+    httpx = pytest.importorskip("httpx")
+
+    async def check(gateway, http):
+        episode_id, episode = open_episode(gateway, engine)
+        sent = []
+
+        async def count(request):
+            sent.append(request.url.path)
+
+        client = openai.AsyncOpenAI(
+            base_url=gateway.base_url(episode_id),
+            api_key=episode.token,
+            max_retries=2,
+            http_client=httpx.AsyncClient(event_hooks={"request": [count]}),
+        )
+        try:
+            reply = await client.chat.completions.create(
+                model="anything", messages=[{"role": "user", "content": "What is 2+3?"}], max_tokens=4
+            )
+            assert reply.choices[0].message.content == "5" and reply.usage.completion_tokens == 2
+            text = await client.completions.create(model="anything", prompt="What is 1+2?")
+            assert text.choices[0].text == "3"
+            assert [m.id async for m in client.models.list()] == ["policy"]
+            with pytest.raises(openai.BadRequestError, match="n \\(2\\) must be 1"):
+                await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], n=2)
+            episode.post_reward(1.0)
+            before = len(sent)
+            with pytest.raises(openai.ConflictError, match="is over"):
+                await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+            assert len(sent) == before + 1  # x-should-retry: false; a 409 is retried otherwise
+            bad = openai.AsyncOpenAI(base_url=gateway.base_url(episode_id), api_key="wrong")
+            with pytest.raises(openai.AuthenticationError):
+                await bad.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+        finally:
+            await client.close()
 
     serve(check)
