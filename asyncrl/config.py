@@ -188,14 +188,13 @@ class RunConfig(Config):
 
     @model_validator(mode="after")
     def _check_environment(self) -> RunConfig:
-        """Episodes run on vLLM's async engine, one request a turn: continuous generation only,
-        not on the simulated engine, and held-out episodes are played by the generators; they are
-        not yet resumed across updates or given ReMax's greedy baseline."""
+        """Episodes run on vLLM's async engine, one request a turn (either scheduler), not on the
+        simulated engine, and held-out episodes are played by the generators; they are not yet
+        resumed across updates or given ReMax's greedy baseline."""
         if self.environment.cls is None:
             return self
         gen, ev = self.generator, self.eval
         rules = [
-            ("generator.mode", gen.mode, gen.mode == "continuous", "must be continuous: one vLLM request a turn"),
             ("simulation.generator", "set", self.simulation.generator is None, "must be null: vLLM plays episodes"),
             (
                 "generator.partial_rollouts",

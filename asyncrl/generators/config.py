@@ -94,6 +94,16 @@ class EnvironmentConfig(Config):
             import_class(path, "environment.cls")
         return path
 
+    @model_validator(mode="after")
+    def _options_checked(self) -> EnvironmentConfig:
+        """A class that checks its options (``check_options(options)``, as ``HttpEnvironment``)
+        does so when the config is read: a typo fails there, naming the key, not in every episode."""
+        if self.cls is not None:
+            check = getattr(import_class(self.cls, "environment.cls"), "check_options", None)
+            if callable(check):
+                check(self.options)
+        return self
+
 
 REFUSED = {
     "min_tokens": (

@@ -1,5 +1,5 @@
 """Multi-turn episodes through the whole pipeline (configs/guess_number.yaml, the demo-sized model
-untrained): a real vLLM generator plays the guessing game turn by turn, the environment's reward
+untrained), under each scheduler: a real vLLM generator plays the guessing game turn by turn, the environment's reward
 scores each episode, the learner trains on the model's tokens only, and every episode is
 accounted for by id."""
 
@@ -12,8 +12,10 @@ from asyncrl.cli import main
 pytestmark = pytest.mark.slow  # a whole run of real processes: vLLM, DeepSpeed
 
 
-def test_episodes_are_sampled_scored_trained_and_reconciled(tmp_path):
+@pytest.mark.parametrize("mode", ["continuous", "batch"])
+def test_episodes_are_sampled_scored_trained_and_reconciled(tmp_path, mode):
     overrides = [
+        f"generator.mode={mode}",  # both schedulers run the same multi-turn rollout
         f"run.root={tmp_path}",
         "run.name=guess",
         "run.console=quiet",

@@ -34,7 +34,7 @@ from typing import Any
 from asyncrl.generators.completion import Completion
 from asyncrl.generators.rollouts.episode import EpisodeBuilder
 from asyncrl.generators.rollouts.render import Renderer
-from asyncrl.tasks.environments.base import Environment
+from asyncrl.tasks.environments.base import Environment, EnvironmentFailure
 
 SampleTurn = Callable[[list[int], int, int], Awaitable[Completion]]
 """``sample_turn(context_ids, max_tokens, turn)``: one model turn after ``context_ids`` (n = 1)."""
@@ -115,5 +115,7 @@ async def _bounded(awaitable, timeout_s: float, what: str):
         ) from None
     except asyncio.CancelledError:
         raise
+    except EnvironmentFailure as e:  # it names its own kind
+        raise EnvironmentFailed(str(e)) from e
     except Exception as e:
         raise EnvironmentFailed(f"environment_failed: {what} raised {type(e).__name__}: {e}") from e

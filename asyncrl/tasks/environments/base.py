@@ -55,6 +55,13 @@ class Step:
     """Of those, the calls that ended in an error observation."""
 
 
+class EnvironmentFailure(Exception):
+    """An environment's failure that names its own kind: its message starts with it
+    (``environment_http_timeout: ...``), and the episode's ``env_error`` is that message as it
+    is, so the kind labels the metric and the unscored reason. Any other exception an
+    environment raises is ``environment_failed``."""
+
+
 class Environment(Protocol):
     async def reset(self, row: dict[str, Any]) -> None: ...
 

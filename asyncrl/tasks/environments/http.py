@@ -63,7 +63,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator
 
 from asyncrl.configbase import Config, UserValueError
-from asyncrl.tasks.environments.base import Step
+from asyncrl.tasks.environments.base import EnvironmentFailure, Step
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class HttpEnvironmentOptions(Config):
         return url.rstrip("/")
 
 
-class HttpEnvironmentError(Exception):
+class HttpEnvironmentError(EnvironmentFailure):
     """A call to the environment's server that failed for good; ``kind`` labels it and starts the
     message (``environment_http_timeout: ...``)."""
 

@@ -130,7 +130,10 @@ def test_a_hanging_server_ends_the_episode_unscored_with_environment_http_timeou
     server.faults = [Fault("hang", times=5)]
     remote, env = play_over_http(server, ["5", "7"], {"timeout_s": 0.2, "max_retries": 1}, step_timeout_s=10.0)
     # the request's deadline ended it, each attempt, well inside the episode's step_timeout_s
-    assert "environment_http_timeout: POST /step (turn 0): no reply within 0.2 s (after 2 attempts)" in remote.env_error
+    # the kind starts the episode's error: it labels the metric and the unscored reason
+    assert remote.env_error.startswith(
+        "environment_http_timeout: POST /step (turn 0): no reply within 0.2 s (after 2 attempts)"
+    )
     assert remote.env_reward is None and remote.turns == 1
     assert routes(server) == ["reset", "step", "step", "close"] and env.retries == 1
 
