@@ -33,7 +33,7 @@ def build_groups(
                     text=c.text,
                     finish_reason=c.finish_reason,
                     version_segments=None if seg == [[0, oldest]] else seg,
-                    **episode_fields(c, episode_id),
+                    **episode_fields(c, episode_id, comps[0].prompt_ids),
                 )
             )
         groups.append(
@@ -55,7 +55,7 @@ def build_groups(
     return groups
 
 
-def episode_fields(c, episode_id: str) -> dict:
+def episode_fields(c, episode_id: str, group_prompt: np.ndarray) -> dict:
     """A multi-turn episode's ``Sample.episode`` (none for a single answer)."""
     if c.loss_mask is None:
         return {}
@@ -69,7 +69,9 @@ def episode_fields(c, episode_id: str) -> dict:
             env_reward=c.env_reward,
             env_error=None if c.env_error is None else c.env_error[:200],
             part=c.part,
-            prompt_ids=c.prompt_ids.astype(np.int32) if c.part > 0 else None,
+            # a later part's context, or an opening of the environment's that differs from the
+            # group's first episode's: the sample's own prompt
+            prompt_ids=None if np.array_equal(c.prompt_ids, group_prompt) else c.prompt_ids.astype(np.int32),
         )
     )
 

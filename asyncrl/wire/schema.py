@@ -111,8 +111,10 @@ class Episode:
     episode's outcome is its last part's; every part is trained with its episode's advantage
     (``asyncrl.learner.group_advantages``)."""
     prompt_ids: np.ndarray | None = None
-    """(P,) int32: the context a later part continues, in place of the group's ``prompt_ids``
-    (the learner's input is this, then ``response_ids``); None: the group's prompt."""
+    """(P,) int32: this sample's own context, in place of the group's ``prompt_ids`` (the
+    learner's input is this, then ``response_ids``): a later part's, or an episode whose
+    environment opened it with other messages than the group's first episode's. None: the
+    group's prompt."""
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Multi-turn rollouts: a group of n episodes of one prompt, each a dialogue with its own environment.
 
-An episode (``run_episode``) alternates model turns and environment steps:
+An episode (``run_episode``) starts from the prompt and what the environment's ``reset``
+answers (its opening messages, rendered into the prompt: nothing is sampled yet), then
+alternates model turns and environment steps:
 
 1. the model samples a turn after the prompt and everything so far, token in, token out: the
    context is the ids kept, never text tokenized again (``asyncrl.generators.rollouts.render``);
@@ -64,7 +66,9 @@ async def run_episode(
     finish = "length"
     timeout = limits.step_timeout_s
     try:
-        await _bounded(env.reset(row), timeout, "reset")
+        first = await _bounded(env.reset(row), timeout, "reset")
+        if first:  # the environment's opening messages: part of the prompt, before the first turn
+            episode = EpisodeBuilder(renderer.opening(prompt_ids, first))
         for turn in range(limits.max_turns):
             room = min(limits.max_turn_tokens, limits.max_episode_tokens - len(episode))
             if room < 1:

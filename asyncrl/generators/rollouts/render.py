@@ -16,6 +16,9 @@ messages are rendered, to ids appended at the end.
   each message's content, formatted by ``template`` (``"{content}"`` by default), tokenized alone
   and appended.
 
+Messages an environment answers to ``reset`` open the episode (``opening``): they go into the
+prompt, before the model's first turn, where nothing is sampled yet.
+
 Both tokenize without special tokens added (no BOS in the middle of an episode).
 """
 
@@ -37,6 +40,11 @@ class Renderer(Protocol):
         turn comes first)."""
         ...
 
+    def opening(self, prompt_ids: list[int], messages: list[Message]) -> list[int]:
+        """The prompt with ``messages`` (what an environment's ``reset`` answers) after it, before
+        the model's first turn: the prompt's ids, nothing sampled yet."""
+        ...
+
 
 class PlainRenderer:
     """Each message's content, formatted by ``template`` and tokenized on its own.
@@ -55,6 +63,9 @@ class PlainRenderer:
     def observation(self, messages: list[Message], turn_closed: bool = True) -> list[int]:
         text = "".join(self.template.format(content=m["content"], role=m.get("role", "user")) for m in messages)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def opening(self, prompt_ids: list[int], messages: list[Message]) -> list[int]:
+        return list(prompt_ids) + self.observation(messages)
 
 
 class ChatRenderer:
@@ -89,6 +100,29 @@ class ChatRenderer:
             )
         start = self._turn_end if turn_closed else self._turn_end - self._closer
         return list(self.tokenizer.encode(rendered[start:], add_special_tokens=False))
+
+    def opening(self, prompt_ids: list[int], messages: list[Message]) -> list[int]:
+        """The prompt (rendered by the template with its generation prompt, ``G``) with
+        ``messages`` put before ``G``: the prompt's ids without ``G``'s, then the template's
+        rendering of the messages and ``G``. A prompt that does not end with ``G``'s ids (not
+        rendered by this template) is a ValueError."""
+        user = [{"role": "user", "content": _PROBE_USER}]
+        asked = self._render(user, generation_prompt=True)
+        closed = self._render(user, generation_prompt=False)
+        if not asked.startswith(closed):
+            raise ValueError("the chat template's generation prompt is not a suffix of the conversation it ends")
+        header = list(self.tokenizer.encode(asked[len(closed) :], add_special_tokens=False))
+        if not header or list(prompt_ids[-len(header) :]) != header:
+            raise ValueError(
+                "the prompt does not end with the chat template's generation prompt: an environment's "
+                "first messages need a prompt rendered by the model's chat template"
+            )
+        grown = self._render(user + list(messages), generation_prompt=True)
+        if not grown.startswith(closed):
+            raise ValueError("the chat template renders a message differently once messages follow it")
+        return list(prompt_ids[: -len(header)]) + list(
+            self.tokenizer.encode(grown[len(closed) :], add_special_tokens=False)
+        )
 
 
 def build_renderer(tokenizer, plain_template: str | None = None) -> Renderer:

@@ -4,7 +4,8 @@ An environment plays the other side of a multi-turn episode. asyncrl makes one i
 episode and calls, from the generator's event loop:
 
 - ``await env.reset(row)`` once, with the dataset row the prompt came from (its ``columns``, and
-  ``answer``): the episode starts from the row's prompt as rendered for a single-turn answer.
+  ``answer``): the episode starts from the row's prompt as rendered for a single-turn answer,
+  followed by the messages ``reset`` returns, if any (``{"role": ..., "content": ...}``).
 - ``await env.step(text)`` after each model turn, with the turn's text: the ``Step`` says what
   the environment answers (messages appended to the episode, rendered by
   ``asyncrl.generators.rollouts.render``), the reward this step earned and whether the episode
@@ -63,7 +64,7 @@ class EnvironmentFailure(Exception):
 
 
 class Environment(Protocol):
-    async def reset(self, row: dict[str, Any]) -> None: ...
+    async def reset(self, row: dict[str, Any]) -> list[dict[str, str]] | None: ...
 
     async def step(self, text: str) -> Step: ...
 

@@ -7,8 +7,8 @@ every request body carries ``"protocol": 1``. The protocol (protocol 1):
 
 - ``POST {url}/reset`` ``{"protocol", "episode_id", "row"}`` (the dataset row: ``columns``,
   ``answer``) -> ``{"messages": [...]}``: the messages the episode starts with after the prompt,
-  if any (may be empty or absent). They are kept in ``first_messages``: the episode loop does not
-  show them yet (its ``reset`` returns nothing).
+  if any (may be empty or absent): ``reset`` returns them, and the episode opens with them
+  (kept in ``first_messages`` too).
 - ``POST {url}/step`` ``{"protocol", "episode_id", "turn", "text"}`` (``turn`` counts from 0) ->
   ``{"messages": [{"role": "user" | "tool", "content": str}], "reward": float, "done": bool,
   "tool_calls": int, "tool_errors": int}``; only ``done`` is required (the rest default to
@@ -171,9 +171,10 @@ class HttpEnvironment:
     def __repr__(self) -> str:  # never show the key
         return f"HttpEnvironment(url={self.options.url!r}, episode_id={self.episode_id!r})"
 
-    async def reset(self, row: dict[str, Any]) -> None:
+    async def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         reply = await self._call("reset", {"row": row}, f"{self.episode_id}/reset", _reset_messages)
         self.first_messages = reply
+        return reply
 
     async def step(self, text: str) -> Step:
         fields = {"turn": self.turn, "text": text}

@@ -91,6 +91,20 @@ def test_the_episode_is_the_sampled_turns_and_the_rendered_answers_in_order():
     assert episode.version_segments == [[0, 5], [10, 6], [19, 7]]  # each turn's version, where it starts
 
 
+class Opens(GuessNumber):
+    async def reset(self, row):
+        await super().reset(row)
+        return [{"role": "user", "content": "4 tries"}]
+
+
+def test_the_messages_reset_answers_open_the_episode_in_its_prompt():
+    model = ScriptedModel(["7"])
+    episode = play(model, Opens())
+    opened = [ord(c) for c in "guess:[4 tries]"]
+    assert model.contexts == [opened] and episode.prompt_ids.tolist() == opened
+    assert episode.response_ids.tolist() == [ord("7"), EOS] and episode.loss_mask.tolist() == [1, 1]
+
+
 def test_the_turn_limit_ends_the_episode_with_length_and_no_reward():
     episode = play(ScriptedModel(["1", "2", "3", "4"]), GuessNumber(), max_turns=2)
     assert (episode.finish_reason, episode.turns, episode.env_reward) == ("length", 2, 0.0)

@@ -57,3 +57,28 @@ def test_a_model_without_a_chat_template_gets_its_observations_plain(tmp_path):
     assert tok.decode(build_renderer(tok, "\n{content}\n").observation([{"role": "user", "content": "x"}])) == "\nx\n"
     with pytest.raises(ValueError, match="must contain"):
         PlainRenderer(tok, "no placeholder")
+
+
+def test_an_environments_opening_messages_go_before_the_generation_prompt(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    question = [{"role": "user", "content": "guess 1-16"}]
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
+    opening = [{"role": "user", "content": "you have 4 tries"}]
+    whole = tokenizer.apply_chat_template(question + opening, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(renderer.opening(prompt, opening), skip_special_tokens=False) == whole
+
+
+def test_an_opening_needs_a_prompt_the_template_rendered(tokenizer):
+    with pytest.raises(ValueError, match="generation prompt"):
+        ChatRenderer(tokenizer).opening(
+            tokenizer.encode("12+34=", add_special_tokens=False), [{"role": "user", "content": "x"}]
+        )
+
+
+def test_a_plain_opening_is_appended_to_the_prompt(tokenizer):
+    renderer = PlainRenderer(tokenizer, template="{content}\n")
+    assert renderer.opening([5, 6], [{"role": "user", "content": "hi"}]) == [5, 6] + tokenizer.encode(
+        "hi\n", add_special_tokens=False
+    )
