@@ -127,7 +127,7 @@ class AgentGroups:
         """One episode (see the module docstring): its parts, never empty. ``sampling``: the
         calls' settings (None: the run's)."""
         await self.start()
-        recorder = EpisodeRecorder(self.engine.tokenizer, self.renderer, self.end_of_turn_ids, prompt_ids)
+        recorder = EpisodeRecorder(self.engine.tokenizer, self.renderer, self.end_of_turn_ids)
         episode = AgentEpisode(
             name,
             self.engine,

@@ -19,10 +19,10 @@ decides how a new call relates to the one before:
   tokenized once.
 
 Each part is an ``EpisodeBuilder`` and becomes one ``Completion`` (``loss_mask``, ``turns``, the
-sampled turns' own ``version_segments``, ``episode_index``, ``part`` and its own ``prompt_ids``).
-Part 0 is the part whose prompt is the group's prompt (what every other sample of the row was
-sampled after); a first call whose context is anything else is part 1, so that a learner reading
-the group's prompt for part 0 never pairs a sample with a prompt it was not sampled after.
+sampled turns' own ``version_segments``, ``episode_index``, ``part`` k for the k-th part, and the
+part's own ``prompt_ids``: the first part's too, which for a chat agent is the template's
+rendering of its first messages, not the row's prompt; ``build_groups`` keeps any prompt that
+differs from the group's on the sample).
 
 ``context_for_*`` computes a call's context without changing anything; ``add_turn`` commits it
 with the sampled turn, so a call that fails or is cancelled leaves no trace.
@@ -51,16 +51,14 @@ class Context:
 class EpisodeRecorder:
     """The calls of one episode (see the module docstring). ``renderer``: a ``ChatRenderer`` for
     the model's chat template, None for a model without one (chat calls are then refused by the
-    caller); ``group_prompt_ids``: the row's prompt as the generator tokenized it."""
+    caller)."""
 
-    def __init__(self, tokenizer, renderer, end_of_turn_ids: set[int], group_prompt_ids: list[int]):
+    def __init__(self, tokenizer, renderer, end_of_turn_ids: set[int]):
         self.tokenizer, self.renderer = tokenizer, renderer
         self.end_of_turn_ids = set(end_of_turn_ids)
-        self.group_prompt_ids = [int(t) for t in group_prompt_ids]
         self.parts: list[EpisodeBuilder] = []
         self.finishes: list[str] = []
         """Each part's last turn's finish reason."""
-        self.first_part = 0
         self._last_kind: str | None = None
         self._last_history: object = None
         self._closed = True  # the last turn ended with an end-of-turn id
@@ -94,8 +92,6 @@ class EpisodeRecorder:
     def add_turn(self, context: Context, turn: Completion) -> None:
         """Record ``turn``, sampled after ``context`` (from ``context_for_chat`` or ``context_for_text``)."""
         if context.observation is None:
-            if not self.parts and context.ids != self.group_prompt_ids:
-                self.first_part = 1
             self.parts.append(EpisodeBuilder(context.ids))
             self.finishes.append("stop")
         else:
@@ -115,7 +111,7 @@ class EpisodeRecorder:
         for k, (part, finish) in enumerate(zip(self.parts, self.finishes)):
             completion = part.completion(finish)
             completion.episode_index = episode_index
-            completion.part = self.first_part + k
+            completion.part = k
             out.append(completion)
         return out
 

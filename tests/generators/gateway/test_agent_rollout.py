@@ -75,9 +75,11 @@ def test_a_posted_reward_is_the_episodes(engine, mode):
     for c in completions:
         assert (c.env_reward, c.env_error, c.text, c.turns) == (1.0, None, "5", 1)
         assert c.loss_mask.tolist() == [1, 1] and c.response_ids.tolist() == engine.tokenizer.encode("5") + [1]
-    # The raw agent sent the row's prompt as it is: part 0, the group's prompt. The chat agent's
-    # prompt is the template's rendering, not the group's: part 1, with its own prompt ids.
-    assert {c.part for c in completions} == ({1} if mode else {0})
+    # The raw agent sent the row's prompt as it is: the group's prompt ids. The chat agent's prompt
+    # is the template's rendering of its message: its own.
+    prompt = engine.tokenizer.encode(ROW["text"])
+    assert {c.part for c in completions} == {0}
+    assert all((c.prompt_ids.tolist() == prompt) == (not mode) for c in completions)
     assert groups.counts == {"episodes": 2, "ignored_sampling": 0, "timeouts": 0, "failures": 0, "no_call": 0}
 
 
@@ -91,13 +93,13 @@ def test_a_wrong_answer_is_rewarded_0_by_the_program(engine):
 @pytest.mark.slow
 def test_a_call_that_extends_the_last_merges_and_an_edit_splits(engine):
     (merged,), groups = play(engine, [str(AGENTS / "scripted_agent.py"), "merge"])
-    assert (merged.turns, merged.part, merged.env_reward) == (2, 1, 0.5)
+    assert (merged.turns, merged.part, merged.env_reward) == (2, 0, 0.5)
     assert int(merged.loss_mask.sum()) == 2 * 2  # "5" + EOS, twice; the follow-up message is out of the loss
     assert groups.counts["ignored_sampling"] == 1  # the program asked for temperature 0.2
     (text,), _ = play(engine, [str(AGENTS / "scripted_agent.py"), "text"])
     assert (text.turns, text.part) == (2, 0)
     first, second = play(engine, [str(AGENTS / "scripted_agent.py"), "split"])[0]
-    assert (first.part, second.part) == (1, 2) and first.turns == second.turns == 1
+    assert (first.part, second.part) == (0, 1) and first.turns == second.turns == 1
     assert first.env_reward == second.env_reward == 0.5
     assert "be exact" in engine.tokenizer.decode(second.prompt_ids.tolist())
 

@@ -20,8 +20,8 @@ def turn(tokenizer, text: str, version: int = 3, eos: bool = True) -> Completion
     )  # fmt: skip
 
 
-def recorder(tokenizer, group_prompt=()) -> EpisodeRecorder:
-    return EpisodeRecorder(tokenizer, ChatRenderer(tokenizer), {tokenizer.eos_token_id}, list(group_prompt))
+def recorder(tokenizer) -> EpisodeRecorder:
+    return EpisodeRecorder(tokenizer, ChatRenderer(tokenizer), {tokenizer.eos_token_id})
 
 
 def render(tokenizer, messages, generation_prompt=True) -> list[int]:
@@ -52,7 +52,7 @@ def test_a_chat_call_that_extends_the_last_one_merges_into_its_sample(tokenizer)
     t2 = turn(tokenizer, "yes", version=4)
     rec.add_turn(second, t2)
     (sample,) = rec.completions(episode_index=2)
-    assert (sample.part, sample.episode_index, sample.turns) == (1, 2, 2)  # its prompt is not the group's
+    assert (sample.part, sample.episode_index, sample.turns) == (0, 2, 2)
     assert sample.prompt_ids.tolist() == first.ids
     check_alignment(sample, [t1.response_ids.tolist(), t2.response_ids.tolist()])
     # The learner's input (prompt + response ids) is the template's rendering of the whole conversation.
@@ -64,7 +64,7 @@ def test_a_chat_call_that_extends_the_last_one_merges_into_its_sample(tokenizer)
 
 def test_a_context_edit_starts_a_new_part_with_its_own_prompt(tokenizer):
     question = [{"role": "user", "content": "What is 2+3?"}]
-    rec = recorder(tokenizer, group_prompt=render(tokenizer, question))
+    rec = recorder(tokenizer)
     first = rec.context_for_chat(question)
     rec.add_turn(first, turn(tokenizer, "5"))
     edited = [{"role": "system", "content": "be exact"}, question[0], {"role": "assistant", "content": "5"}]
@@ -73,7 +73,7 @@ def test_a_context_edit_starts_a_new_part_with_its_own_prompt(tokenizer):
     assert second.observation is None and second.ids == render(tokenizer, edited)
     rec.add_turn(second, turn(tokenizer, "yes"))
     a, b = rec.completions(episode_index=0)
-    assert (a.part, b.part) == (0, 1)  # the first call's prompt is the group's: part 0
+    assert (a.part, b.part) == (0, 1)
     assert b.prompt_ids.tolist() == render(tokenizer, edited)
     check_alignment(a, [turn(tokenizer, "5").response_ids.tolist()])
     check_alignment(b, [turn(tokenizer, "yes").response_ids.tolist()])
@@ -84,7 +84,7 @@ def test_a_context_edit_starts_a_new_part_with_its_own_prompt(tokenizer):
 
 def test_raw_completions_merge_on_the_text_returned_and_keep_the_sampled_ids(tokenizer):
     prompt = "What is 2+3?\n"
-    rec = recorder(tokenizer, group_prompt=tokenizer.encode(prompt))
+    rec = recorder(tokenizer)
     first = rec.context_for_text(prompt)
     t1 = turn(tokenizer, "5")  # ids "5" + EOS, text "5": the text alone re-encodes without the EOS
     rec.add_turn(first, t1)
@@ -134,4 +134,4 @@ def test_a_template_that_renders_earlier_turns_anew_splits_rather_than_refuses(t
     second = rec.context_for_chat(follow)
     assert second.observation is None and second.ids == render(tok, follow)
     rec.add_turn(second, turn(tok, "fine"))
-    assert [p.part for p in rec.completions(0)] == [1, 2]
+    assert [p.part for p in rec.completions(0)] == [0, 1]

@@ -22,7 +22,7 @@ SAMPLING = SamplingConfig(n=1, temperature=0.9, top_p=0.95, max_tokens=8)
 
 def open_episode(gateway: Gateway, engine, max_calls: int = 4, max_model_len: int = 256) -> tuple[str, AgentEpisode]:
     tok = engine.tokenizer
-    recorder = EpisodeRecorder(tok, ChatRenderer(tok), {tok.eos_token_id}, [])
+    recorder = EpisodeRecorder(tok, ChatRenderer(tok), {tok.eos_token_id})
     episode = AgentEpisode("g/0", engine, recorder, SAMPLING, max_model_len, max_calls, 11, 0, fake_params)
     return gateway.open(episode), episode
 
