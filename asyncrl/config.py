@@ -26,7 +26,14 @@ from asyncrl.buffer.config import BufferConfig
 from asyncrl.configbase import Config, apply_overrides, load_yaml
 from asyncrl.dispatcher.config import DispatcherConfig
 from asyncrl.fleet.config import LauncherConfig, PlacementConfig, SupervisionConfig
-from asyncrl.generators.config import EngineConfig, EnvironmentConfig, GeneratorConfig, MockEngineConfig, SamplingConfig
+from asyncrl.generators.config import (
+    AgentConfig,
+    EngineConfig,
+    EnvironmentConfig,
+    GeneratorConfig,
+    MockEngineConfig,
+    SamplingConfig,
+)
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig, MockTrainerConfig
 from asyncrl.models.sft import SFTConfig
 from asyncrl.models.tiny import TinyModelConfig
@@ -114,6 +121,8 @@ class RunConfig(Config):
     """The generator loop."""
     environment: EnvironmentConfig = EnvironmentConfig()
     """Multi-turn episodes with an environment and tools (none: single-turn answers)."""
+    agent: AgentConfig = AgentConfig()
+    """Episodes played by an agent program through the OpenAI-compatible gateway (none: no agent)."""
     dispatcher: DispatcherConfig = DispatcherConfig()
     """Prompt dispatch; admission uses ``buffer.max_staleness`` and ``learner.batch_groups``."""
     reward: RewardConfig = RewardConfig()
@@ -186,12 +195,24 @@ class RunConfig(Config):
             )
         return self
 
+    @property
+    def plays_episodes(self) -> bool:
+        """Groups are multi-turn episodes: of an environment (``environment.cls``) or of an agent
+        program through the gateway (``agent.command``)."""
+        return self.environment.cls is not None or self.agent.command is not None
+
     @model_validator(mode="after")
     def _check_environment(self) -> RunConfig:
-        """Episodes run on vLLM's async engine, one request a turn (either scheduler), not on the
-        simulated engine, and held-out episodes are played by the generators; they are not yet
-        resumed across updates or given ReMax's greedy baseline."""
-        if self.environment.cls is None:
+        """Episodes (an environment's, or an agent program's) run on vLLM's async engine, one
+        request a turn (either scheduler), not on the simulated engine, and held-out episodes are
+        played by the generators; they are not yet resumed across updates or given ReMax's
+        greedy baseline. An episode has an environment or an agent, not both."""
+        if self.environment.cls is not None and self.agent.command is not None:
+            raise ValueError(
+                f"environment.cls ({self.environment.cls}) and agent.command ({self.agent.command}) are both set: "
+                "an episode is played by an environment or by an agent program, set one"
+            )
+        if not self.plays_episodes:
             return self
         gen, ev = self.generator, self.eval
         rules = [
@@ -207,7 +228,12 @@ class RunConfig(Config):
         ]
         for key, value, ok, rule in rules:
             if not ok:
-                raise ValueError(f"{key} ({value}) {rule}, with environment.cls ({self.environment.cls})")
+                player = (
+                    f"environment.cls ({self.environment.cls})"
+                    if self.environment.cls is not None
+                    else f"agent.command ({self.agent.command})"
+                )
+                raise ValueError(f"{key} ({value}) {rule}, with {player}")
         return self
 
     @model_validator(mode="after")

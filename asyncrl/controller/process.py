@@ -128,7 +128,7 @@ class Controller:
                 scorer,
                 sets,
                 seed=cfg.run.seed,
-                episodes=cfg.environment.cls is not None,
+                episodes=cfg.plays_episodes,
             )
         evaluations = Evaluations(cfg.eval, cfg.learner.total_steps, self.run_dir, self.console, heldout, eval_before)
         self.fleet = make_fleet(cfg, self.run_dir, model_dir, child_env(self.run_dir))

@@ -29,8 +29,10 @@ class EnvironmentReward:
             if e is not None and e.env_error is not None:
                 reason, _, detail = e.env_error.partition(": ")
                 results.append(Unscored(reason or "environment_failed", detail))
-            elif e is None or e.env_reward is None:
+            elif e is None:
                 results.append(Unscored("no_environment", "the sample is not an episode of an environment"))
+            elif e.env_reward is None:  # an agent program that ended without posting one
+                results.append(Unscored("no_reward_posted", "its agent program posted no reward"))
             else:
                 results.append(float(e.env_reward))
         return results

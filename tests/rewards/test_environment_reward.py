@@ -19,13 +19,15 @@ def episode(**fields) -> Episode:
 
 def test_each_episode_gets_its_environments_reward_or_is_unscored_with_the_reason():
     reward = build_reward(RewardSpec(kind="environment"))
-    group = make_group("e", n=3)
+    group = make_group("e", n=4)
     group.samples[0].episode = episode(env_reward=0.7)
     group.samples[1].episode = episode(env_error="environment_timeout: its step took longer than 30 s")
+    group.samples[3].episode = episode()  # an agent program that ended without posting a reward
     results = asyncio.run(reward.score(group))
     assert results[0] == 0.7
     assert results[1] == Unscored("environment_timeout", "its step took longer than 30 s")
     assert results[2].reason == "no_environment"
+    assert results[3].reason == "no_reward_posted"
 
 
 def test_unbounded_rewards_combine_and_an_unscored_episode_unscores_its_group():

@@ -16,8 +16,7 @@ def build_engine(cfg, model_dir: str, gen_index: int):
     from asyncrl.generators.engines.vllm_engine import VLLMEngine
 
     engine_cls = VLLMEngine
-    rollouts = cfg.environment.cls is not None or getattr(cfg, "agent", None) is not None and cfg.agent.command
-    if cfg.weights.apply_mode == "in_flight" or rollouts:  # multi-turn rollouts: one async request a turn
+    if cfg.weights.apply_mode == "in_flight" or cfg.plays_episodes:  # multi-turn rollouts: one async request a turn
         from asyncrl.generators.engines.async_vllm_engine import AsyncVLLMEngine as engine_cls
     return engine_cls(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
 

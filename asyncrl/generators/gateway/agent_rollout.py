@@ -104,9 +104,9 @@ class AgentGroups:
         here is trained, so the calls follow the request rather than the run's sampling."""
         per_prompt = []
         for index, (row, ids) in enumerate(zip(rows, prompt_ids)):
-            settings = [(0.0, 1.0, None)] + [
-                (request.temperature, request.top_p, request.seeds[index])
-            ] * request.samples_k
+            settings = [(0.0, 1.0, None)]
+            if request.samples_k:  # (a request without samples may carry no seeds)
+                settings += [(request.temperature, request.top_p, request.seeds[index])] * request.samples_k
             episodes = []
             for j, (temperature, top_p, seed) in enumerate(settings):
                 update = {

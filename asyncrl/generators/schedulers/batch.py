@@ -27,7 +27,7 @@ from asyncrl.generators.evaluation import answer_eval_request
 from asyncrl.generators.groups import build_groups
 from asyncrl.generators.parts import GeneratorParts
 from asyncrl.generators.sampling import request_seed
-from asyncrl.generators.schedulers.continuous import GROUP_TIMEOUT_UNMEASURED_S, build_rollout
+from asyncrl.generators.schedulers.continuous import AGENT_GRACE_S, GROUP_TIMEOUT_UNMEASURED_S, build_rollout
 from asyncrl.observability.metrics import BUSY_SECONDS, ROLLOUT_SECONDS
 from asyncrl.wire.messages import PromptRow
 from asyncrl.wire.schema import Group
@@ -102,4 +102,7 @@ class BatchLoop:
                 f.cancel()  # a group still running past the bound is aborted, not left in the engine
 
     def finish(self) -> None:
-        """Nothing is left in the engine between two batches."""
+        """Nothing is left in the engine between two batches; an agent rollout's gateway stops."""
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            self.gen.engine.submit(close()).result(AGENT_GRACE_S)

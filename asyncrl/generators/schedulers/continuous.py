@@ -73,13 +73,16 @@ GROUP_TIMEOUT_MIN_S = 30.0
 """The scaled group timeout is never shorter (a weight swap or a slow step is not a stall)."""
 GROUP_TIMEOUT_UNMEASURED_S = 600.0
 """The group timeout until a group has finished and the engine's speed is known."""
+AGENT_GRACE_S = 30.0
+"""Beyond ``agent.episode_timeout_s``, the least a group of agent episodes is given: the program's
+own bound ends its episode (unscored, ``agent_timeout``) before the group is given up."""
 
 
 def build_rollout(cfg, engine) -> Rollout | None:
     """The config's multi-turn rollout on ``engine`` (an ``AsyncVLLMEngine``): agent programs
     (``agent.command``) or an environment (``environment.cls``); None: single answers, which the
     stream samples itself (``SingleTurn``, or the simulated engine's)."""
-    if getattr(cfg, "agent", None) is not None and cfg.agent.command is not None:
+    if cfg.agent.command is not None:
         from asyncrl.generators.gateway.agent_rollout import AgentGroups
 
         return AgentGroups(engine, cfg.agent, cfg.sampling, cfg.engine.max_model_len)
@@ -161,16 +164,17 @@ class GroupTimeout:
 
     Scaled: ``GROUP_TIMEOUT_SLACK`` x ``max_tokens`` x the seconds per token the engine has taken
     (a moving average over finished groups, rollout time / their longest answer), at least
-    ``GROUP_TIMEOUT_MIN_S``; ``GROUP_TIMEOUT_UNMEASURED_S`` until a group has finished. A larger
-    model or a busier engine decodes more slowly, and is given longer.
+    ``floor_s`` (``GROUP_TIMEOUT_MIN_S``; an agent program's episode timeout and its grace, so that
+    the program's own bound ends its episode first); ``GROUP_TIMEOUT_UNMEASURED_S`` until a group
+    has finished. A larger model or a busier engine decodes more slowly, and is given longer.
 
     >>> limit = GroupTimeout(None, max_tokens=512)
     >>> limit.seconds(), limit.note(10.0, 100), limit.seconds()
     (600.0, None, 409.6)
     """
 
-    def __init__(self, configured: float | None, max_tokens: int):
-        self.configured, self.max_tokens = configured, max_tokens
+    def __init__(self, configured: float | None, max_tokens: int, floor_s: float = GROUP_TIMEOUT_MIN_S):
+        self.configured, self.max_tokens, self.floor_s = configured, max_tokens, floor_s
         self.s_per_token: float | None = None
 
     def note(self, rollout_s: float, longest: int) -> None:
@@ -182,8 +186,8 @@ class GroupTimeout:
         if self.configured is not None:
             return self.configured
         if self.s_per_token is None:
-            return GROUP_TIMEOUT_UNMEASURED_S
-        return max(GROUP_TIMEOUT_MIN_S, GROUP_TIMEOUT_SLACK * self.max_tokens * self.s_per_token)
+            return max(GROUP_TIMEOUT_UNMEASURED_S, self.floor_s)
+        return max(self.floor_s, GROUP_TIMEOUT_SLACK * self.max_tokens * self.s_per_token)
 
     def rule(self) -> str:
         """Where ``seconds()`` comes from, for the log."""
@@ -220,8 +224,12 @@ class ContinuousLoop:
         )
         # Multi-turn: each group is n episodes (an environment's, or agent programs'); None: single answers.
         self.episodes = build_rollout(self.cfg, stream.engine)
-        turns = 1 if self.episodes is None else getattr(self.episodes, "max_turns", self.cfg.environment.max_turns)
-        self.timeout = GroupTimeout(gcfg.group_timeout_s, self.cfg.sampling.max_tokens * turns)
+        turns, floor = 1, GROUP_TIMEOUT_MIN_S  # model turns a group's sequence may take: its timeout scales with them
+        if self.cfg.agent.command is not None:
+            turns, floor = self.cfg.agent.max_calls, max(floor, self.cfg.agent.episode_timeout_s + AGENT_GRACE_S)
+        elif self.cfg.environment.cls is not None:
+            turns = self.cfg.environment.max_turns
+        self.timeout = GroupTimeout(gcfg.group_timeout_s, self.cfg.sampling.max_tokens * turns, floor)
         self.inflight: dict[str, _InFlight] = {}
         self.asked_at: float | None = None
         """time.monotonic() of the outstanding ask (None: none outstanding)."""
@@ -345,7 +353,8 @@ class ContinuousLoop:
             )
 
     def finish(self) -> None:
-        """Abort what is still in the engine; its prompts go to the ledger as ``returned``."""
+        """Abort what is still in the engine; its prompts go to the ledger as ``returned``; an
+        agent rollout's gateway stops (its open episodes end)."""
         self.send_finished(0.0)
         if self.inflight:
             keys = list(self.inflight)
@@ -353,4 +362,7 @@ class ContinuousLoop:
             self.gen.ctx.ledger.write("returned", keys)
             log.info("%s: %d groups still sampling at the end were returned unsampled", self.gen.ctx.name, len(keys))
             self.inflight.clear()
+        close = getattr(self.episodes, "close", None)
+        if close is not None:
+            self.stream.engine.submit(close()).result(AGENT_GRACE_S)
         self.note_busy()

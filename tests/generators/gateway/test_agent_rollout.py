@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from asyncrl.generators.config import AgentConfig
 from asyncrl.generators.gateway.agent_rollout import AgentGroups
-from asyncrl.generators.gateway.config import AgentConfig
 from asyncrl.generators.sampling import SamplingConfig
 from tests.generators.gateway.conftest import fake_params
 
@@ -139,9 +139,12 @@ def test_a_program_that_makes_no_call_is_unscored(engine):
 
 
 @pytest.mark.slow
-def test_held_out_episodes_follow_the_evaluation_request_greedy_first(engine):
+@pytest.mark.parametrize("samples_k", [2, 0])
+def test_held_out_episodes_follow_the_evaluation_request_greedy_first(engine, samples_k):
     cfg = AgentConfig(command=[sys.executable, str(AGENTS / "arithmetic_agent.py")], episode_timeout_s=60)
-    request = SimpleNamespace(samples_k=2, temperature=0.7, top_p=0.9, seeds=[3, 4], max_new_tokens=4)
+    # a request without samples carries no seeds
+    seeds = [3, 4] if samples_k else []
+    request = SimpleNamespace(samples_k=samples_k, temperature=0.7, top_p=0.9, seeds=seeds, max_new_tokens=4)
     rows = [ROW, {**ROW, "text": "What is 1+1?\n", "answer": "3"}]
 
     async def main():
@@ -153,9 +156,9 @@ def test_held_out_episodes_follow_the_evaluation_request_greedy_first(engine):
             await groups.close()
 
     played = asyncio.run(main())
-    assert [[e.env_reward for e in eps] for eps in played] == [[1.0] * 3, [0.0] * 3]
+    assert [[e.env_reward for e in eps] for eps in played] == [[1.0] * (1 + samples_k), [0.0] * (1 + samples_k)]
     temperatures = sorted(params.temperature for _, params in engine.requests)
-    assert temperatures == [0.0, 0.0] + [0.7] * 4  # one greedy episode per prompt, then samples_k sampled
+    assert temperatures == [0.0, 0.0] + [0.7] * 2 * samples_k  # one greedy episode per prompt, then samples_k sampled
     assert {params.max_tokens for _, params in engine.requests} == {4}
 
 

@@ -18,10 +18,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import vllm  # noqa: E402,F401  (a missing vLLM fails here: CI installs it, nothing is skipped)
 
+from asyncrl.generators.config import AgentConfig  # noqa: E402
 from asyncrl.generators.engines.vllm_engine import EngineConfig, SamplingConfig  # noqa: E402
 from asyncrl.generators.engines.vllm_stream import build_stream  # noqa: E402
 from asyncrl.generators.gateway.agent_rollout import AgentGroups  # noqa: E402
-from asyncrl.generators.gateway.config import AgentConfig  # noqa: E402
 from asyncrl.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a vLLM engine (~30 s)
