@@ -8,11 +8,14 @@ batch) are the baseline. ReMax (a greedy answer's reward) takes one more input.
 learner (``asyncrl.learner.critic``).
 
 Per-token rewards (``Sample.token_rewards``: a reward that scores tokens, e.g. each turn of a
-multi-turn episode) are credited token by token only by those two: the critic places each on the
-token that earned it (one on an environment's answer on the model token before it) and the rest
-of the sample's reward on its last trained token. The outcome estimators, REINFORCE++ included,
-see the sample's reward, of which the per-token rewards' sum is a part: every token of the
-answer gets the answer's advantage, as for single-turn answers. Across the model's turns of an
+multi-turn episode) are credited token by token by those two and by REINFORCE++: the critic
+places each on the token that earned it (one on an environment's answer on the model token
+before it) and the rest of the sample's reward on its last trained token; REINFORCE++ (token
+whitening) whitens each token's return, the rewards earned before it taken out
+(``reinforce_pp_token_advantages``). The other outcome estimators (GRPO, Dr. GRPO, RLOO, OPO,
+pass@k) see the sample's reward, of which the per-token rewards' sum is a part: every token of
+the answer gets the answer's advantage, as for single-turn answers; their baselines are other
+answers' rewards, which have no per-token counterpart. Across the model's turns of an
 episode only its trained tokens are steps of the estimators; the environment's tokens are passed
 over (``gae_advantages``: masked positions carry the next step's quantities through).
 
@@ -289,6 +292,44 @@ def reinforce_pp_advantages(
     if group_baseline:
         r = grpo_advantages(r, scale_by_std=False)  # (G, n) group-centred
     return weighted_whiten(r, lengths if whitening == "token" else None, eps, unbiased)  # (G, n)
+
+
+def reinforce_pp_token_advantages(
+    returns: torch.Tensor, token_rewards: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6, unbiased: bool = False
+) -> torch.Tensor:
+    """REINFORCE++ (Hu et al. 2025, section 3) with per-token rewards: the return from each token,
+    whitened over every trained token of the batch.
+
+    With gamma = 1 the return from token t is what the sample earns from t on. A sample's
+    reward R_i already holds the sum of its per-token rewards r_{i,t'} (a multi-turn episode's
+    step rewards), so the rewards earned before t are taken out of it::
+
+        R_{i,t} = R_i - sum_{t' < t} r_{i,t'}
+        A_{i,t} = (R_{i,t} - mean_{(j,s) in B} R_{j,s}) / (std_{(j,s) in B} R_{j,s} + eps)
+
+    over the trained tokens (``mask``); a token is credited with a reward it earned or one that
+    comes after it, never one before it. Without per-token rewards this is
+    ``reinforce_pp_advantages`` with token whitening, the trained tokens weighing each sequence.
+
+    Args:
+        returns: (B,) each sample's reward (group-centred for the baseline variant, a KL
+            penalty already taken out).
+        token_rewards: (B, T) per-token rewards on the positions of the tokens that earned them.
+        mask: (B, T) 1 on trained tokens.
+        unbiased: divide the variance by N - 1 (N the trained tokens).
+
+    >>> mask = torch.ones(2, 3)
+    >>> a = reinforce_pp_token_advantages(torch.tensor([1.0, 0.0]), torch.tensor([[0.5, 0, 0], [0, 0, 0]]), mask)
+    >>> [round(x, 2) for x in a[0].tolist()]  # the first token earned 0.5 more than the ones after it
+    [1.79, 0.45, 0.45]
+    """
+    earned = token_rewards * mask
+    before = torch.cumsum(earned, dim=1) - earned  # (B, T): earned strictly before t
+    ret = (returns[:, None] - before) * mask
+    n = mask.sum().clamp(min=1)
+    mean = ret.sum() / n
+    var = (((ret - mean) * mask) ** 2).sum() / (n - 1 if unbiased and n > 1 else n)
+    return (ret - mean) / (var.sqrt() + eps) * mask
 
 
 def reinforce_pp_baseline_advantages(rewards: np.ndarray | torch.Tensor, **options) -> np.ndarray | torch.Tensor:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from asyncrl.learner.advantages import reinforce_pp_token_advantages
 from asyncrl.learner.batch import TrainBatch, collate, fully_masked
 from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.critic import critic_advantages
@@ -253,9 +254,32 @@ def write_advantages(
             dp=dp,
             version=trainer.version,
         )
+    if per_token_returns(algo, batch):
+        batch.advantages[:] = reinforce_pp_per_token(algo, groups, batch, rewards, weights)
+        return {}
     rows = weighted_advantages(algo, groups, weights, rewards)
     batch.advantages[:] = torch.from_numpy(np.concatenate(rows).astype(np.float32))[:, None]
     return {}
+
+
+def per_token_returns(algo: AlgorithmConfig, batch: TrainBatch) -> bool:
+    """REINFORCE++ with token whitening on a batch with per-token rewards: each token's own return."""
+    reinforce = algo.adv_estimator in ("reinforce_pp", "reinforce_pp_baseline")
+    return reinforce and algo.reinforce_pp_whitening == "token" and bool(batch.token_rewards.any())
+
+
+def reinforce_pp_per_token(algo: AlgorithmConfig, groups, batch: TrainBatch, rewards, weights) -> torch.Tensor:
+    """(B, L-1) REINFORCE++ advantages from each token's return (``reinforce_pp_token_advantages``),
+    the group mean taken out first for the baseline variant, scaled by the groups' importance weights."""
+    if algo.adv_estimator == "reinforce_pp_baseline":
+        rewards = [r - r.mean() for r in rewards]
+    returns = torch.from_numpy(np.concatenate(rewards).astype(np.float32))
+    adv = reinforce_pp_token_advantages(
+        returns, batch.token_rewards, batch.response_mask, unbiased=algo.std_estimator == "unbiased"
+    )
+    if weights is not None:
+        adv = adv * torch.as_tensor(np.asarray(weights, np.float32))[batch.group_index][:, None]
+    return adv
 
 
 def proximal_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor:

@@ -227,3 +227,44 @@ def test_group_advantages_weigh_by_the_tokens_in_the_loss():
     masked = AlgorithmConfig(adv_estimator="opo", truncation={"mode": "mask"})
     assert [row.tolist() for row in loss_lengths(masked, groups)] == [[0.0, 1.0], [1.0, 1.0]]
     np.testing.assert_allclose(group_advantages(masked, groups)[0], [1.0, 0.0])
+
+
+def test_reinforce_pp_per_token_credits_each_token_with_what_it_and_later_tokens_earned():
+    import torch
+
+    from asyncrl.learner.advantages import reinforce_pp_advantages, reinforce_pp_token_advantages
+
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])  # an observation token out of the loss
+    returns = torch.tensor([2.0, 0.0])
+    # without per-token rewards: the sequence form, tokens weighing each sequence
+    plain = reinforce_pp_token_advantages(returns, torch.zeros(2, 4), mask)
+    expected = reinforce_pp_advantages(returns.numpy()[None], lengths=mask.sum(1).numpy()[None])[0]
+    assert torch.allclose(plain[0, :3], torch.tensor(expected[0]).float().expand(3), atol=1e-5)
+    # a reward of 1 on the first token: tokens after it no longer get it, the first one still does
+    token = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    adv = reinforce_pp_token_advantages(returns, token, mask)
+    assert adv[0, 0] > adv[0, 1] == adv[0, 2] and adv[0, 3] == 0 and adv[1, 2:].abs().sum() == 0
+    trained = adv[mask.bool()]
+    assert abs(trained.mean().item()) < 1e-6 and abs(trained.std(unbiased=False).item() - 1) < 1e-4
+
+
+def test_the_step_gives_reinforce_pp_each_tokens_return_when_tokens_carry_rewards():
+    import numpy as np
+
+    from asyncrl.learner.batch import collate
+    from asyncrl.learner.config import AlgorithmConfig
+    from asyncrl.learner.step import per_token_returns, reinforce_pp_per_token
+    from tests.factories import make_group
+
+    group = make_group("g", n=2, rewards=[1.0, 0.0], length=3)
+    batch = collate([group], [np.zeros(2, np.float32)], pad_id=0)
+    algo = AlgorithmConfig(adv_estimator="reinforce_pp")
+    assert not per_token_returns(algo, batch)  # no per-token reward: one advantage per sequence
+    group.samples[0].token_rewards = np.array([0.5, 0.0, 0.0], np.float32)
+    batch = collate([group], [np.zeros(2, np.float32)], pad_id=0)
+    assert per_token_returns(algo, batch) and not per_token_returns(AlgorithmConfig(adv_estimator="grpo"), batch)
+    adv = reinforce_pp_per_token(algo, [group], batch, [np.array([1.0, 0.0])], weights=[2.0])
+    first = adv[0][batch.response_mask[0].bool()]
+    assert first[0] > first[1] == first[2]  # the token that earned 0.5 keeps it; later ones do not
+    half = reinforce_pp_per_token(algo, [group], batch, [np.array([1.0, 0.0])], weights=[1.0])
+    assert np.allclose(adv.numpy(), 2 * half.numpy())  # the group's importance weight scales it
