@@ -8,7 +8,8 @@ another recipe, e.g. ``configs/guess_number.yaml``'s multi-turn episodes) under 
 controller's supervision, with checkpoints every few steps. A killer thread, seeded, waits a
 random few seconds, SIGKILLs one of a generator, the reward worker, the buffer or the learner
 (and, with ``learner.ranks`` above 1, learner rank 1: ``learner-1``, which takes the whole group
-back to the checkpoint), waits until the run has recovered (the process is back and the learner has stepped again), and
+back to the checkpoint; with ``agent.command``, an agent program playing an episode through a
+generator's gateway, whose episode ends unscored), waits until the run has recovered (the process is back and the learner has stepped again), and
 repeats until ``--kills`` kills are done. Then it lets the run finish and replays the group
 ledger: every uid that was dispatched must be trained once, dropped with a named reason, or held
 at the end.
@@ -30,6 +31,7 @@ the benchmark fails (exit 1) otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -50,9 +52,22 @@ TARGETS = ("generator", "reward", "buffer", "learner")
 
 
 def targets(cfg) -> tuple[str, ...]:
-    """The kill rotation: every role of ``TARGETS``, and learner rank 1 by name when the learner
-    has several ranks (``learner`` alone is rank 0)."""
-    return TARGETS + (("learner-1",) if cfg.learner.ranks > 1 else ())
+    """The kill rotation: every role of ``TARGETS``, learner rank 1 by name when the learner
+    has several ranks (``learner`` alone is rank 0), and, with an agent program
+    (``agent.command``), one of the programs playing an episode against a generator's gateway."""
+    return TARGETS + (("learner-1",) if cfg.learner.ranks > 1 else ()) + (("agent",) if cfg.agent.command else ())
+
+
+def agent_programs(fleet, processes: SeenProcesses, command: list[str]) -> list[int]:
+    """PIDs of the agent programs running now: the generators' descendants whose command line
+    is ``command``'s."""
+    wanted = " ".join(command)[:160]
+    pids = []
+    for name in fleet.names("generator"):
+        for pid in processes.tree(fleet.pid(name))[1:]:
+            if (d := describe(pid)) is not None and d["cmd"].startswith(wanted):
+                pids.append(pid)
+    return pids
 
 
 ORPHAN_WAIT_S = 10.0
@@ -141,6 +156,17 @@ def killer(
         if fleet is None or not controller.supervisor.training or controller.progress.learner_done is not None:
             continue
         target = rotation[len(log) % len(rotation)] if len(log) < len(rotation) else rng.choice(rotation)
+        if target == "agent":  # a client of the gateway: its episode ends unscored, the run goes on
+            programs = agent_programs(fleet, processes, controller.cfg.agent.command)
+            if programs:
+                pid = rng.choice(programs)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    log.append(
+                        {"name": "agent", "t": round(time.monotonic() - controller.progress.go_at, 2), "tree": 1}
+                        | {"step": controller.progress.steps_seen, "survivors": []}
+                    )
+            continue
         dead = fleet.dead()
         candidates = [target] if target in fleet.procs else fleet.names(target)  # a process, or a role
         if target == "learner":
