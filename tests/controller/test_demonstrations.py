@@ -61,7 +61,7 @@ def test_a_tool_call_ends_at_its_stop_string_without_eos_and_its_result_is_out_o
 
 
 def test_the_shipped_recipes_demonstrations_are_legal_and_leave_room_to_improve(tokenizer):
-    cfg = load_config("configs/guess_number.yaml")
+    cfg = load_config("configs/guess_number.yaml", ["environment.max_turns=4"])
     prompts = load_prompts(cfg.task, "train")[:200]
     examples = Demonstrations(cfg, tokenizer, seed=1)(prompts)
     found = 0
@@ -139,3 +139,17 @@ def test_an_environment_without_demonstrations_is_refused(tokenizer):
     cfg = load_config("configs/guess_number.yaml", ["environment.cls=asyncrl.tasks.environments.base:ToolEnvironment"])
     with pytest.raises(ValueError, match=r"needs the class's demonstration\(row, rng\) method"):
         Demonstrations(cfg, tokenizer, seed=0)
+
+
+def test_a_calculator_demonstration_calls_in_the_recipes_tool_format(tokenizer):
+    overrides = ["environment.options.demonstration_calls=1.0", "environment.options.demonstration_slips=0.0"]
+    cfg = load_config(
+        "configs/calculator.yaml",
+        [*overrides, "environment.tool_format=hermes", "sampling.max_tokens=80", "engine.max_model_len=128"],
+    )
+    prompt = Prompt("c/0", "23*47=", "1081", "calculator", {"expression": "23*47"})
+    (example,) = Demonstrations(cfg, tokenizer, seed=0)([prompt])
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "23*47"}}</tool_call>'
+    # a hermes call is no stop string (the generators stop only at the tag format's): the model ends the turn
+    ids, mask = expected(tokenizer, "23*47=", [(call, 1, True), ("=1081\n", 0, False), ("1081", 1, True)])
+    assert example.ids == ids and example.mask == mask
