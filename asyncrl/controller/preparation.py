@@ -41,7 +41,9 @@ def resume_run_dir(cfg: RunConfig) -> Path:
 
 def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
     """The policy RL starts from: a given model (a folder, or a known model's name, fetched into
-    the cache when missing: ``asyncrl.models.fetch``), or the tiny model built here, warm-started by SFT."""
+    the cache when missing: ``asyncrl.models.fetch``), or the tiny model built here, warm-started by
+    SFT: on prompt + answer, or, with ``environment.cls``, on the environment's demonstrations
+    (``asyncrl.controller.demonstrations``)."""
     from asyncrl.models.fetch import resolve_model_path
     from asyncrl.models.sft import run_sft
     from asyncrl.models.tiny import build_tiny_model
@@ -60,8 +62,21 @@ def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
         load_run_prompts(cfg, "train", base)
         return base
     warm = run_dir / "model" / "warm"
-    stats = run_sft(base, load_run_prompts(cfg, "train", base), cfg.sft, warm)
-    log.info("SFT warm start: %d steps, final loss %.3f, %.1f s", stats["steps"], stats["final_loss"], stats["seconds"])
+    examples = None
+    if cfg.environment.cls is not None:
+        # Episodes: the environment's demonstrations, in the tokens the generators will hold.
+        from asyncrl.controller.demonstrations import load_demonstrations
+
+        examples = load_demonstrations(cfg, base)
+    stats = run_sft(base, load_run_prompts(cfg, "train", base), cfg.sft, warm, examples)
+    what = f"{cfg.environment.cls}'s demonstrations" if examples is not None else "prompt + answer"
+    log.info(
+        "SFT warm start on %s: %d steps, final loss %.3f, %.1f s",
+        what,
+        stats["steps"],
+        stats["final_loss"],
+        stats["seconds"],
+    )
     return warm
 
 

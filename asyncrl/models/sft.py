@@ -1,10 +1,16 @@
-"""Supervised fine-tuning (SFT) on prompt + reference answer: the warm start before RL.
+"""Supervised fine-tuning (SFT): the warm start before RL.
 
 GRPO-style RL only learns when some sampled responses earn a reward, so a model that never
 answers correctly gives no signal. A short SFT run teaches the answer format (digits then
 ``<eos>``) and leaves partial accuracy for RL to improve. Plain torch AdamW on the CPU:
 the tiny model needs no DeepSpeed. ``sft_batch`` (tensors) is kept apart from ``run_sft``
 (the loop) so a full SFT feature can reuse it.
+
+A single-turn run learns prompt + reference answer. A multi-turn run learns whole episodes
+(``TokenExample``: the prompt, the model's turns and the environment's answers, as token ids with
+a loss mask): ``run_sft`` takes a function that turns a batch's prompts into such examples (the
+controller's ``asyncrl.controller.demonstrations``, from the environment's demonstrations), and
+only the model's tokens are learned, as only they are trained in RL.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,6 +107,18 @@ class SFTConfig(Config):
         return self
 
 
+@dataclass(frozen=True)
+class TokenExample:
+    """One SFT sequence: ``ids`` (the prompt first) and ``mask``, 1 on each token to learn."""
+
+    ids: list[int]
+    mask: list[int]
+
+    def __post_init__(self):
+        if len(self.ids) != len(self.mask):
+            raise ValueError(f"mask ({len(self.mask)} tokens) must be as long as ids ({len(self.ids)})")
+
+
 def sft_batch(
     tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,27 +129,39 @@ def sft_batch(
     Prompt and answer are tokenized apart, as a generator sees them (prompt ids, then
     sampled ids), so the boundary is the same as at RL time for any tokenizer.
     """
-    import torch
-
     if not prompts:
         raise ValueError("prompts (0 given) must hold at least one prompt")
-    if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
-        raise ValueError(f"tokenizer ({type(tokenizer).__name__}) must define eos and pad tokens")
-    rows = []
+    _check_special_tokens(tokenizer)
+    examples = []
     for prompt in prompts:
         prompt_ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(prompt.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((prompt_ids, answer_ids))
-    max_len = max(len(p) + len(a) for p, a in rows)
-    input_ids = torch.full((len(rows), max_len), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), max_len), dtype=torch.long)
-    labels = torch.full((len(rows), max_len), IGNORE_INDEX, dtype=torch.long)
-    for row, (prompt_ids, answer_ids) in enumerate(rows):
-        n_prompt, n_total = len(prompt_ids), len(prompt_ids) + len(answer_ids)
-        input_ids[row, :n_total] = torch.tensor(prompt_ids + answer_ids)
-        attention_mask[row, :n_total] = 1
-        labels[row, n_prompt:n_total] = torch.tensor(answer_ids)
+        examples.append(TokenExample(prompt_ids + answer_ids, [0] * len(prompt_ids) + [1] * len(answer_ids)))
+    return token_batch(examples, tokenizer.pad_token_id)
+
+
+def token_batch(examples: list[TokenExample], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, labels), each [batch, max_len]: labels copy the
+    ids where the example's mask is 1 and are IGNORE_INDEX elsewhere (masked tokens, padding)."""
+    import torch
+
+    if not examples:
+        raise ValueError("examples (0 given) must hold at least one example")
+    max_len = max(len(e.ids) for e in examples)
+    input_ids = torch.full((len(examples), max_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), max_len), dtype=torch.long)
+    labels = torch.full((len(examples), max_len), IGNORE_INDEX, dtype=torch.long)
+    for row, example in enumerate(examples):
+        ids, n = torch.tensor(example.ids, dtype=torch.long), len(example.ids)
+        input_ids[row, :n] = ids
+        attention_mask[row, :n] = 1
+        labels[row, :n] = torch.where(torch.tensor(example.mask, dtype=torch.bool), ids, IGNORE_INDEX)
     return input_ids, attention_mask, labels
+
+
+def _check_special_tokens(tokenizer) -> None:
+    if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+        raise ValueError(f"tokenizer ({type(tokenizer).__name__}) must define eos and pad tokens")
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -155,9 +187,17 @@ def iterate_batches(prompts: list[Prompt], batch_size: int, seed: int):
         pending = pending[batch_size:]
 
 
-def run_sft(model_dir: str | Path, prompts: list[Prompt], cfg: SFTConfig, out_dir: str | Path) -> dict:
+def run_sft(
+    model_dir: str | Path,
+    prompts: list[Prompt],
+    cfg: SFTConfig,
+    out_dir: str | Path,
+    examples: Callable[[list[Prompt]], list[TokenExample]] | None = None,
+) -> dict:
     """Fine-tune the model in ``model_dir`` on ``prompts``; save model + tokenizer to ``out_dir``.
 
+    ``examples``: what each batch of prompts is learned as (episodes, with their loss masks);
+    None: each prompt's text + reference answer + eos (``sft_batch``).
     Returns {"steps", "final_loss" (mean of the last 10 steps), "seconds"}.
     """
     import torch
@@ -169,6 +209,7 @@ def run_sft(model_dir: str | Path, prompts: list[Prompt], cfg: SFTConfig, out_di
         raise ValueError("prompts (0 given) must hold at least one prompt")
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    _check_special_tokens(tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -177,7 +218,11 @@ def run_sft(model_dir: str | Path, prompts: list[Prompt], cfg: SFTConfig, out_di
     for step in range(cfg.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        input_ids, attention_mask, labels = sft_batch(tokenizer, next(batches))
+        batch = next(batches)
+        if examples is None:
+            input_ids, attention_mask, labels = sft_batch(tokenizer, batch)
+        else:
+            input_ids, attention_mask, labels = token_batch(examples(batch), tokenizer.pad_token_id)
         # HF shifts labels by one inside: position t predicts token t + 1.
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)

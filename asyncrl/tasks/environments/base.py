@@ -73,7 +73,7 @@ class Environment(Protocol):
 
 class ToolEnvironment:
     """An environment whose public methods (not starting with ``_``, other than ``reset``,
-    ``step``, ``close``) are the tools the model may call.
+    ``step``, ``close`` and ``demonstration``, the warm start's episodes) are the tools the model may call.
 
     A turn with tool calls runs each and answers with one ``tool`` message per call; a turn
     without a call ends the episode (``done``, reward 0: the run's rewards score the final
@@ -113,7 +113,7 @@ class ToolEnvironment:
     @classmethod
     def tools(cls) -> dict[str, Any]:
         """Tool name -> its method, or its ``module:function`` for a process tool."""
-        reserved = {"reset", "step", "close", "tools", "call_tool", "runner"}
+        reserved = {"reset", "step", "close", "tools", "call_tool", "runner", "demonstration"}
         methods = {
             name: member
             for name, member in inspect.getmembers(cls, inspect.isfunction)
