@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl.config import RunConfig
-from asyncrl.generators.engine import Completion
+from asyncrl.generators.completion import Completion
 from asyncrl.generators.rollouts.episode_group import EpisodeGroups
 from asyncrl.generators.rollouts.multi_turn import run_episode
 from asyncrl.models.sft import TokenExample
