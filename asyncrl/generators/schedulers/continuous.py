@@ -35,7 +35,7 @@ ledger as ``returned`` (dispatched, never sampled), like prompts that arrive aft
 An engine is driven through a *stream* (the ``Stream`` interface of ``asyncrl.generators.engines.base``:
 ``MockStream`` for the simulated engine, ``VLLMStream`` for vLLM's ``AsyncLLM``): single answers
 by ``submit``, any other rollout (multi-turn episodes with an environment, agent programs
-through the gateway: ``asyncrl.generators.rollouts.base.build_rollout``) by ``submit_rollout``.
+through the gateway: ``build_rollout``) by ``submit_rollout``.
 """
 
 from __future__ import annotations
