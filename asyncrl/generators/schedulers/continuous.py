@@ -272,7 +272,10 @@ class ContinuousLoop:
         self.note_silence(time.monotonic())
 
     def take(self, rows: list[PromptRow] | None) -> None:
-        """Submit a reply's rows (None: no reply yet)."""
+        """Submit a reply's rows (None: no reply yet). A row of a group still in the engine here
+        is not sampled twice: the dispatcher hands a group out again when its lease runs out
+        unseen (``asyncrl.dispatcher.outstanding``), which a long group (agent episodes) can
+        outlast; the copy in flight is sent when done, and the ids keep it to one."""
         if rows is None:
             return
         self.asked_at = None
@@ -280,6 +283,14 @@ class ContinuousLoop:
         self.silence_logged = False
         gen, cfg = self.gen, self.cfg
         greedy_tokens = cfg.sampling.max_tokens if cfg.generator.greedy_baseline else None
+        running = [r["group_id"] for r in rows if r["group_id"] in self.inflight]
+        if running:
+            log.info(
+                "%s: groups %s were handed out again while still sampling here: not sampled twice",
+                gen.ctx.name,
+                running[:5],
+            )
+            rows = [r for r in rows if r["group_id"] not in self.inflight]
         for row in gen.refuse_too_long(rows):
             seed = request_seed(cfg.run.seed, row["group_id"])  # reproducible per group
             if self.episodes is not None:

@@ -207,6 +207,18 @@ def test_the_end_returns_what_was_still_sampling(dispatcher):
     assert h.loop.stream.running == 0 and h.counts.generated == N  # returned prompts were never sampled
 
 
+def test_a_group_handed_out_again_while_it_samples_here_is_sampled_once(dispatcher):
+    # the dispatcher's lease on a long group ran out unseen: it comes back to the same generator
+    h = Harness(dispatcher)
+    lengths_in_turn(h.engine, [300, 5000])
+    answer(h, dispatcher, [row("g0")])
+    h.run_until(lambda: "g0" in h.loop.inflight, 10, "g0 in the engine")
+    answer(h, dispatcher, [row("g0"), row("g1")])
+    h.run_until(lambda: "g1" in h.loop.inflight, 10, "g1 in the engine")
+    h.run_until(lambda: h.outbox.groups, 10, "g0")
+    assert [g.group_id for g in h.outbox.groups] == ["g0"] and h.loop.submitted == 2
+
+
 def test_greedy_baseline_rides_with_its_group(dispatcher):
     h = Harness(dispatcher, ["generator.greedy_baseline=true", "algorithm.adv_estimator=remax"])
     assert h.loop.per_group == N + 1
