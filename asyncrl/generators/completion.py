@@ -42,6 +42,9 @@ class Completion:
     """The environment's reward for the episode (None: no environment, or it failed)."""
     env_error: str | None = None
     """Why the environment failed the episode (it raised or timed out): the episode is unscored."""
+    step_rewards: list[list] | None = None
+    """``[[token_index, reward], ...]``: the environment's step rewards, on the last token of the
+    turn each step answered (``Episode.step_rewards``)."""
     episode_index: int | None = None
     """Which of the group's episodes this sample belongs to; None: its place among the completions."""
     part: int = 0

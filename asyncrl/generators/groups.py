@@ -68,6 +68,7 @@ def episode_fields(c, episode_id: str, group_prompt: np.ndarray) -> dict:
             tool_errors=c.tool_errors,
             env_reward=c.env_reward,
             env_error=None if c.env_error is None else c.env_error[:200],
+            step_rewards=c.step_rewards,
             part=c.part,
             # a later part's context, or an opening of the environment's that differs from the
             # group's first episode's: the sample's own prompt

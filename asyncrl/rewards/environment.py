@@ -4,14 +4,31 @@ An episode's ``Sample.episode.env_reward`` is the sum of its environment's step 
 (``asyncrl.generators.rollouts``). This reward hands it on, so that it combines with the run's
 other rewards (``reward = Σ w_i r_i``: e.g. the environment's success and an exact match of the
 final answer). An episode whose environment failed (``env_error``: it raised or timed
-out) is unscored with that reason, never a 0; so is a sample no environment played.
+out) is unscored with that reason, never a 0; so is a sample no environment played. The steps'
+rewards go on as per-token rewards, each on the last token of the turn that earned it.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from asyncrl.rewards.base import RewardResult
 from asyncrl.rewards.unscored import Unscored
 from asyncrl.wire.schema import Group
+
+
+def step_rewards(sample) -> np.ndarray | float:
+    """The episode's step rewards as per-token rewards (each on the last token of the turn that
+    earned it; their sum is the episode's ``env_reward``), so that the estimators that credit
+    tokens (GAE, REINFORCE++) see which turn earned what; its ``env_reward`` alone when they do
+    not add up to it."""
+    e = sample.episode
+    tokens = np.zeros(len(sample.response_ids), dtype=np.float32)
+    for index, reward in e.step_rewards:
+        tokens[index] += reward
+    if not np.isclose(float(tokens.sum()), e.env_reward, atol=1e-4):
+        return float(e.env_reward)
+    return tokens
 
 
 class EnvironmentReward:
@@ -34,7 +51,7 @@ class EnvironmentReward:
             elif e.env_reward is None:  # an agent program that ended without posting one
                 results.append(Unscored("no_reward_posted", "its agent program posted no reward"))
             else:
-                results.append(float(e.env_reward))
+                results.append(step_rewards(s) if e.step_rewards else float(e.env_reward))
         return results
 
     async def close(self) -> None:

@@ -104,6 +104,10 @@ class Episode:
     env_error: str | None = None
     """Why the environment failed the episode (it raised, or a step timed out; at most 200
     characters): the ``environment`` reward leaves it unscored with this reason, never a 0."""
+    step_rewards: list[list] | None = None
+    """``[[token_index, reward], ...]``: the environment's step rewards where they were earned,
+    on the last token of the model turn each step answered (their sum is ``env_reward``); the
+    ``environment`` reward hands them on as per-token rewards. None: no step earned one alone."""
     part: int = 0
     """This sample's place in its episode: 0, or k for the k-th time the episode went on from a
     context that did not extend the one before token for token (an agent that edited or
@@ -331,6 +335,12 @@ def validate_episode(s: Sample) -> None:
         raise WireError(
             "nonfinite_reward", f"sample {s.uid}: env_reward ({e.env_reward!r:.40}) must be a finite number"
         )
+    for item in e.step_rewards or []:
+        ok = isinstance(item, list | tuple) and len(item) == 2 and type(item[0]) is int
+        if not ok or not 0 <= item[0] < len(s.response_ids) or not math.isfinite(item[1]):
+            raise WireError(
+                "bad_fields", f"sample {s.uid}: step_rewards entry {item!r:.40} must be [token index, finite reward]"
+            )
     p = e.prompt_ids
     if p is not None and (not isinstance(p, np.ndarray) or p.ndim != 1 or p.dtype.kind not in "iu" or len(p) == 0):
         raise WireError(

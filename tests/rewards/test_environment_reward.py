@@ -41,3 +41,14 @@ def test_unbounded_rewards_combine_and_an_unscored_episode_unscores_its_group():
     failed.samples[1].episode = episode(env_error="environment_failed: step raised KeyError: 'x'")
     asyncio.run(score_with(failed, [(reward, 1.0)]))
     assert failed.unscored_reason.startswith("reward_failed: environment: environment_failed")
+
+
+def test_step_rewards_become_per_token_rewards_on_the_turns_that_earned_them():
+    reward = build_reward(RewardSpec(kind="environment"))
+    group = make_group("e", n=2, length=6)
+    group.samples[0].episode = Episode("e/0", np.ones(6, np.uint8), env_reward=0.5, step_rewards=[[1, -0.5], [5, 1.0]])
+    group.samples[1].episode = Episode("e/1", np.ones(6, np.uint8), env_reward=2.0, step_rewards=[[1, 1.0]])  # no sum
+    asyncio.run(score_with(group, [(reward, 1.0)]))
+    first, second = group.samples
+    assert first.reward == 0.5 and first.token_rewards.tolist() == [0.0, -0.5, 0.0, 0.0, 0.0, 1.0]
+    assert second.reward == 2.0 and second.token_rewards is None  # they did not add up: the episode's reward alone

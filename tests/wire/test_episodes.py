@@ -21,7 +21,15 @@ def episode_group(group_id: str = "e") -> wire.Group:
     group = make_group(group_id, n=2, length=7)
     for index, sample in enumerate(group.samples):
         sample.logprobs = np.where(MASK == 1, -0.5, 0.0).astype(np.float32)
-        sample.episode = Episode(f"{group_id}/{index}", MASK, turns=2, tool_calls=1, tool_errors=index, env_reward=0.5)
+        sample.episode = Episode(
+            f"{group_id}/{index}",
+            MASK,
+            turns=2,
+            tool_calls=1,
+            tool_errors=index,
+            env_reward=0.5,
+            step_rewards=[[6, 0.5]],
+        )
     return group
 
 
@@ -31,7 +39,7 @@ def test_an_episode_travels_with_its_mask_and_counters():
     e = sample.episode
     assert e.loss_mask.tolist() == [1, 1, 1, 0, 0, 1, 1] and e.loss_mask.dtype == np.uint8
     assert (e.id, e.turns, e.tool_calls, e.tool_errors, e.env_reward) == ("e/1", 2, 1, 1, 0.5)
-    assert policy_tokens(sample) == 5
+    assert e.step_rewards == [[6, 0.5]] and policy_tokens(sample) == 5
 
 
 def test_a_single_turn_answer_pays_one_key_for_it():
@@ -52,6 +60,9 @@ def test_a_single_turn_answer_pays_one_key_for_it():
         ({"turns": -1}, "turns"),
         ({"id": 3}, "episode.id"),
         ({"env_reward": float("nan")}, "env_reward"),
+        ({"step_rewards": [[7, 1.0]]}, "step_rewards"),  # past the last token
+        ({"step_rewards": [[0, float("inf")]]}, "step_rewards"),
+        ({"part": -1}, "part"),
     ],
 )
 def test_a_malformed_episode_is_rejected_naming_the_field(change, words):

@@ -34,6 +34,8 @@ class EpisodeBuilder:
         moved to where the turn starts; an observation belongs to the segment before it."""
         self.turns = self.tool_calls = self.tool_errors = 0
         self.env_reward = 0.0
+        self.step_rewards: list[list] = []
+        """``[[token_index, reward], ...]``: where each rewarding step's turn ended."""
         self.env_error: str | None = None
         self.last_text = ""
         self.resumed = 0
@@ -56,6 +58,12 @@ class EpisodeBuilder:
         self.turns += 1
         self.last_text = turn.text
         self.resumed += turn.resumed
+
+    def add_step_reward(self, reward: float) -> None:
+        """The environment's step reward for the turn just added: on its last token."""
+        self.env_reward += reward
+        if reward and self.ids:
+            self.step_rewards.append([len(self.ids) - 1, reward])
 
     def add_observation(self, ids: list[int]) -> None:
         self.ids += [int(t) for t in ids]
@@ -82,4 +90,5 @@ class EpisodeBuilder:
             tool_errors=self.tool_errors,
             env_reward=None if self.env_error is not None else self.env_reward,
             env_error=self.env_error,
+            step_rewards=self.step_rewards or None if self.env_error is None else None,
         )

@@ -78,7 +78,7 @@ async def run_episode(
             if sampled.finish_reason == "length":
                 break  # cut mid-turn: the environment is not asked about half an answer
             step = await _bounded(env.step(sampled.text), timeout, "step")
-            episode.env_reward += float(step.reward)
+            episode.add_step_reward(float(step.reward))
             episode.tool_calls += step.tool_calls
             episode.tool_errors += step.tool_errors
             if step.done:

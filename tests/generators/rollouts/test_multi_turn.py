@@ -89,6 +89,7 @@ def test_the_episode_is_the_sampled_turns_and_the_rendered_answers_in_order():
     assert (episode.finish_reason, episode.turns, episode.env_reward, episode.env_error) == ("stop", 3, 1.0, None)
     assert episode.text == "7"  # what the answer rewards read: the last turn
     assert episode.version_segments == [[0, 5], [10, 6], [19, 7]]  # each turn's version, where it starts
+    assert episode.step_rewards == [[20, 1.0]]  # the finding step's reward, on its turn's last token (EOS)
 
 
 class Opens(GuessNumber):
