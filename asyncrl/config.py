@@ -205,8 +205,8 @@ class RunConfig(Config):
     def _check_environment(self) -> RunConfig:
         """Episodes (an environment's, or an agent program's) run on vLLM's async engine, one
         request a turn (either scheduler), not on the simulated engine, and held-out episodes are
-        played by the generators; they are not yet resumed across updates or given ReMax's
-        greedy baseline. An episode has an environment or an agent, not both."""
+        played by the generators; they are not given ReMax's greedy baseline, and an agent's calls
+        are not resumed across updates. An episode has an environment or an agent, not both."""
         if self.environment.cls is not None and self.agent.command is not None:
             raise ValueError(
                 f"environment.cls ({self.environment.cls}) and agent.command ({self.agent.command}) are both set: "
@@ -220,8 +220,8 @@ class RunConfig(Config):
             (
                 "generator.partial_rollouts",
                 gen.partial_rollouts,
-                gen.partial_rollouts != "resume",
-                "must not be resume yet",
+                gen.partial_rollouts != "resume" or self.agent.command is None,
+                "must not be resume yet (an agent's call is not resumed)",
             ),
             ("generator.greedy_baseline", gen.greedy_baseline, not gen.greedy_baseline, "must be false"),
             ("eval.engine", ev.engine, ev.engine == "generators", "must be generators: they play held-out episodes"),

@@ -21,6 +21,10 @@ GUESS = "asyncrl.tasks.environments.guess_number:GuessNumber"
         ),
         ([f"environment.cls={GUESS}", "eval.engine=hf"], "eval.engine (hf) must be generators"),
         (
+            ["agent.command=[python, agent.py]", "generator.partial_rollouts=resume"],
+            "generator.partial_rollouts (resume) must not be resume yet (an agent's call is not resumed)",
+        ),
+        (
             ["environment.cls=asyncrl.tasks.environments.http:HttpEnvironment", "environment.options={urll: x}"],
             "environment.options.urll is not an option",
         ),
@@ -32,7 +36,8 @@ def test_episodes_refuse_what_cannot_play_them(overrides, expected):
     assert expected in str(refused.value), str(refused.value)
 
 
-def test_either_scheduler_plays_episodes():
+def test_either_scheduler_plays_episodes_and_an_environment_resumes_them():
     for mode in ("continuous", "batch"):
         cfg = load_config("configs/guess_number.yaml", [f"generator.mode={mode}"])
         assert cfg.plays_episodes and cfg.generator.mode == mode
+    assert load_config("configs/guess_number.yaml", ["generator.partial_rollouts=resume"]).plays_episodes

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.generators.completion import Completion
+from asyncrl.generators.interrupt import resumable_answer
 from asyncrl.generators.rollouts.multi_turn import EpisodeLimits, run_episode
 from asyncrl.generators.rollouts.render import build_renderer
 from asyncrl.generators.sampling import derive_seed
@@ -117,7 +118,9 @@ class EpisodeGroups:  # a Rollout (asyncrl.generators.rollouts.base)
                 seed=None if turn.seed is None else derive_seed(turn.seed, turn.episode * 1000 + index),
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
-            return await self.engine.sample_request(context, params, f"{key}/t{index}")
+            # A turn aborted as too stale (generator.partial_rollouts: resume) goes on under the
+            # weights loaded now, its tokens kept; nothing else aborts a turn.
+            return await resumable_answer(self.engine, context, params, f"{key}/t{index}")
 
         return sample_turn
 
