@@ -19,6 +19,8 @@ def test_episodes_are_sampled_scored_trained_and_reconciled(tmp_path, mode):
         f"run.root={tmp_path}",
         "run.name=guess",
         "run.console=quiet",
+        "model.warm_start=false",  # untrained weights: the pipeline, not the learning (bench/learn.py)
+        "environment.max_turns=4",
         "learner.total_steps=3",
         "learner.batch_groups=2",
         "sampling.n=4",
