@@ -10,6 +10,21 @@ import numpy as np
 
 from asyncrl.wire.schema import Group, Sample
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A ChatML-like chat template for the character tokenizer: its end of turn is ``<eos>``."""
+
+
+def chatml_char_tokenizer(folder: Path):
+    """The demo's character tokenizer, built in ``folder``, with ``CHATML`` as its chat template."""
+    from asyncrl.models.char_tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(folder)
+    tok.chat_template = CHATML
+    return tok
+
 
 def make_group(group_id: str = "g0", n: int = 4, version: int = 0, rewards=None, length: int = 3) -> Group:
     rewards = rewards if rewards is not None else [None] * n

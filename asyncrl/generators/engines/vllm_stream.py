@@ -46,6 +46,7 @@ from asyncrl.generators.engines.vllm_engine import (
     greedy_params,
     sampling_params,
 )
+from asyncrl.generators.rollouts.single_turn import SingleTurn
 
 KV_FULL = 0.9
 """KV cache use at or above which sequences waiting in the engine are counted as KV pressure."""
@@ -174,8 +175,6 @@ class VLLMStream:
         ``greedy_tokens``; ``extra`` goes to vLLM's ``SamplingParams`` (e.g. ``min_tokens``,
         ``ignore_eos``). A prompt that leaves no room to sample is a ValueError naming it."""
         from vllm.sampling_params import RequestOutputKind
-
-        from asyncrl.generators.rollouts.single_turn import SingleTurn
 
         (tokens,) = self.engine.tokenize_prompts([prompt])
         (params,) = sampling_params(sampling, 1, seed, output_kind=RequestOutputKind.FINAL_ONLY, **extra)

@@ -9,19 +9,12 @@ import numpy as np
 import pytest
 
 from asyncrl.generators.completion import Completion
-from asyncrl.models.char_tokenizer import build_char_tokenizer
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<eos>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from tests.factories import chatml_char_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tmp_path_factory):
-    tok = build_char_tokenizer(tmp_path_factory.mktemp("tok"))
-    tok.chat_template = CHATML
-    return tok
+    return chatml_char_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 class FakeEngine:

@@ -8,18 +8,12 @@ import pytest
 
 from asyncrl.generators.rollouts.render import ChatRenderer, PlainRenderer, build_renderer
 from asyncrl.models.char_tokenizer import build_char_tokenizer
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<eos>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from tests.factories import chatml_char_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    tok = build_char_tokenizer(tmp_path_factory.mktemp("tok"))
-    tok.chat_template = CHATML
-    return tok
+    return chatml_char_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def test_the_episode_decodes_to_the_templates_rendering_of_the_conversation(tokenizer):
