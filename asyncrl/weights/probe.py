@@ -37,11 +37,10 @@ generator keeps). The failure peers shipped for months is an engine that silentl
 base model instead of the adapter (the request never named the adapter, or the adapter never
 loaded): its logprobs are the base model's, which drift only slowly away from the adapter's as
 training goes on, so a loose bound lets them pass. The learner therefore also sends the base
-model's logprobs of the probe text (``base_logprobs``: peft's ``disable_adapter``), and once the
-adapter and the base differ by more than ``tol`` (``mean|L − B| > tol``), an update fails when
-the served logprobs are not closer to the adapter's than to the base's
-(``mean|G − B| ≤ mean|G − L|``), whatever the bound says. Before that (a fresh adapter: peft
-starts lora_B at zero, so the adapter *is* the base) no probe can tell them apart, and
+model's logprobs of the probe text (``base_logprobs``: peft's ``disable_adapter``), and an
+update fails when the served logprobs are the base's rather than the adapter's
+(``serves_base``: ``mean|G − B|`` against ``mean|G − L|``), whatever the bound says. While the
+adapter still is the base (peft starts lora_B at zero) no probe can tell them apart, and
 ``base_diff`` and ``base_separation`` in the statistics say so.
 
 Statistics of every check (``asyncrl.wire.messages.ProbeStats``) go out with the generator's ``version`` event: mean
@@ -83,6 +82,9 @@ otherwise give a bound of 0, which a reordered sum after an update breaks."""
 SEPARATION = 4.0
 """An update also passes when the served logprobs are this many times closer (mean |Δ|) to the
 new version's than to the previous version's: clearly moved to the new weights."""
+BASE_MARGIN = 2.0
+"""With an adapter, once calibrated: adapter and base this many times the noise apart on the probe
+text are told apart (``serves_base``): a comparison of two distances needs less margin than a bound."""
 CALIBRATION_LIMIT = 10.0
 """At identical weights the mismatch may be at most this many times the dtype bound (``atol``):
 more is not numerics but two different models (the engine loaded another folder)."""
@@ -286,18 +288,26 @@ class ProbeCheck:
 
 
 def serves_base(r: ProbeStats) -> bool:
-    """Whether a check's statistics show the base model served instead of the adapter: adapter
-    and base stand more than the bound apart on the probe text, and the served logprobs are no
-    closer to the adapter's than to the base's.
+    """Whether a check's statistics show the base model served instead of the adapter.
 
-    >>> serves_base(ProbeStats(mean_diff=0.3, max_diff=1.0, tol=0.1, tokens=9, base_diff=0.01, base_separation=0.3))
+    Two distances decide, not the bound alone (a bound loose enough for bfloat16 numerics holds a
+    young adapter's distance from the base too): the served logprobs are ``SEPARATION`` times
+    closer to the base's than to the adapter's (at any bound); or adapter and base stand more
+    than ``BASE_MARGIN`` times the calibrated noise apart (before a calibration: the bound) and
+    the served logprobs are no closer to the adapter's than to the base's. An adapter that still
+    is the base (``base_separation`` within ``MIN_ATOL``) passes: nothing tells them apart.
+
+    >>> serves_base(ProbeStats(mean_diff=0.2, max_diff=1.0, tol=0.5, tokens=9, base_diff=0.01, base_separation=0.2))
     True
-    >>> serves_base(ProbeStats(mean_diff=0.01, max_diff=0.1, tol=0.1, tokens=9, base_diff=0.3, base_separation=0.3))
+    >>> serves_base(ProbeStats(mean_diff=0.01, max_diff=0.1, tol=0.5, tokens=9, base_diff=0.2, base_separation=0.2))
     False
     """
-    if r.base_diff is None or r.base_separation is None:
+    if r.base_diff is None or r.base_separation is None or r.base_separation <= MIN_ATOL:
         return False
-    return r.base_separation > r.tol and r.base_diff <= r.mean_diff
+    if r.base_diff * SEPARATION <= r.mean_diff:
+        return True
+    floor = r.tol if r.noise is None else BASE_MARGIN * r.noise
+    return r.base_separation > floor and r.base_diff <= r.mean_diff
 
 
 def probe_tolerance(engine_dtype: str, trainer_dtype: str) -> float:
