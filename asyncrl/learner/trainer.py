@@ -188,7 +188,7 @@ class PolicyTrainer:
                 if reference_address is None:
                     raise ValueError("algorithm.kl.reference (process) needs the reference process's address")
                 self.reference = RemoteReference(reference_address)
-            elif lora is not None and cfg.zero_stage < 3:  # the base is in the engine: the adapter off
+            elif lora is not None:  # the base is in the engine: run it with the adapter off
                 self.reference = AdapterOffReference(self.engine.module, cfg.logits_chunk_tokens)
             else:
                 dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
