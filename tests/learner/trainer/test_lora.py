@@ -174,3 +174,29 @@ def test_final_model_and_export_give_the_learners_logprobs(model_dir, groups, tm
         torch.testing.assert_close(logprobs(merged), expected, atol=1e-5, rtol=0)
     assert (tmp_path / "merged" / "tokenizer_config.json").exists()
     assert (tmp_path / "merged" / "adapter").exists() is False
+
+
+def test_a_published_version_is_what_the_generators_load(model_dir, groups, tmp_path):
+    """The contract with the generator side (``asyncrl.generators.engines.lora``): the buckets and
+    the meta of a version, read as a generator reads them, give the learner's adapted logprobs
+    (as a peft adapter folder, and merged into the base as an engine without LoRA would)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.generators.engines.lora import AdapterSpec, merge_adapter, write_adapter
+
+    trainer = lora_trainer(model_dir, 1)
+    trainer.train_step(groups)
+    trainer.train_step(groups)
+    expected = logprobs(trainer.engine.module.eval())
+    trainer.engine.module.train()
+    spec = AdapterSpec.from_meta(trainer.adapter_meta)
+    named = [(name, t.clone()) for bucket in trainer.weight_buckets(4096) for name, t in bucket]  # several buckets
+    folder = write_adapter(named, spec, tmp_path / "v2")
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.testing.assert_close(
+        logprobs(PeftModel.from_pretrained(base, str(folder)).eval()), expected, atol=1e-6, rtol=0
+    )
+    merged = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    merged.load_state_dict(dict(merge_adapter(merged.state_dict(), named, spec)), strict=False)
+    torch.testing.assert_close(logprobs(merged), expected, atol=1e-5, rtol=0)
