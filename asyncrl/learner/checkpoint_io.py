@@ -116,8 +116,13 @@ def save_policy_state(trainer: TrainerParts, out_dir: str | Path) -> None:
     state = {"version": trainer.version, "updates": trainer.updates, "kl_coef": trainer.kl_controller.value}
     # LoRA: the base is frozen and is the starting model, read again on resume; only the adapter
     # and its optimizer state are saved.
-    lora = trainer.lora is not None
-    trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state, exclude_frozen_parameters=lora)
+    if trainer.lora is not None:
+        from asyncrl.learner.adapter import adapter_only_checkpoint
+
+        with adapter_only_checkpoint(trainer.engine):
+            trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state, exclude_frozen_parameters=True)
+    else:
+        trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state)
     if trainer.critic is not None:
         trainer.critic.engine.save_checkpoint(str(out), tag="critic")
     torch.save(_rng_state(), out / _rng_file(torch.distributed.get_rank()))

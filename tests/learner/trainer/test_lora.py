@@ -104,8 +104,16 @@ def test_a_zero3_trainer_is_refused_with_its_reason(model_dir):
         lora_trainer(model_dir, 3)
 
 
-@pytest.mark.parametrize("stage", [0, 2])
-def test_checkpoint_holds_the_adapter_only_and_resume_takes_the_same_step(stage, model_dir, groups, tmp_path):
+@pytest.mark.parametrize("stage, tied", [(0, False), (2, True)])
+def test_checkpoint_holds_the_adapter_only_and_resume_takes_the_same_step(
+    stage, tied, model_dir, groups, tmp_path_factory
+):
+    tmp_path = tmp_path_factory.mktemp("ckpt")
+    if tied:  # an output head tied to the embedding (SmolLM2's) is frozen and not saved either
+        from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
+
+        shape = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128, tie_word_embeddings=True)
+        model_dir = build_tiny_model(shape, tmp_path / "tied")
     trainer = lora_trainer(model_dir, stage)
     trainer.train_step(groups)
     trainer.save_state(tmp_path / "ckpt")
@@ -121,6 +129,7 @@ def test_checkpoint_holds_the_adapter_only_and_resume_takes_the_same_step(stage,
     ckpt_bytes = sum(p.stat().st_size for p in (tmp_path / "ckpt" / "policy").glob("*.pt"))
     assert ckpt_bytes < model_bytes / 2, (ckpt_bytes, model_bytes)  # the base (all but ~9 %) is not in it
 
+    assert ckpt_bytes < 8 * sum(t.numel() * t.element_size() for t in expected.values())  # adapter, master, 2 moments
     resumed = lora_trainer(model_dir, stage)
     resumed.load_state(tmp_path / "ckpt")
     assert resumed.version == 1
