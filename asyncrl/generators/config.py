@@ -263,6 +263,12 @@ class EngineConfig(Config):
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs one engine shards the model over (vLLM tensor parallelism); on a Ray cluster each
     generator's placement reserves that many GPUs."""
+    lora_serving: Literal["adapter", "merge"] = "adapter"
+    """With ``model.lora`` (each version only the adapter's tensors): ``adapter`` serves each
+    version as a vLLM LoRA adapter (``enable_lora``; loaded in milliseconds, every decode step
+    pays the LoRA kernels); ``merge`` merges it into the base weights on the generator (base +
+    B·A·alpha/r) and reloads the targeted matrices (no LoRA kernels; a reload per version).
+    ``asyncrl.generators.engines.lora``; measured in docs/reference/weights.md."""
 
     @model_validator(mode="after")
     def check_sizes(self) -> EngineConfig:

@@ -194,6 +194,30 @@ def merge_adapter(base: dict, named: list, spec: AdapterSpec) -> list:
     return merged
 
 
+class FolderWeights:
+    """The base weights of a model folder by HF name, read on demand from its safetensors
+    (memory-mapped: a merge reads the targeted matrices, no resident copy of the model is kept)."""
+
+    def __init__(self, folder: str | Path):
+        from safetensors import safe_open
+
+        self._files = {}
+        for path in sorted(Path(folder).glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as f:
+                self._files.update(dict.fromkeys(f.keys(), str(path)))
+        if not self._files:
+            raise FileNotFoundError(f"{folder}: has no *.safetensors file")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def __getitem__(self, name: str):
+        from safetensors import safe_open
+
+        with safe_open(self._files[name], framework="pt") as f:
+            return f.get_tensor(name)
+
+
 @dataclass
 class ServedAdapter:
     """One version's adapter as an engine serves it."""
