@@ -201,10 +201,10 @@ class FolderWeights:
     def __init__(self, folder: str | Path):
         from safetensors import safe_open
 
-        self._files = {}
+        self._files = {}  # name -> the open file that holds it (headers read once)
         for path in sorted(Path(folder).glob("*.safetensors")):
-            with safe_open(str(path), framework="pt") as f:
-                self._files.update(dict.fromkeys(f.keys(), str(path)))
+            handle = safe_open(str(path), framework="pt")
+            self._files.update(dict.fromkeys(handle.keys(), handle))
         if not self._files:
             raise FileNotFoundError(f"{folder}: has no *.safetensors file")
 
@@ -212,10 +212,7 @@ class FolderWeights:
         return name in self._files
 
     def __getitem__(self, name: str):
-        from safetensors import safe_open
-
-        with safe_open(self._files[name], framework="pt") as f:
-            return f.get_tensor(name)
+        return self._files[name].get_tensor(name)
 
 
 @dataclass
