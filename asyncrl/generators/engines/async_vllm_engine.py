@@ -53,7 +53,14 @@ from pathlib import Path
 import numpy as np
 
 from asyncrl.generators.completion import Completion
-from asyncrl.generators.engines.lora import AdapterSlots, AdapterSpec, FolderWeights, merge_adapter, read_adapter
+from asyncrl.generators.engines.lora import (
+    AdapterSlots,
+    AdapterSpec,
+    FolderWeights,
+    merge_adapter,
+    merges_adapters,
+    read_adapter,
+)
 from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.engines.vllm_engine import (
     FINISH_REASONS,
@@ -162,7 +169,7 @@ class AsyncVLLMEngine:
         self._running: dict[str, int] = {}  # request id -> oldest version it may hold (engine loop only)
         self.base_version = 0
         """Version of the base weights (0: the model folder's): adapters must name it as theirs."""
-        self.merging = lora_rank is not None and cfg.lora_serving == "merge"
+        self.merging = lora_rank is not None and merges_adapters(cfg.lora_serving)
         """Adapters are merged into the base weights (``engine.lora_serving: merge``), not served as adapters."""
         self._base = FolderWeights(model_dir) if self.merging else None
         self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank and not self.merging else None

@@ -30,8 +30,8 @@ Why it is built this way:
   adapters (vLLM's ``enable_lora``); a version whose meta says ``adapter`` is loaded as a new
   adapter under a name and id never used before, and every later request runs on it
   (``asyncrl.generators.engines.lora``). The base weights stay; no prefix-cache reset is needed,
-  as vLLM keys cached blocks by the adapter's name. With ``engine.lora_serving: merge`` the
-  adapter is merged into the base weights read from the model folder instead, and only the
+  as vLLM keys cached blocks by the adapter's name. With ``engine.lora_serving: merge`` (``auto``
+  on the CPU backend) the adapter is merged into the base weights read from the model folder instead, and only the
   targeted matrices are reloaded (no LoRA kernels at each decode step).
 - **No chunked prefill on the CPU backend** (``EngineConfig.enable_chunked_prefill``): requests
   are seeded, and vLLM's CPU backend dies when it splits a seeded request's prefill.
@@ -55,6 +55,7 @@ from asyncrl.generators.engines.lora import (
     FolderWeights,
     engine_lora_rank,
     merge_adapter,
+    merges_adapters,
     read_adapter,
 )
 from asyncrl.generators.engines.tied_head import reload_weights
@@ -130,7 +131,7 @@ class VLLMEngine:
         self.base_version = 0
         """Version of the base weights (0: the model folder's): adapters must name it as theirs."""
         self._weight_names = read_weight_names(model_dir)
-        self.merging = lora_rank is not None and cfg.lora_serving == "merge"
+        self.merging = lora_rank is not None and merges_adapters(cfg.lora_serving)
         """Adapters are merged into the base weights (``engine.lora_serving: merge``), not served as adapters."""
         self._base = FolderWeights(model_dir) if self.merging else None
         self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank and not self.merging else None

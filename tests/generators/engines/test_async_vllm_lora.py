@@ -45,7 +45,9 @@ def test_a_running_request_keeps_its_adapter_and_the_old_one_goes_when_it_ends(t
     model_dir = build_tiny_model(TinyModelConfig(seed=1), tmp_path / "base")
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, lora_dropout=0.0))
-    engine = AsyncVLLMEngine(str(model_dir), EngineConfig(max_model_len=64), timeout_s=120, lora_rank=8)
+    engine = AsyncVLLMEngine(
+        str(model_dir), EngineConfig(max_model_len=64, lora_serving="adapter"), timeout_s=120, lora_rank=8
+    )
     params = SamplingParams(
         n=1, max_tokens=20, logprobs=0, ignore_eos=True, seed=7, output_kind=RequestOutputKind.FINAL_ONLY
     )

@@ -20,6 +20,7 @@ from asyncrl.generators.engines.lora import (
     check_adapter,
     engine_lora_rank,
     merge_adapter,
+    merges_adapters,
     read_adapter,
     split_name,
     write_adapter,
@@ -55,6 +56,13 @@ def test_spec_from_meta_reads_the_learner_contract_and_names_bad_fields():
             AdapterSpec.from_meta(bad)
     with pytest.raises(WeightSyncError, match="lora_alpha"):
         AdapterSpec.from_meta({"r": 4, "target_modules": TARGETS})
+
+
+def test_lora_serving_names_merge_or_adapter_and_auto_merges_on_the_cpu_backend():
+    from vllm.platforms import current_platform
+
+    assert merges_adapters("merge") and not merges_adapters("adapter")
+    assert merges_adapters("auto") == current_platform.is_cpu()
 
 
 def test_engine_rank_rounds_up_to_what_vllm_accepts():
