@@ -264,7 +264,7 @@ class EngineConfig(Config):
     """GPUs one engine shards the model over (vLLM tensor parallelism); on a Ray cluster each
     generator's placement reserves that many GPUs."""
     lora_serving: Literal["auto", "adapter", "merge"] = "auto"
-    """With model.lora (each version only the adapter's tensors): ``adapter`` serves each version
+    """With ``model.lora`` (each version only the adapter's tensors): ``adapter`` serves each version
     as a vLLM LoRA adapter (``enable_lora``: loaded in ~0.1 s, but every step pays the LoRA
     kernels); ``merge`` merges it into the base weights on the generator (base + B·A·alpha/r)
     and reloads the targeted matrices (no LoRA kernels; a reload per version); ``auto``: merge on
