@@ -161,9 +161,20 @@ def learner_probe(
         cont_ids = cont_ids[:room]
     body = {"prompt": prompt, "continuation_ids": cont_ids, "logprobs": _logprobs(model, prompt_ids, cont_ids)}
     if hasattr(model, "disable_adapter") and getattr(model, "peft_config", None):  # a peft model
-        with model.disable_adapter():
-            body["base_logprobs"] = _logprobs(model, prompt_ids, cont_ids)
+        body["base_logprobs"] = _base_logprobs(model, prompt_ids, cont_ids)
     return body
+
+
+def _base_logprobs(model, prompt_ids: list[int], cont_ids: list[int]) -> list[float]:
+    """The base model's logprobs (the adapter disabled), computed once per text: under LoRA the
+    base weights are frozen, so every later version would pay a second forward pass for the same
+    numbers. (Every rank calls this alike, so under ZeRO-3 each one skips the same collective.)"""
+    key = (tuple(prompt_ids), tuple(cont_ids))
+    cache = model.__dict__.setdefault("_asyncrl_base_logprobs", {})
+    if key not in cache:
+        with model.disable_adapter():
+            cache[key] = _logprobs(model, prompt_ids, cont_ids)
+    return list(cache[key])
 
 
 def _logprobs(model, prompt_ids: list[int], cont_ids: list[int]) -> list[float]:

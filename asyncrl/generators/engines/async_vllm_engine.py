@@ -29,7 +29,8 @@ Why it is built this way:
   adapter is added without pausing anything: new requests take it, a running request keeps the
   adapter it started with to its end (so all its tokens carry that adapter's version, whatever
   vLLM's step labels say), and an older adapter is unloaded once no request holds it
-  (``asyncrl.generators.engines.lora.AdapterSlots``).
+  (``asyncrl.generators.engines.lora.AdapterSlots``). With ``engine.lora_serving: merge`` an
+  adapter is merged into the base weights and swapped in as full weights are.
 - **The engine core is forked** (``engine.core_start_method``). vLLM's CPU backend asks for spawn
   while it builds its config, and a spawned core imports vLLM again (~9 s on a 2-core host, for
   every engine started); the start method is set back after the config is built, before the core
@@ -52,7 +53,14 @@ from pathlib import Path
 import numpy as np
 
 from asyncrl.generators.completion import Completion
-from asyncrl.generators.engines.lora import AdapterSlots, AdapterSpec, read_adapter
+from asyncrl.generators.engines.lora import (
+    AdapterSlots,
+    AdapterSpec,
+    FolderWeights,
+    merge_adapter,
+    merges_adapters,
+    read_adapter,
+)
 from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.engines.vllm_engine import (
     FINISH_REASONS,
@@ -161,9 +169,13 @@ class AsyncVLLMEngine:
         self._running: dict[str, int] = {}  # request id -> oldest version it may hold (engine loop only)
         self.base_version = 0
         """Version of the base weights (0: the model folder's): adapters must name it as theirs."""
-        self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank is not None else None
-        """The LoRA adapters loaded (None: started without ``lora_rank``, full weights only)."""
-        args = AsyncEngineArgs(**engine_args(model_dir, cfg, lora_rank), worker_extension_cls=EXTENSION)
+        self.merging = lora_rank is not None and merges_adapters(cfg.lora_serving)
+        """Adapters are merged into the base weights (``engine.lora_serving: merge``), not served as adapters."""
+        self._base = FolderWeights(model_dir) if self.merging else None
+        self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank and not self.merging else None
+        """The LoRA adapters loaded (None: started without ``lora_rank``, or merging them)."""
+        lora = None if self.merging else lora_rank
+        args = AsyncEngineArgs(**engine_args(model_dir, cfg, lora), worker_extension_cls=EXTENSION)
 
         async def build():  # stat_loggers: vLLM stat logger factories (asyncrl.generators.engines.vllm_stream)
             vllm_config = args.create_engine_config()  # where vLLM's CPU backend asks for spawn
@@ -391,6 +403,7 @@ class AsyncVLLMEngine:
             if self.adapters is not None:  # new base weights: adapters of the old ones no longer apply
                 for old in self.adapters.clear():
                     self._call(self._llm.remove_lora(old.lora_id), f"adapter {old.name} to be unloaded")
+            self._base = None  # merging: the base is no longer the model folder's
             self.version = self.base_version = version
         return time.perf_counter() - start
 
@@ -399,7 +412,7 @@ class AsyncVLLMEngine:
         them) to new requests, without pausing those running; returns seconds. The engine
         process reads it from a peft folder (``AdapterSlots``); older adapters go once unused."""
         start = time.perf_counter()
-        if self.adapters is None:
+        if self.adapters is None and not self.merging:
             raise ValueError(
                 f"version {version} is a LoRA adapter (meta adapter) but the engine was started without "
                 "lora_rank: set model.lora on the generators' side too"
@@ -409,6 +422,16 @@ class AsyncVLLMEngine:
                 f"version {version}: adapter of base version {spec.base_version}, the engine serves base version {self.base_version}"
             )
         named = read_adapter(weights) if isinstance(weights, (str, Path)) else list(weights)
+        if self.merging:  # swapped like full weights (paused, prefix cache reset), the targeted matrices only
+            if self._base is None:
+                raise ValueError(
+                    f"version {version}: the base weights were replaced by a full version: nothing to merge into"
+                )
+            kwargs = {"buckets": _as_bytes(merge_adapter(self._base, named, spec), version, set())}
+            with self._swap_lock:
+                self._call(self._swap("asyncrl_load_bytes", kwargs, version), f"version {version} to be merged in")
+                self.version = version
+            return time.perf_counter() - start
         with self._swap_lock:
             served = self.adapters.add(named, spec, version)
             try:

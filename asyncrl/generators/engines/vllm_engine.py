@@ -30,7 +30,9 @@ Why it is built this way:
   adapters (vLLM's ``enable_lora``); a version whose meta says ``adapter`` is loaded as a new
   adapter under a name and id never used before, and every later request runs on it
   (``asyncrl.generators.engines.lora``). The base weights stay; no prefix-cache reset is needed,
-  as vLLM keys cached blocks by the adapter's name.
+  as vLLM keys cached blocks by the adapter's name. With ``engine.lora_serving: merge`` (``auto``
+  on the CPU backend) the adapter is merged into the base weights read from the model folder instead, and only the
+  targeted matrices are reloaded (no LoRA kernels at each decode step).
 - **No chunked prefill on the CPU backend** (``EngineConfig.enable_chunked_prefill``): requests
   are seeded, and vLLM's CPU backend dies when it splits a seeded request's prefill.
 """
@@ -46,7 +48,16 @@ from safetensors import safe_open
 
 from asyncrl.generators.completion import Completion
 from asyncrl.generators.config import EngineConfig
-from asyncrl.generators.engines.lora import LIVE_ADAPTERS, AdapterSlots, AdapterSpec, engine_lora_rank, read_adapter
+from asyncrl.generators.engines.lora import (
+    LIVE_ADAPTERS,
+    AdapterSlots,
+    AdapterSpec,
+    FolderWeights,
+    engine_lora_rank,
+    merge_adapter,
+    merges_adapters,
+    read_adapter,
+)
 from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.sampling import AnswerOptions, SamplingConfig, answer_params, greedy_params, sampling_params
 from asyncrl.generators.sampling import derive_seed as derive_seed  # re-exported
@@ -120,9 +131,12 @@ class VLLMEngine:
         self.base_version = 0
         """Version of the base weights (0: the model folder's): adapters must name it as theirs."""
         self._weight_names = read_weight_names(model_dir)
-        self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank is not None else None
-        """The LoRA adapters loaded (None: started without ``lora_rank``, full weights only)."""
-        self._llm = LLM(**engine_args(model_dir, cfg, lora_rank))
+        self.merging = lora_rank is not None and merges_adapters(cfg.lora_serving)
+        """Adapters are merged into the base weights (``engine.lora_serving: merge``), not served as adapters."""
+        self._base = FolderWeights(model_dir) if self.merging else None
+        self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank and not self.merging else None
+        """The LoRA adapters loaded (None: started without ``lora_rank``, or merging them)."""
+        self._llm = LLM(**engine_args(model_dir, cfg, None if self.merging else lora_rank))
         self.tokenizer = self._llm.get_tokenizer()
         """The engine's tokenizer (the one that produced ``Completion.prompt_ids``)."""
 
@@ -207,6 +221,8 @@ class VLLMEngine:
             if missing:
                 raise ValueError(f"{weights}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
             self._llm.collective_rpc(_reload_from_dir, args=(str(weights),))
+            if not self._llm.reset_prefix_cache():
+                raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
         else:
             named = list(weights)
             missing = self._weight_names - {name for name, _ in named}
@@ -214,20 +230,25 @@ class VLLMEngine:
                 raise ValueError(
                     f"version {version}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}"
                 )
-            core = type(self._llm.llm_engine.engine_core).__name__
-            if core != "InprocClient":
-                raise NotImplementedError(
-                    f"loading tensors needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), not {core}; use weights.transport=file"
-                )
-            self._llm.collective_rpc(_reload_from_tensors, args=(named,))
-        # The prefix cache holds KV computed by the old weights; keeping it would mix versions.
-        if not self._llm.reset_prefix_cache():
-            raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
+            self._reload_tensors(named)
         if self.adapters is not None:  # new base weights: adapters of the old ones no longer apply
             for old in self.adapters.clear():
                 self._llm.llm_engine.remove_lora(old.lora_id)
+        self._base = None  # merging: the base is no longer the model folder's
         self.version = self.base_version = version
         return time.perf_counter() - start
+
+    def _reload_tensors(self, named: list) -> None:
+        """Copy ``(HF name, tensor)`` pairs into the model (all of its weights, or some) and drop
+        the prefix cache, which holds KV computed by the old weights."""
+        core = type(self._llm.llm_engine.engine_core).__name__
+        if core != "InprocClient":
+            raise NotImplementedError(
+                f"loading tensors needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), not {core}; use weights.transport=file"
+            )
+        self._llm.collective_rpc(_reload_from_tensors, args=(named,))
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
 
     def load_adapter(self, weights, version: int, spec: AdapterSpec) -> float:
         """Serve ``version``'s LoRA adapter (``(peft name, tensor)`` pairs, or a directory of
@@ -235,9 +256,10 @@ class VLLMEngine:
 
         Written as a peft folder and loaded into vLLM (``add_lora``: a load that fails raises
         here, not in a later request) under a new name and id; the adapters before it are then
-        unloaded, as no request runs between ``generate`` calls."""
+        unloaded, as no request runs between ``generate`` calls. With ``engine.lora_serving:
+        merge`` it is merged into the base weights instead and the targeted matrices reloaded."""
         start = time.perf_counter()
-        if self.adapters is None:
+        if self.adapters is None and not self.merging:
             raise ValueError(
                 f"version {version} is a LoRA adapter (meta adapter) but the engine was started without "
                 "lora_rank: set model.lora on the generators' side too"
@@ -247,6 +269,14 @@ class VLLMEngine:
                 f"version {version}: adapter of base version {spec.base_version}, the engine serves base version {self.base_version}"
             )
         named = read_adapter(weights) if isinstance(weights, (str, Path)) else list(weights)
+        if self.merging:
+            if self._base is None:
+                raise ValueError(
+                    f"version {version}: the base weights were replaced by a full version: nothing to merge into"
+                )
+            self._reload_tensors(merge_adapter(self._base, named, spec))
+            self.version = version
+            return time.perf_counter() - start
         served = self.adapters.add(named, spec, version)
         try:
             if not self._llm.llm_engine.add_lora(served.request):

@@ -16,9 +16,11 @@ from peft import (  # imported once here: its first import takes seconds
 from asyncrl.generators.engines.lora import (
     AdapterSlots,
     AdapterSpec,
+    FolderWeights,
     check_adapter,
     engine_lora_rank,
     merge_adapter,
+    merges_adapters,
     read_adapter,
     split_name,
     write_adapter,
@@ -54,6 +56,13 @@ def test_spec_from_meta_reads_the_learner_contract_and_names_bad_fields():
             AdapterSpec.from_meta(bad)
     with pytest.raises(WeightSyncError, match="lora_alpha"):
         AdapterSpec.from_meta({"r": 4, "target_modules": TARGETS})
+
+
+def test_lora_serving_names_merge_or_adapter_and_auto_merges_on_the_cpu_backend():
+    from vllm.platforms import current_platform
+
+    assert merges_adapters("merge") and not merges_adapters("adapter")
+    assert merges_adapters("auto") == current_platform.is_cpu()
 
 
 def test_engine_rank_rounds_up_to_what_vllm_accepts():
@@ -102,6 +111,19 @@ def test_merge_gives_the_weights_peft_merges():
     for name, tensor in merged.items():
         torch.testing.assert_close(tensor, want[name], rtol=1e-5, atol=1e-6)
         assert not torch.equal(tensor, base[name])
+
+
+def test_the_base_is_read_from_the_model_folder_on_demand(tmp_path):
+    from safetensors.torch import save_file
+
+    model = small_qwen2(64)
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    base = FolderWeights(tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert name in base and "nope.weight" not in base and torch.equal(base[name], state[name])
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        FolderWeights(tmp_path / "empty")
 
 
 def test_slots_never_reuse_a_name_and_retire_only_unused_adapters(tmp_path):

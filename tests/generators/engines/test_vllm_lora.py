@@ -41,39 +41,56 @@ def step(model, seed: int) -> None:
                 p.add_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
-def test_adapter_versions_are_served_checked_and_retired(tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class LearnerSide:
+    """A peft learner that publishes its adapter over shared memory, and a generator's engine that applies each version."""
 
+    def __init__(self, model_dir, engine):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, lora_dropout=0.0))
+        self.engine = engine
+        self.pub = ShmWeightPublisher("tcp://127.0.0.1:0")
+        self.sub = ShmWeightSubscriber(self.pub.address, name="gen-0.weights")
+        self.check, self.ctx = ProbeCheck(atol=1e-3), RecordingContext()
+        self.last = Probe(**learner_probe(self.model, self.tok, max_len=64), version=0)  # adapter = base
+
+    def publish_and_apply(self, version: int, seed: int):
+        step(self.model, seed)
+        body = learner_probe(self.model, self.tok, max_len=64)
+        self.last = self.last.after(version, body["logprobs"], body["base_logprobs"])
+        state = get_peft_model_state_dict(self.model)
+        meta = {"probe": self.last.to_wire(), "adapter": ADAPTER}
+        self.pub.publish(state_dict_buckets(state, 64 << 10), version, meta=meta)
+
+        def applied():
+            apply_newest_weights(self.engine, self.sub, self.ctx, probe=self.check)
+            return self.engine.version == version
+
+        wait_until(applied, f"version {version} to be served", interval=0.05, tick=self.pub.announce)
+        return body, sum(t.numel() * t.element_size() for t in state.values())
+
+    def close(self):
+        self.pub.close()
+        self.sub.close()
+        self.engine.close()
+
+
+def _engine(tmp_path, serving: str):
     from asyncrl.generators.engines.vllm_engine import EngineConfig, VLLMEngine
     from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     model_dir = build_tiny_model(TinyModelConfig(seed=1), tmp_path / "base")
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, lora_dropout=0.0))
-    engine = VLLMEngine(str(model_dir), EngineConfig(max_model_len=64, block_size=32, seed=0), lora_rank=8)
-    pub = ShmWeightPublisher("tcp://127.0.0.1:0")
-    sub = ShmWeightSubscriber(pub.address, name="gen-0.weights")
-    check, ctx = ProbeCheck(atol=1e-3), RecordingContext()
-    last = Probe(**learner_probe(model, tok, max_len=64), version=0)  # the initial weights: adapter = base
+    cfg = EngineConfig(max_model_len=64, block_size=32, seed=0, lora_serving=serving)
+    return model_dir, VLLMEngine(str(model_dir), cfg, lora_rank=8)
 
-    def publish_and_apply(version: int, seed: int):
-        nonlocal last
-        step(model, seed)
-        body = learner_probe(model, tok, max_len=64)
-        last = last.after(version, body["logprobs"], body["base_logprobs"])
-        state = get_peft_model_state_dict(model)
-        pub.publish(state_dict_buckets(state, 64 << 10), version, meta={"probe": last.to_wire(), "adapter": ADAPTER})
 
-        def applied():
-            apply_newest_weights(engine, sub, ctx, probe=check)
-            return engine.version == version
-
-        wait_until(applied, f"version {version} to be served", interval=0.05, tick=pub.announce)
-        return body, sum(t.numel() * t.element_size() for t in state.values())
-
+def test_adapter_versions_are_served_checked_and_retired(tmp_path):
+    side = LearnerSide(*_engine(tmp_path, "adapter"))
+    engine, ctx, check = side.engine, side.ctx, side.check
     try:
-        body, nbytes = publish_and_apply(1, seed=1)
+        body, nbytes = side.publish_and_apply(1, seed=1)
         ev = ctx.events[-1]
         assert ev.version == 1 and ev.bytes == nbytes and ev.probe.noise < 1e-5  # calibrated on the shared base
         assert ev.probe.mean_diff <= ev.probe.tol and ev.probe.base_separation > 100 * ev.probe.tol
@@ -81,7 +98,7 @@ def test_adapter_versions_are_served_checked_and_retired(tmp_path):
         assert np.abs(served - np.array(body["logprobs"])).mean() <= check.tol  # the learner's peft model
         first = engine.adapters.newest
 
-        publish_and_apply(2, seed=2)
+        side.publish_and_apply(2, seed=2)
         second = engine.adapters.newest
         assert (second.name, second.lora_id) != (first.name, first.lora_id) and second.version == 2
         assert engine.adapters.live == [second] and not first.folder.exists()  # retired: no request holds it
@@ -90,12 +107,23 @@ def test_adapter_versions_are_served_checked_and_retired(tmp_path):
 
         engine.lora_request = lambda: None  # the bug peers shipped: requests that never name the adapter
         with pytest.raises(WeightSyncError, match="serves the base model, not the adapter"):
-            publish_and_apply(3, seed=3)
+            side.publish_and_apply(3, seed=3)
         assert engine.adapters.used_names == [first.name, second.name, engine.adapters.newest.name]
     finally:
-        pub.close()
-        sub.close()
-        engine.close()
+        side.close()
+
+
+def test_merged_on_the_generator_the_adapter_passes_the_probe(tmp_path):
+    """``engine.lora_serving: merge``: base + B·A·alpha/r reloaded into the targeted matrices only."""
+    side = LearnerSide(*_engine(tmp_path, "merge"))
+    try:
+        assert side.engine.merging and side.engine.adapters is None
+        for version in (1, 2):
+            side.publish_and_apply(version, seed=version)
+            ev = side.ctx.events[-1]
+            assert ev.probe.mean_diff <= ev.probe.tol and ev.probe.base_separation > 100 * ev.probe.tol
+    finally:
+        side.close()
 
 
 def _sampling():
