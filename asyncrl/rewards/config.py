@@ -56,7 +56,7 @@ class RewardSpec(Config):
         elif self.kind == "teacher":
             from asyncrl.rewards.teacher import TeacherConfig
 
-            TeacherConfig(**self.options)
+            self.options["path"] = TeacherConfig(**self.options).path  # absolute in the resolved config
         elif self.kind == "python":
             from asyncrl.rewards.function import PythonRewardConfig
 

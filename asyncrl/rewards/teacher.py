@@ -33,10 +33,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from asyncrl.configbase import Config
 from asyncrl.rewards.base import RewardResult, TeacherLogprobs
@@ -50,7 +51,7 @@ class TeacherConfig(Config):
     """Options of ``kind: teacher``."""
 
     path: str
-    """Hugging Face causal-LM directory of the teacher; it must share the student's tokenizer (ids are scored as they are)."""
+    """Hugging Face causal-LM directory of the teacher; it must share the student's tokenizer (ids are scored as they are). Relative to the working directory; written absolute into the resolved config."""
     engine: Literal["hf"] = "hf"
     """hf: transformers in the reward worker's process (a thread, one forward pass at a time)."""
     dtype: Literal["fp32", "bf16"] = "fp32"
@@ -63,6 +64,12 @@ class TeacherConfig(Config):
     """The teacher's logits are divided by it (1: its own distribution)."""
     device: str = "cpu"
     """Torch device of the teacher."""
+
+    @field_validator("path")
+    @classmethod
+    def absolute(cls, value: str) -> str:
+        """Absolute, so that every reward worker (and the resolved config) names the same folder."""
+        return str(Path(value).expanduser().absolute())
 
 
 def token_logprobs(logits, input_ids, temperature: float = 1.0):
