@@ -32,26 +32,31 @@ def ensure_teacher(recipe: Path = RECIPE, out: Path = OUT) -> dict:
     """The teacher built (or found cached) at ``out/warm``, and its held-out figures."""
     digest = hashlib.sha256(recipe.read_bytes()).hexdigest()
     stamp, figures = out / "recipe.sha256", out / "teacher.json"
-    if stamp.exists() and stamp.read_text().strip() == digest and figures.exists():
+    built = stamp.exists() and stamp.read_text().strip() == digest and (out / "warm" / "config.json").exists()
+    if built and figures.exists():
         return {**json.loads(figures.read_text()), "cached": True}
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    asyncrl = Path(sys.executable).with_name("asyncrl")
-    started = time.perf_counter()
-    command = [str(asyncrl), "build-tiny-model", str(out), "--warm-start", "--config", str(recipe)]
-    built = json.loads(subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO).stdout)
-    build_s = time.perf_counter() - started
+    build_s = None
+    if not built:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        asyncrl = Path(sys.executable).with_name("asyncrl")
+        started = time.perf_counter()
+        command = [str(asyncrl), "build-tiny-model", str(out), "--warm-start", "--config", str(recipe)]
+        printed = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO).stdout
+        build_s = time.perf_counter() - started
+        (out / "build.json").write_text(printed.strip().splitlines()[-1] + "\n")  # the SFT's figures
+        stamp.write_text(digest + "\n")
+    sft = json.loads((out / "build.json").read_text()) if (out / "build.json").exists() else {}
     result = {
         "teacher": str(out / "warm"),
-        "recipe": str(recipe.relative_to(REPO)),
-        "sft_steps": built["steps"],
-        "sft_final_loss": built["final_loss"],
+        "recipe": str(recipe.relative_to(REPO)) if recipe.is_relative_to(REPO) else str(recipe),
+        "sft_steps": sft.get("steps"),
+        "sft_final_loss": sft.get("final_loss"),
         "build_s": build_s,
         "parameters": parameters(out / "warm"),
         "heldout": heldout(recipe, out / "warm"),
     }
     figures.write_text(json.dumps(result, indent=2) + "\n")
-    stamp.write_text(digest + "\n")
     return {**result, "cached": False}
 
 

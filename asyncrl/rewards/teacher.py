@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
 from asyncrl.rewards.base import RewardResult, TeacherLogprobs
@@ -52,10 +52,17 @@ class TeacherConfig(Config):
 
     path: str
     """Hugging Face causal-LM directory of the teacher; it must share the student's tokenizer (ids are scored as they are). Relative to the working directory; written absolute into the resolved config."""
-    engine: Literal["hf"] = "hf"
-    """hf: transformers in the reward worker's process (a thread, one forward pass at a time)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """hf: transformers in the reward worker's process (a thread, one forward pass at a time); vllm: an
+    offline vLLM engine there, the answers scored as prompt log-probabilities (``asyncrl.rewards.teacher_vllm``)."""
     dtype: Literal["fp32", "bf16"] = "fp32"
-    """Precision of the teacher's weights; its log-probabilities are taken in float32 either way."""
+    """Precision of the teacher's weights; hf takes its log-probabilities in float32 either way."""
+    max_model_len: int | None = Field(None, ge=2)
+    """Longest prompt + answer the teacher scores (a longer one is unscored, teacher_too_long); None: the model's max_position_embeddings."""
+    kv_cache_memory_bytes: int | None = Field(256 << 20, ge=1)
+    """vllm: the engine's KV cache in bytes; None sizes it from gpu_memory_utilization (GPU only)."""
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """vllm: the fraction of GPU memory the engine may take, when kv_cache_memory_bytes is None."""
     batch_size: int = Field(16, ge=1)
     """Samples per forward pass."""
     timeout_s: float = Field(30.0, gt=0)
@@ -64,6 +71,15 @@ class TeacherConfig(Config):
     """The teacher's logits are divided by it (1: its own distribution)."""
     device: str = "cpu"
     """Torch device of the teacher."""
+
+    @model_validator(mode="after")
+    def check_engine(self) -> TeacherConfig:
+        if self.engine == "vllm" and self.temperature != 1.0:
+            raise ValueError(
+                f"temperature ({self.temperature}) must be 1 with engine vllm: its prompt log-probabilities "
+                "are the model's own distribution"
+            )
+        return self
 
     @field_validator("path")
     @classmethod
@@ -83,28 +99,24 @@ def token_logprobs(logits, input_ids, temperature: float = 1.0):
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-class TeacherReward:
-    """log pi_T of every answer token of a group, by a Hugging Face causal LM (``TeacherConfig``)."""
+class HFTeacher:
+    """``engine: hf``: a transformers causal LM, right-padded batches of ``batch_size`` sequences."""
 
-    per_sample = True  # a sample's teacher logprobs do not depend on the other samples
-
-    def __init__(self, name: str, cfg: TeacherConfig):
+    def __init__(self, cfg: TeacherConfig):
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.name, self.cfg, self.torch = name, cfg, torch
+        self.cfg, self.torch = cfg, torch
         dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype).to(cfg.device).eval()
         self.vocab_size = int(self.model.config.vocab_size)
-        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        self._lock = threading.Lock()
-        self.failures = 0
+        self.max_positions = cfg.max_model_len or getattr(self.model.config, "max_position_embeddings", None)
 
-    def score_sequences(self, rows: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    def logprobs(self, rows: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """Per (prompt ids, response ids): the (T,) teacher log-probabilities of the response."""
-        torch = self.torch
+        torch, device = self.torch, self.cfg.device
         out: list[np.ndarray] = []
-        with self._lock, torch.inference_mode():
+        with torch.inference_mode():
             for start in range(0, len(rows), self.cfg.batch_size):
                 chunk = rows[start : start + self.cfg.batch_size]
                 length = max(max(len(p) + len(r) for p, r in chunk), 2)
@@ -114,14 +126,35 @@ class TeacherReward:
                     seq = np.concatenate([prompt, response]).astype(np.int64)
                     ids[b, : len(seq)] = torch.from_numpy(seq)
                     attention[b, : len(seq)] = 1
-                logits = self.model(
-                    input_ids=ids.to(self.cfg.device), attention_mask=attention.to(self.cfg.device)
-                ).logits
-                logprobs = token_logprobs(logits, ids.to(self.cfg.device), self.cfg.temperature).cpu()  # (b, L-1)
+                logits = self.model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
+                logprobs = token_logprobs(logits, ids.to(device), self.cfg.temperature).cpu()  # (b, L-1)
                 for b, (prompt, response) in enumerate(chunk):
                     P, T = len(prompt), len(response)
                     out.append(logprobs[b, P - 1 : P - 1 + T].numpy().astype(np.float32))  # predicted from P-1..
         return out
+
+
+class TeacherReward:
+    """log pi_T of every answer token of a group, by the teacher ``TeacherConfig`` names."""
+
+    per_sample = True  # a sample's teacher logprobs do not depend on the other samples
+
+    def __init__(self, name: str, cfg: TeacherConfig):
+        self.name, self.cfg = name, cfg
+        if cfg.engine == "vllm":
+            from asyncrl.rewards.teacher_vllm import VLLMTeacher
+
+            self.backend = VLLMTeacher(cfg)
+        else:
+            self.backend = HFTeacher(cfg)
+        self.vocab_size, self.max_positions = self.backend.vocab_size, self.backend.max_positions
+        self._lock = threading.Lock()
+        self.failures = 0
+
+    def score_sequences(self, rows: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """Per (prompt ids, response ids): the (T,) teacher log-probabilities of the response, one call at a time."""
+        with self._lock:
+            return self.backend.logprobs(rows)
 
     def check(self, group: Group) -> list[Unscored | None]:
         """Per sample, why the teacher cannot score it (ids outside its vocabulary, too long), or None."""
@@ -167,4 +200,6 @@ class TeacherReward:
             log.warning("reward %s: %s on group %s: %s", self.name, reason, group.group_id, error or "")
 
     async def close(self) -> None:
-        pass
+        close = getattr(getattr(self, "backend", None), "close", None)
+        if close is not None:
+            close()

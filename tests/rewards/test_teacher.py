@@ -115,3 +115,23 @@ def test_a_tiny_teacher_scores_answers_batched_as_one_by_one(tmp_path):
             logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)  # (L-1, V)
         want = logp[torch.arange(len(ids[0]) - 1), ids[0, 1:]][len(group.prompt_ids) - 1 :]
         assert result.values.tolist() == pytest.approx(want.tolist(), abs=1e-5)
+
+
+@pytest.mark.slow  # a vLLM engine (~10 s to start on the CPU)
+def test_the_vllm_teacher_gives_the_hf_teachers_logprobs(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
+
+    path = build_tiny_model(TinyModelConfig(num_layers=2), tmp_path / "t")  # head_dim 32: vLLM CPU attention
+    group = make_group("g", n=3)
+    group.samples[1].response_ids = np.array([9, 10], dtype=np.int32)
+    group.samples[1].logprobs = np.zeros(2, dtype=np.float32)
+    hf = build_reward(RewardSpec(kind="teacher", options={"path": str(path)}))
+    engine = build_reward(RewardSpec(kind="teacher", options={"path": str(path), "engine": "vllm"}))
+    try:
+        want, got = asyncio.run(hf.score(group)), asyncio.run(engine.score(group))
+    finally:
+        asyncio.run(engine.close())
+    for w, g in zip(want, got):
+        assert g.values.tolist() == pytest.approx(w.values.tolist(), abs=1e-4)
