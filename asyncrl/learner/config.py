@@ -235,6 +235,8 @@ class DistillConfig(Config):
     """Add it to the advantages of ``adv_estimator`` from the rewards (distillation and RL), or use it alone (false: pure on-policy distillation, the rewards only reported)."""
     clip: float | None = Field(None, gt=0)
     """Clip each token's distillation advantage to [-clip, clip] (a token the teacher finds near-impossible otherwise weighs -log pi_T); None: off, as the references."""
+    baseline: bool = False
+    """Subtract the batch's mean log-ratio over its trained tokens from each token's (a constant baseline: the expected gradient is unchanged, its variance lower); false: none, as the references."""
 
 
 class AlgorithmConfig(Config):

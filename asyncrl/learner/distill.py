@@ -60,10 +60,17 @@ def distill_advantages(
     mask: torch.Tensor,
     coef: float = 1.0,
     clip: float | None = None,
+    baseline: bool = False,
 ) -> torch.Tensor:
     """The per-token reverse-KL advantage, 0 off the mask::
 
-        A_t = coef * clip(log pi_T(y_t) - log mu(y_t), -clip, clip)
+        m_t = clip(log pi_T(y_t) - log mu(y_t), -clip, clip)
+        A_t = coef * m_t                                  (baseline: coef * (m_t - mean of m over the mask))
+
+    The baseline is a constant of the batch: E_{y_t ~ mu}[grad log pi(y_t)] = 0, so subtracting it
+    leaves the expected gradient as it is (up to its O(1/N) dependence on each token) and lowers
+    its variance when the student is far from the teacher and nearly every log-ratio is negative.
+    Neither GKD, MiniLLM nor Lu et al. use one; it is off by default.
 
     Args:
         teacher_logprobs: (B, T) log pi_T of each sampled token.
@@ -83,6 +90,8 @@ def distill_advantages(
     margin = teacher_logprobs - behaviour_logprobs  # (B, T): -(per-token reverse KL estimate)
     if clip is not None:
         margin = margin.clamp(-clip, clip)
+    if baseline:
+        margin = margin - (margin * mask).sum() / mask.sum().clamp(min=1)
     return coef * margin * mask
 
 
@@ -112,7 +121,7 @@ def add_distillation(algo: AlgorithmConfig, batch: TrainBatch, groups: list[Grou
     if cfg is None:
         return
     teacher = teacher_rows(groups, batch.behaviour_logprobs.shape[1])  # (B, L-1)
-    term = distill_advantages(teacher, batch.behaviour_logprobs, batch.response_mask, cfg.coef, cfg.clip)
+    term = distill_advantages(teacher, batch.behaviour_logprobs, batch.response_mask, cfg.coef, cfg.clip, cfg.baseline)
     if weights is not None:
         term = term * torch.as_tensor(np.asarray(weights, np.float32))[batch.group_index][:, None]
     if not cfg.rewards:

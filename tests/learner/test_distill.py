@@ -26,6 +26,15 @@ def test_clip_bounds_each_tokens_log_ratio_before_the_coefficient():
     assert out[0].tolist() == pytest.approx([-2.0, 2.0])  # -8.9 -> -1, +4 -> +1, times 2
 
 
+def test_the_baseline_is_the_mean_log_ratio_over_trained_tokens():
+    teacher = torch.tensor([[-1.0, -2.0, -9.0]])
+    mu = torch.tensor([[-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # log-ratios -0.5, -1.5 (the third masked): mean -1.0
+    out = distill_advantages(teacher, mu, mask, coef=2.0, baseline=True)
+    assert out[0].tolist() == pytest.approx([1.0, -1.0, 0.0])
+
+
 def test_shapes_must_agree():
     with pytest.raises(ValueError, match="must have one shape"):
         distill_advantages(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2))
