@@ -40,6 +40,12 @@ Where this differs from the references, and why:
   the current policy's log-probability by the drift the staleness bound (``buffer.max_staleness``)
   limits; at staleness 0, mu = pi_theta and this is the on-policy estimate.
 
+- ``algorithm.distill.baseline`` (off by default; none of the references has one) takes the
+  batch's mean log-ratio out of every token's. A student far from its teacher has nearly every
+  log-ratio negative: without it almost every sampled token is pushed down, and on the addition
+  recipe here (``configs/distill_addition.yaml``) a run longer than ~120 steps, or at a 3x
+  learning rate, fell back or collapsed (docs/how-to/distillation.md has the figures).
+
 The replay buffer's per-group importance weights (``weighted_advantages``) scale the distillation
 term as they scale the rewards' advantages.
 """
