@@ -162,6 +162,17 @@ class RunConfig(Config):
             greedy_baseline=self.generator.greedy_baseline,
             max_tokens=self.sampling.max_tokens,
         )
+        if self.algorithm.distill is not None:  # every group needs its teacher's logprobs
+            untaught = [
+                f"reward.by_task.{task}" if task else "reward.rewards"
+                for task, specs in self.reward.specs_by_task().items()
+                if not any(spec.kind == "teacher" for spec in specs)
+            ]
+            if untaught:
+                raise ValueError(
+                    f"algorithm.distill needs a reward of kind teacher in {untaught} (e.g. "
+                    "{kind: teacher, options: {path: TEACHER_DIR}})"
+                )
         return self
 
     @model_validator(mode="after")

@@ -224,6 +224,21 @@ class TruncationConfig(Config):
         return l_max, l_cache
 
 
+class DistillConfig(Config):
+    """On-policy distillation: each sampled token's advantage gains coef * (log pi_T - log mu), the
+    teacher's log-probability (a ``teacher`` reward, ``asyncrl.rewards.teacher``) less the
+    behaviour policy's; formula and references in ``asyncrl.learner.distill``."""
+
+    coef: float = Field(1.0, gt=0)
+    """Weight of the per-token reverse-KL advantage (log pi_T(y_t) - log mu(y_t)) added to each token's advantage."""
+    rewards: bool = True
+    """Add it to the advantages of ``adv_estimator`` from the rewards (distillation and RL), or use it alone (false: pure on-policy distillation, the rewards only reported)."""
+    clip: float | None = Field(None, gt=0)
+    """Clip each token's distillation advantage to [-clip, clip] (a token the teacher finds near-impossible otherwise weighs -log pi_T); None: off, as the references."""
+    baseline: bool = False
+    """Subtract the batch's mean log-ratio over its trained tokens from each token's (a constant baseline: the expected gradient is unchanged, its variance lower); false: none, as the references."""
+
+
 class AlgorithmConfig(Config):
     """What the learner optimises: advantages, policy loss, off-policy correction, KL and entropy.
 
@@ -286,6 +301,8 @@ class AlgorithmConfig(Config):
     """Entropy bonus: loss -= entropy_coef * the entropy of pi_theta aggregated by kl_entropy_agg_mode."""
     truncation: TruncationConfig = TruncationConfig()
     """Answers cut off at ``sampling.max_tokens``: keep (default), mask, penalise or drop."""
+    distill: DistillConfig | None = None
+    """On-policy distillation from a teacher (needs a reward of kind ``teacher``): e.g. ``{coef: 1.0}``; None: off."""
 
     @field_validator("dual_clip")
     @classmethod
@@ -348,6 +365,16 @@ class AlgorithmConfig(Config):
             raise ValueError(
                 f"algorithm.pass_k ({self.pass_k}) is set but algorithm.adv_estimator '{self.adv_estimator}' "
                 "does not use it (only 'pass_at_k' does)"
+            )
+        if self.distill is not None and not self.distill.rewards and self.adv_estimator == "gae":
+            raise ValueError(
+                "algorithm.distill.rewards false (distillation alone) leaves algorithm.adv_estimator 'gae' "
+                "no reward for its critic: use an outcome estimator (grpo)"
+            )
+        if self.distill is not None and self.policy_loss == "gmpo":
+            raise ValueError(
+                "algorithm.policy_loss 'gmpo' needs one advantage per sequence: algorithm.distill gives one "
+                "per token (use ppo_clip)"
             )
         if self.kl.controller == "adaptive" and self.kl.coef == 0:
             raise ValueError(

@@ -5,7 +5,8 @@
    found too stale (``Sample.trained_from``; a row with none left is not a sequence of the loss).
 2. ``reference_logprobs``: log pi_ref of every response token, when there is a KL reference.
 3. ``write_advantages``: the advantages into the batch (per sequence from the groups; per
-   token from the critic for ``gae``), less the KL penalty when it is in the reward.
+   token from the critic for ``gae``), less the KL penalty when it is in the reward; then the
+   teacher's per-token term of on-policy distillation (``asyncrl.learner.distill``).
 4. ``proximal_logprobs``: pi_prox, the policy before the step's first update, computed once by a
    no-grad forward pass when the step takes several updates; with one update that update's own
    forward pass gives it (``logprobs.detach()``) and the step is exactly the single-update form.
@@ -47,6 +48,7 @@ from asyncrl.learner.advantages import reinforce_pp_token_advantages
 from asyncrl.learner.batch import TrainBatch, collate, fully_masked
 from asyncrl.learner.config import AlgorithmConfig
 from asyncrl.learner.critic import critic_advantages
+from asyncrl.learner.distill import add_distillation
 from asyncrl.learner.group_advantages import shaped_rewards, weighted_advantages
 from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.logprobs import TokenScores
@@ -102,6 +104,7 @@ def train_step(trainer: TrainerParts, groups: list[Group], weights=None) -> Step
     in_loss &= ~fully_masked(groups)  # no token within the staleness bound: dropped, not a sequence of loss 0
     ref = reference_logprobs(trainer, batch, shards)  # (B, L-1) or None
     critic_stats = write_advantages(trainer, batch, groups, shaped, ref, weights, beta, shards)
+    add_distillation(algo, batch, groups, weights)  # the teacher's per-token term (algorithm.distill)
     several_updates = len(shards.minis) * trainer.ppo_epochs > 1
     # batch-normalised importance weights need pi_prox of the whole mini-batch before its update
     needs_proximal = several_updates or algo.is_batch_normalise

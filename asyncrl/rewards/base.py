@@ -6,6 +6,10 @@ one result per sample, in order:
 - a ``float``: the sample's scalar reward;
 - a ``np.ndarray`` of shape (T,): per-token rewards over ``response_ids`` (their sum enters the
   scalar reward, the array travels in ``Sample.token_rewards``);
+- ``TeacherLogprobs(values)``: a teacher's (T,) log-probabilities of ``response_ids``
+  (``asyncrl.rewards.teacher``): not a reward, they travel in ``Sample.teacher_logprobs`` for
+  on-policy distillation; the scalar reward is untouched (the weight is not applied), and
+  ``reward_parts`` records their mean of log pi_teacher - log mu over the policy's tokens;
 - ``Unscored(reason)``: the reward could not score this sample (timeout, HTTP 429 after retries,
   unparsable judge output...). Never a 0 by accident: an unscored sample has ``reward = None``
   and its group carries ``unscored_reason``, so the buffer drops it by that reason.
@@ -48,9 +52,18 @@ import numpy as np
 
 from asyncrl.observability.metrics import REWARD_LATENCY, REWARD_UNSCORED
 from asyncrl.rewards.unscored import Unscored
-from asyncrl.wire.schema import Group, Sample
+from asyncrl.wire.schema import Group, Sample, loss_mask
 
-RewardResult = float | np.ndarray | Unscored
+
+@dataclasses.dataclass(frozen=True)
+class TeacherLogprobs:
+    """A teacher's log-probabilities of a sample's ``response_ids``, (T,) float32: the result of the
+    ``teacher`` kind, written into ``Sample.teacher_logprobs`` by ``combine`` (not into the reward)."""
+
+    values: np.ndarray
+
+
+RewardResult = float | np.ndarray | TeacherLogprobs | Unscored
 
 
 class TimedResults(list):
@@ -187,7 +200,7 @@ def out_of_range(reward: Reward, result: RewardResult) -> Unscored | None:
     """``Unscored("score_out_of_range")`` for a scalar result outside the reward's declared
     ``score_range`` (low, high), None otherwise (a reward declaring none, or None, is unbounded)."""
     low, high = getattr(reward, "score_range", None) or (-np.inf, np.inf)
-    if isinstance(result, (Unscored, np.ndarray)) or low <= result <= high or result != result:
+    if isinstance(result, (Unscored, np.ndarray, TeacherLogprobs)) or low <= result <= high or result != result:
         return None  # NaN is combine's to refuse (nonfinite_reward)
     return Unscored("score_out_of_range", f"{result} not in [{low}, {high}] (the reward's range)")
 
@@ -204,6 +217,7 @@ def combine(group: Group, parts: list[tuple[str, float, list[RewardResult], floa
     first_failure = None
     for index, sample in enumerate(group.samples):
         total, tokens, failed = 0.0, None, False
+        sample.teacher_logprobs = None
         for name, weight, results, seconds in parts:
             result = results[index]
             sample.reward_seconds[name] = float(seconds[index] if isinstance(seconds, list) else seconds)
@@ -211,6 +225,14 @@ def combine(group: Group, parts: list[tuple[str, float, list[RewardResult], floa
                 failed = True
                 if first_failure is None:
                     first_failure = (name, result)
+                continue
+            if isinstance(result, TeacherLogprobs):
+                unscored = attach_teacher(sample, result)
+                if unscored is not None:
+                    failed = True
+                    first_failure = first_failure or (name, unscored)
+                else:
+                    sample.reward_parts[name] = teacher_margin(sample)
                 continue
             if isinstance(result, np.ndarray):
                 values = np.asarray(result, dtype=np.float32)
@@ -235,7 +257,32 @@ def combine(group: Group, parts: list[tuple[str, float, list[RewardResult], floa
         for sample in group.samples:  # the buffer keeps groups whole: a partly scored group is unscored
             sample.reward = None
             sample.token_rewards = None
+            sample.teacher_logprobs = None
         group.unscored_reason = f"reward_failed: {name}: {unscored.reason}"
         group.unscored_detail = unscored.detail[:200]
     else:
         group.unscored_reason = group.unscored_detail = None
+
+
+def attach_teacher(sample: Sample, result: TeacherLogprobs) -> Unscored | None:
+    """Write a teacher's log-probabilities into ``sample.teacher_logprobs`` (0 on tokens out of
+    the loss, as the behaviour logprobs); an ``Unscored`` when they do not fit the sample."""
+    values = np.asarray(result.values, dtype=np.float32)
+    if values.shape != sample.response_ids.shape:
+        return Unscored("bad_teacher_logprobs", f"shape {values.shape}, the answer has {sample.response_ids.shape}")
+    if not np.isfinite(values).all() or (values > 1e-4).any():
+        return Unscored("bad_teacher_logprobs", "not finite, or > 0")
+    values = np.minimum(values, 0.0)
+    mask = loss_mask(sample)
+    sample.teacher_logprobs = values if mask is None else np.where(mask != 0, values, 0.0).astype(np.float32)
+    return None
+
+
+def teacher_margin(sample: Sample) -> float:
+    """Mean over the policy's tokens of log pi_teacher(y_t) - log mu(y_t): minus the per-token
+    reverse KL estimate of the distillation (``asyncrl.learner.distill``), 0 for an empty answer."""
+    mask = loss_mask(sample)
+    keep = np.ones(len(sample.response_ids), bool) if mask is None else mask != 0
+    if not keep.any():
+        return 0.0
+    return float((sample.teacher_logprobs[keep] - sample.logprobs[keep]).mean())

@@ -15,7 +15,15 @@ from pydantic import Field, field_validator, model_validator
 from asyncrl.configbase import Config
 
 RewardKind = Literal[
-    "exact_match", "format", "math_verify", "http_json", "openai_judge", "reward_model", "python", "environment"
+    "exact_match",
+    "format",
+    "math_verify",
+    "http_json",
+    "openai_judge",
+    "reward_model",
+    "python",
+    "environment",
+    "teacher",
 ]
 
 
@@ -25,7 +33,8 @@ class RewardSpec(Config):
     kind: RewardKind = "exact_match"
     """exact_match | format | math_verify (rules), http_json | openai_judge (HTTP), reward_model (HF),
     python (a function you write: ``options.function: module:function``), environment (what a
-    multi-turn episode's environment gave it: ``environment.cls``)."""
+    multi-turn episode's environment gave it: ``environment.cls``), teacher (a teacher model's
+    per-token log-probabilities of each answer, for ``algorithm.distill``; no reward of its own)."""
     name: str | None = None
     """Name in metrics and ``Sample.reward_parts``; defaults to the kind."""
     weight: float = 1.0
@@ -44,6 +53,10 @@ class RewardSpec(Config):
             from asyncrl.rewards.model import RewardModelConfig
 
             RewardModelConfig(**self.options)
+        elif self.kind == "teacher":
+            from asyncrl.rewards.teacher import TeacherConfig
+
+            self.options["path"] = TeacherConfig(**self.options).path  # absolute in the resolved config
         elif self.kind == "python":
             from asyncrl.rewards.function import PythonRewardConfig
 

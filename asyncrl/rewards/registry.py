@@ -44,6 +44,10 @@ def build_reward(spec: RewardSpec, task_metadata: dict[str, dict] | None = None,
         from asyncrl.rewards.function import PythonReward, PythonRewardConfig
 
         return PythonReward(spec.label, PythonRewardConfig(**spec.options), task_metadata)
+    if spec.kind == "teacher":
+        from asyncrl.rewards.teacher import TeacherConfig, TeacherReward
+
+        return TeacherReward(spec.label, TeacherConfig(**spec.options))
     if spec.kind == "environment":
         from asyncrl.rewards.environment import EnvironmentReward
 

@@ -16,6 +16,7 @@ by producing and consuming these maps:
   per-token rewards), and ``reward_parts`` / ``reward_seconds``: per reward name, its value and the
   seconds it took. These three keys are optional on the wire (older senders omit them), as is a
   group's ``columns`` (the dataset row the prompt came from, for rewards that read its fields).
+  A teacher (the ``teacher`` reward) adds ``teacher_logprobs``, (T,) float32, optional likewise.
 - A group declares what every part of the system reads of it: ``sampled_at`` (when its sampling
   began), ``greedy_text`` / ``greedy_reward`` (ReMax's baseline answer and its reward) and
   ``unscored_reason`` / ``unscored_detail`` (why its rewards failed); ``meta`` keeps free-form notes
@@ -158,6 +159,10 @@ class Sample:
     bound when the group was handed to the learner (``generator.partial_rollouts``: set by the
     buffer, ``asyncrl.buffer.stale_segments``). ``len(response_ids)``: no token is trained. In
     [0, len(response_ids)]; optional on the wire (0)."""
+    teacher_logprobs: np.ndarray | None = None
+    """(T,) float32 log-probabilities of ``response_ids`` under a teacher model (the ``teacher``
+    reward, ``asyncrl.rewards.teacher``), for on-policy distillation (``algorithm.distill``); 0 on
+    tokens out of the loss. None without a teacher. Optional on the wire."""
 
     def __post_init__(self):
         if not isinstance(self.response_ids, np.ndarray) or not isinstance(self.logprobs, np.ndarray):
@@ -294,6 +299,8 @@ def validate_sample(s: Sample, g: Group) -> None:
             )
         if not np.isfinite(tr).all():
             raise WireError("nonfinite_reward", f"sample {s.uid}: token_rewards contain NaN or inf")
+    if s.teacher_logprobs is not None:
+        validate_teacher_logprobs(s)
     if type(s.reward_parts) is not dict or type(s.reward_seconds) is not dict:
         if not isinstance(s.reward_parts, dict) or not isinstance(s.reward_seconds, dict):
             raise WireError("bad_fields", f"sample {s.uid}: reward_parts and reward_seconds must be maps")
@@ -306,6 +313,17 @@ def validate_sample(s: Sample, g: Group) -> None:
             "bad_fields",
             f"sample {s.uid}: trained_from ({s.trained_from!r:.40}) must be an int in [0, {len(s.response_ids)}] (its tokens)",
         )
+
+
+def validate_teacher_logprobs(s: Sample) -> None:
+    """A sample's ``teacher_logprobs``: a float array shaped like ``response_ids``, finite, <= 0."""
+    tl = s.teacher_logprobs
+    if not isinstance(tl, np.ndarray) or tl.shape != s.response_ids.shape or tl.dtype.kind != "f":
+        raise WireError(
+            "bad_fields", f"sample {s.uid}: teacher_logprobs must be a float array shaped like response_ids"
+        )
+    if not np.isfinite(tl).all() or (tl > 0).any():
+        raise WireError("nonfinite_logprobs", f"sample {s.uid}: teacher_logprobs must be finite and <= 0")
 
 
 def validate_episode(s: Sample) -> None:

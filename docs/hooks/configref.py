@@ -156,6 +156,7 @@ def reward_option_sections() -> list[Section]:
     from asyncrl.rewards.function import PythonRewardConfig
     from asyncrl.rewards.judge import JsonScorerConfig, JudgeConfig
     from asyncrl.rewards.model import RewardModelConfig
+    from asyncrl.rewards.teacher import TeacherConfig
 
     sections: list[Section] = []
     for kind, model in (
@@ -163,6 +164,7 @@ def reward_option_sections() -> list[Section]:
         ("openai_judge", JudgeConfig),
         ("reward_model", RewardModelConfig),
         ("python", PythonRewardConfig),
+        ("teacher", TeacherConfig),
     ):
         doc = markdown_doc(model.__doc__)
         walk(model, f"reward.rewards[].options ({kind})", doc, sections)
