@@ -158,6 +158,7 @@ class RunConfig(Config):
             group_size=self.sampling.n,
             greedy_baseline=self.generator.greedy_baseline,
             max_tokens=self.sampling.max_tokens,
+            auto_staleness=self.buffer.auto,
         )
         return self
 

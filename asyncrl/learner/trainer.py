@@ -63,6 +63,7 @@ from asyncrl.learner.group_advantages import group_advantages, weighted_advantag
 from asyncrl.learner.hf_export import full_state_dict, save_pretrained
 from asyncrl.learner.kl import make_kl_controller
 from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_scores
+from asyncrl.learner.online_dpo import online_dpo_step
 from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
@@ -159,8 +160,8 @@ class PolicyTrainer:
         if self.algo.adv_estimator == "gae":
             self.critic = CriticTrainer(self.model_dir, self.algo.critic, cfg)
         self.reference = None
-        """Frozen reference policy for the KL term (the starting weights); None when kl.coef == 0."""
-        if self.algo.kl.enabled:
+        """Frozen reference policy (the starting weights) of the KL term or of online DPO; None when neither is used."""
+        if self.algo.uses_reference:  # the KL term's, or online DPO's
             if self.algo.kl.reference == "process":
                 if reference_address is None:
                     raise ValueError("algorithm.kl.reference (process) needs the reference process's address")
@@ -189,6 +190,8 @@ class PolicyTrainer:
         Returns the step's ``StepStats`` (``asyncrl.observability.step_stats``: one declared field
         per statistic, each with what it measures).
         """
+        if self.algo.objective == "online_dpo":  # a preference loss on each group's pairs instead
+            return online_dpo_step(self, groups, weights)
         return train_step(self, groups, weights)
 
     def _mini_batches(self, groups: list[Group]) -> list[tuple[int, int]]:
