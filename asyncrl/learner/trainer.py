@@ -31,9 +31,12 @@ one update per step.
 The KL reference is a frozen copy of the starting weights, run without gradient and without a
 DeepSpeed engine, in each rank (``kl.reference: colocated``) or in its own process
 (``kl.reference: process``, see ``asyncrl.learner.reference``); it is used only when
-``algorithm.kl.coef > 0``. As a reward penalty the per-token KL is taken between the behaviour
+``algorithm.kl.coef > 0`` or by online DPO. As a reward penalty the per-token KL is taken between the behaviour
 logprobs mu and the reference (the policy that sampled the answer, as OpenRLHF does at
 experience time), so it needs no extra policy forward pass.
+
+With ``algorithm.objective: online_dpo`` the step is ``asyncrl.learner.online_dpo``'s instead: a
+preference loss on pairs drawn from each group by reward, against the same frozen reference.
 
 The class is a thin composition, one module per job: ``deepspeed_setup`` (process group,
 engine, ZeRO config, learning-rate schedule wiring), ``group_advantages`` and ``step`` (the
