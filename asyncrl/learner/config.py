@@ -238,7 +238,7 @@ class AlgorithmConfig(Config):
     objective: Literal["policy_gradient", "online_dpo"] = "policy_gradient"
     """What the learner minimises: policy_gradient (the advantages, policy loss, correction, KL and entropy below) or online_dpo (a preference loss on each group's best and worst answers, ``algorithm.dpo``; ``asyncrl.learner.online_dpo``)."""
     dpo: OnlineDPOConfig = OnlineDPOConfig()
-    """online_dpo: beta, the loss variant and how pairs are drawn; an error to set with objective policy_gradient."""
+    """online_dpo: beta, the loss variant and how pairs are drawn; an error off its defaults with objective policy_gradient."""
     adv_estimator: AdvEstimator = "grpo"
     """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs generator.greedy_baseline), opo (minus the group's length-weighted mean reward), pass_at_k (the analytical advantage of pass@k training, k = pass_k), gae (per-token, needs algorithm.critic)."""
     std_estimator: Literal["population", "unbiased"] = "population"

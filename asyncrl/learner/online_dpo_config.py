@@ -67,21 +67,23 @@ POLICY_GRADIENT_ONLY = (
     "proximal",
     "critic",
 )
-"""``algorithm`` keys of the policy-gradient loss: setting one with ``objective: online_dpo`` is an error."""
+"""``algorithm`` keys of the policy-gradient loss: one off its default with ``objective: online_dpo`` is an error."""
 
 
 def check_objective(algo) -> None:
     """Refuse the ``algorithm`` keys (``algo``: an ``AlgorithmConfig``, not imported here: this
     module is below ``asyncrl.learner.config``) that make no sense with its ``objective``, naming both:
-    ``dpo`` without online DPO; with it, the policy-gradient keys set explicitly
+    ``dpo`` off its defaults without online DPO; with it, the policy-gradient keys off theirs
     (``POLICY_GRADIENT_ONLY``), a critic (``gae``), a KL term and an entropy bonus."""
     if algo.objective != "online_dpo":
-        if "dpo" in algo.model_fields_set:
+        if algo.dpo != OnlineDPOConfig():
             raise ValueError(
                 f"algorithm.dpo is set but algorithm.objective is '{algo.objective}' (only 'online_dpo' uses it)"
             )
         return
-    pg_keys = [key for key in POLICY_GRADIENT_ONLY if key in algo.model_fields_set]
+    # Off their defaults, not "set": the run's resolved config (config.yaml) spells out every key.
+    fields = type(algo).model_fields
+    pg_keys = [key for key in POLICY_GRADIENT_ONLY if getattr(algo, key) != fields[key].default]
     if pg_keys:
         raise ValueError(
             f"algorithm.{pg_keys[0]} is a policy-gradient setting: algorithm.objective 'online_dpo' does not "

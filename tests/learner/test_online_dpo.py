@@ -5,7 +5,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from asyncrl.config import RunConfig
+from asyncrl.config import RunConfig, dump_config, load_run_config
 from asyncrl.learner.config import AlgorithmConfig, OnlineDPOConfig
 from asyncrl.learner.online_dpo import pair_batch, select_pairs, sequence_logprobs
 from tests.factories import make_group
@@ -105,3 +105,12 @@ def test_run_refusals_need_a_group_and_a_numeric_staleness_bound():
     with pytest.raises(ValidationError, match="buffer.max_staleness 'auto'.*online_dpo"):
         RunConfig(algorithm={"objective": "online_dpo"}, buffer={"max_staleness": "auto"})
     assert RunConfig(algorithm={"objective": "online_dpo"}).algorithm.dpo.beta == 0.1
+
+
+@pytest.mark.parametrize("algorithm", [{"objective": "online_dpo", "dpo": {"beta": 0.2}}, {}])
+def test_the_resolved_config_loads_back(algorithm, tmp_path):
+    """The run directory's config.yaml spells out every key, defaults included: it must load back
+    (the processes read it), with online DPO and without."""
+    cfg = RunConfig(algorithm=algorithm)
+    (tmp_path / "config.yaml").write_text(dump_config(cfg))
+    assert load_run_config(tmp_path / "config.yaml").algorithm == cfg.algorithm
