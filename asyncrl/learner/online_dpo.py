@@ -31,7 +31,8 @@ preference pairs instead of by policy gradient (``PolicyTrainer.train_step`` dis
    and DPO's loss does not split into per-answer terms, so the first pass's scalars join them;
    the price is one no-grad forward per update (~1/3 of a forward and backward). The passes must
    compute the same function: the learner's models have no dropout (a model with dropout would
-   take the gradient at a slightly different sample of it). Then one optimizer update, as today.
+   take the gradient at a slightly different sample of it). Then one optimizer update, as for the
+   policy gradient. A batch without a pair takes no update; the version still advances.
 
 Staleness. The pairs were sampled by older policies (up to ``buffer.max_staleness`` learner steps
 before the step that trains them). DPO's loss is a function of the two answers' log-probabilities

@@ -154,3 +154,20 @@ def test_priority_weights_scale_each_pair_and_tied_groups_train_nothing(model_di
     after = trainer.full_state_dict()
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(after[name], tensor, atol=1e-5, rtol=0)
+
+
+def test_a_batch_without_a_pair_takes_no_update(model_dir, groups):
+    from copy import deepcopy
+
+    tied = deepcopy(groups)
+    for g in tied:
+        for s in g.samples:
+            s.reward = 0.0
+    trainer = PolicyTrainer(model_dir, trainer_config(), AlgorithmConfig(objective="online_dpo"))
+    before = trainer.full_state_dict()
+    stats = trainer.train_step(tied)
+    assert (stats.version, stats.updates, stats.dpo_pairs, stats.dpo_groups_unpaired) == (1, 0, 0, 4)
+    assert stats.dpo_accuracy is None and stats.loss == 0.0
+    after = trainer.full_state_dict()
+    for name, tensor in before.items():
+        torch.testing.assert_close(after[name], tensor, atol=0, rtol=0)
