@@ -177,8 +177,6 @@ class PairStep:
     """(P,) the pair's group's importance weight."""
     ref: torch.Tensor
     """(B,) log pi_ref of each answer (summed or averaged as ``normalise``)."""
-    version_before: int
-    """The learner's version before the step."""
 
 
 def online_dpo_step(trainer: TrainerParts, groups: list[Group], weights=None) -> StepStats:
@@ -200,7 +198,7 @@ def online_dpo_step(trainer: TrainerParts, groups: list[Group], weights=None) ->
     truncated = np.concatenate([is_truncated(g) for g in groups])
     sums: list[Counter] = []
     if paired.groups:
-        step = prepare(trainer, paired, version_before)
+        step = prepare(trainer, paired)
         with dp.collective("online DPO step", version_before):
             for _ in range(trainer.ppo_epochs):
                 epoch: Counter = Counter()
@@ -214,7 +212,7 @@ def online_dpo_step(trainer: TrainerParts, groups: list[Group], weights=None) ->
     return stats
 
 
-def prepare(trainer: TrainerParts, paired: PairBatch, version_before: int) -> PairStep:
+def prepare(trainer: TrainerParts, paired: PairBatch) -> PairStep:
     """The step's batch of paired answers, cut by whole groups, and their reference log-probabilities."""
     shards = shard_plan(paired.groups, trainer.mini_batches, trainer.dp.world)
     groups = [paired.groups[i] for i in shards.order]
@@ -235,7 +233,6 @@ def prepare(trainer: TrainerParts, paired: PairBatch, version_before: int) -> Pa
         rejected=torch.as_tensor(rejected, dtype=torch.long),
         weight=torch.as_tensor(weight, dtype=torch.float32),
         ref=sequence_logprobs(ref_tokens, batch.response_mask, trainer.algo.dpo.normalise),
-        version_before=version_before,
     )
 
 
