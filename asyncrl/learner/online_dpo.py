@@ -18,14 +18,15 @@ preference pairs instead of by policy gradient (``PolicyTrainer.train_step`` dis
 4. Per update, two passes over the mini-batch's micro batches (``step.padded_plans``, so packing,
    micro batches and ranks work as for the policy gradient):
 
-   - a no-grad pass gives s_i = log pi_theta(y_i|x), each answer's token log-probabilities under
-     the sampling distribution (``trainer.score``) summed over its trained tokens, or averaged
-     with ``dpo.length_normalise``; the mini-batch's loss is then
-     ``L = sum_p w_p loss(s_chosen(p), s_rejected(p), ref...) / P`` (``preference_loss``; w_p the
-     pair's group's importance weight, P the mini-batch's pairs on every rank), and its
-     derivative per answer, c_i = dL/ds_i, is one scalar;
-   - a pass with gradient backpropagates ``sum_i c_i s_i(theta)``, whose gradient is exactly
-     ``sum_i (dL/ds_i) grad s_i = grad L``.
+   - a no-grad pass gives S_i, each answer's token log-probabilities under the sampling
+     distribution (``trainer.score``) summed over its trained tokens; s_i = log pi_theta(y_i|x) is
+     S_i, or S_i / T_i (its token count) with ``dpo.length_normalise``. The mini-batch's loss is
+     ``L = sum_p w_p [loss(s_chosen(p), s_rejected(p), ref...) - nll_coef S_chosen(p) / T_chosen(p)] / P``
+     (``preference_loss``; the second term RPO's, off by default; w_p the pair's group's
+     importance weight, P the mini-batch's pairs on every rank), and its derivative per answer,
+     c_i = dL/dS_i, is one scalar;
+   - a pass with gradient backpropagates ``sum_i c_i S_i(theta)``, whose gradient is exactly
+     ``sum_i (dL/dS_i) grad S_i = grad L``.
 
    The chosen and rejected answers of a pair may sit in different micro batches (or packed rows),
    and DPO's loss does not split into per-answer terms, so the first pass's scalars join them;
@@ -248,28 +249,33 @@ def update(trainer: TrainerParts, step: PairStep, mini: int, sums: Counter) -> N
     plans = padded_plans(trainer, batch, [[share] for share in step.shards.shares[mini]], filler_row=lo)
     trainer.engine.train()
 
-    policy = torch.zeros(len(batch))  # (B,) log pi_theta of this rank's answers of the mini-batch
+    sums_theta = torch.zeros(len(batch))  # (B,) token sums of log pi_theta, this rank's answers of the mini-batch
     with torch.no_grad():
         for plan, filler in plans:  # fillers too: ZeRO-3 gathers parameters in every rank's forward
             micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
             scores = trainer.score(micro, entropy=False, plan=plan)
             if not filler:
-                policy[plan.lo : plan.hi] = sequence_logprobs(scores.logprobs, micro.response_mask, cfg.normalise).cpu()
+                sums_theta[plan.lo : plan.hi] = sequence_logprobs(scores.logprobs, micro.response_mask, False).cpu()
 
     chosen, rejected, weight = step.chosen[own], step.rejected[own], step.weight[own]
-    seq = policy.clone().requires_grad_(True)
+    token_sums = sums_theta.clone().requires_grad_(True)
+    counts = batch.response_mask.sum(dim=1).clamp(min=1)  # (B,)
+    seq = token_sums / counts if cfg.normalise else token_sums
     out = preference_loss(
         seq[chosen], seq[rejected], step.ref[chosen], step.ref[rejected], cfg.beta, cfg.loss_type, cfg.label_smoothing
     )
-    loss = (out.losses * weight).sum() / max(num_pairs, 1)  # this rank's share of the mini-batch's mean
+    losses = out.losses
+    if cfg.nll_coef > 0:  # RPO: the chosen answer's token-mean negative log-likelihood
+        losses = losses - cfg.nll_coef * token_sums[chosen] / counts[chosen]
+    loss = (losses * weight).sum() / max(num_pairs, 1)  # this rank's share of the mini-batch's mean
     loss.backward()
-    coef = seq.grad  # (B,) dL/ds_i, 0 for answers of other ranks and mini-batches
+    coef = token_sums.grad  # (B,) dL/dS_i, 0 for answers of other ranks and mini-batches
 
     for index, (plan, filler) in enumerate(plans):
         micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
         trainer.engine.set_gradient_accumulation_boundary(index == len(plans) - 1)
         scores = trainer.score(micro, entropy=False, plan=plan)
-        rows = sequence_logprobs(scores.logprobs, micro.response_mask, cfg.normalise)  # (b,)
+        rows = sequence_logprobs(scores.logprobs, micro.response_mask, False)  # (b,) S_i(theta)
         surrogate = (coef[plan.lo : plan.hi].to(rows.device) * rows).sum()  # its gradient is grad L's share
         if filler:  # keeps the collectives in step; trains nothing
             trainer.engine.backward(surrogate * 0.0, scale_wrt_gas=False)

@@ -28,6 +28,8 @@ class OnlineDPOConfig(Config):
     """Take a response's log-probability as the mean of its token log-probabilities instead of their sum; None: true for ipo (as trl), false otherwise (the papers' sum)."""
     pairs: Literal["best_worst", "all"] = "best_worst"
     """best_worst: one pair per group, its best answer against its worst (the first of equal ones); all: every answer with the group's best reward against every one with its worst."""
+    nll_coef: float = Field(0.0, ge=0)
+    """Weight of the chosen answer's negative log-likelihood (its token mean) added to each pair's loss (RPO: Pang et al. 2024, "Iterative Reasoning Preference Optimization"; trl's rpo_alpha): keeps the chosen answers' likelihood from falling with the rejected ones'; 0: off."""
     min_reward_gap: float = Field(0.0, ge=0)
     """A group's best reward must exceed its worst by more than this to give a pair; 0: only exact ties (every answer scored alike) give none."""
 

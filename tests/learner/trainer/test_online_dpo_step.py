@@ -49,8 +49,15 @@ def dpo_loss(model, ref_seq, batch, rows, algo, weights=None):
     out = preference_loss(
         seq[chosen], seq[rejected], ref_seq[chosen], ref_seq[rejected], dpo.beta, dpo.loss_type, dpo.label_smoothing
     )
+    losses = out.losses
+    if dpo.nll_coef > 0:  # RPO: the chosen answers' token-mean NLL
+        lp = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+        )
+        token_mean = (lp * batch.response_mask).sum(dim=1) / batch.response_mask.sum(dim=1)
+        losses = losses - dpo.nll_coef * token_mean[chosen]
     w = torch.ones(len(chosen)) if weights is None else weights
-    return (out.losses * w).sum() / len(chosen), out
+    return (losses * w).sum() / len(chosen), out
 
 
 def plain_torch_dpo(model_dir, groups, algo, mini_groups, steps=1):
@@ -83,6 +90,7 @@ def plain_torch_dpo(model_dir, groups, algo, mini_groups, steps=1):
         ({"beta": 0.5}, 1),
         ({"beta": 0.5, "loss_type": "ipo", "pairs": "all"}, 2),
         ({"beta": 0.5, "loss_type": "hinge", "label_smoothing": 0.0}, 1),
+        ({"beta": 0.5, "nll_coef": 0.5, "pairs": "all"}, 2),
     ],
 )
 def test_updates_equal_plain_torch_preference_loss(model_dir, groups, dpo, mini_batches):
