@@ -30,7 +30,7 @@ FIGURES = ("loss", "tokens", "sequences", "grad_norm", "dpo_pairs", "dpo_accurac
 CASES: dict[str, tuple[int, dict, dict, int, int]] = {
     "z2-sigmoid": (2, {}, {"beta": 0.5}, 1, 1),
     "z3-ipo-all-epochs-minis": (3, {}, {"beta": 0.5, "loss_type": "ipo", "pairs": "all"}, 2, 2),
-    "z2-packed": (2, {"micro_batch_tokens": 40}, {"beta": 0.5, "loss_type": "hinge"}, 1, 1),
+    "z2-packed-hinge-nll": (2, {"micro_batch_tokens": 40}, {"beta": 0.5, "loss_type": "hinge", "nll_coef": 0.5}, 1, 1),
 }
 """Case name -> (ZeRO stage, trainer overrides, ``algorithm.dpo``, ppo_epochs, mini_batches)."""
 

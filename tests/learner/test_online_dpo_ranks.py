@@ -1,10 +1,10 @@
 """Two learner ranks train online DPO exactly as one rank on the whole batch (gloo, CPU).
 
 Each case (``online_dpo_rank_worker.CASES``: DPO at ZeRO-2, IPO on every best x worst pair with
-two epochs of two mini-batches at ZeRO-3, the hinge on packed micro batches) runs two steps on the
-same ragged batch of 5 groups, once in a group of one process and once in a group of two whose
-ranks get 3 and 2 groups. The weights and the step's figures must agree to float32 rounding
-(tolerances as ``test_ranks``).
+two epochs of two mini-batches at ZeRO-3, the hinge with the NLL term on packed micro batches)
+runs two steps on the same ragged batch of 5 groups, once in a group of one process and once in
+a group of two whose ranks get 3 and 2 groups. The weights and the step's figures must agree to
+float32 rounding (tolerances as ``test_ranks``).
 """
 
 from __future__ import annotations
