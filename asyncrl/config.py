@@ -161,6 +161,7 @@ class RunConfig(Config):
             group_size=self.sampling.n,
             greedy_baseline=self.generator.greedy_baseline,
             max_tokens=self.sampling.max_tokens,
+            auto_staleness=self.buffer.auto,
         )
         if self.algorithm.distill is not None:  # every group needs its teacher's logprobs
             untaught = [

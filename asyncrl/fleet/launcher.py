@@ -65,7 +65,7 @@ def placed_cpus(cfg: RunConfig) -> float:
 def run_roles(cfg: RunConfig) -> list[Role]:
     """The roles this run starts, in start order (``asyncrl.roles``): every role but an optional
     one the config does not ask for (the reference process: ``algorithm.kl.reference: process``)."""
-    reference = cfg.algorithm.kl.enabled and cfg.algorithm.kl.reference == "process"
+    reference = cfg.algorithm.uses_reference and cfg.algorithm.kl.reference == "process"
     return [r for r in start_order() if not r.optional or (r.name == "reference" and reference)]
 
 

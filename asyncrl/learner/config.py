@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
+from asyncrl.learner.online_dpo_config import OnlineDPOConfig, check_objective
 
 
 class TrainerConfig(Config):
@@ -249,6 +250,10 @@ class AlgorithmConfig(Config):
     ``buffer.max_staleness``: older groups are dropped there, counted under the reason ``stale``.
     """
 
+    objective: Literal["policy_gradient", "online_dpo"] = "policy_gradient"
+    """What the learner minimises: policy_gradient (the advantages, policy loss, correction, KL and entropy below) or online_dpo (a preference loss on each group's best and worst answers, ``algorithm.dpo``; ``asyncrl.learner.online_dpo``)."""
+    dpo: OnlineDPOConfig = OnlineDPOConfig()
+    """online_dpo: beta, the loss variant and how pairs are drawn; an error off its defaults with objective policy_gradient."""
     adv_estimator: AdvEstimator = "grpo"
     """grpo (group mean/std), dr_grpo (group mean only), rloo (leave-one-out mean), reinforce_pp (batch-whitened reward), reinforce_pp_baseline (group mean, then batch-whitened), remax (minus the greedy answer's reward; needs generator.greedy_baseline), opo (minus the group's length-weighted mean reward), pass_at_k (the analytical advantage of pass@k training, k = pass_k), gae (per-token, needs algorithm.critic)."""
     std_estimator: Literal["population", "unbiased"] = "population"
@@ -320,6 +325,7 @@ class AlgorithmConfig(Config):
 
     @model_validator(mode="after")
     def _check_self(self) -> AlgorithmConfig:
+        check_objective(self)  # first: with online_dpo the policy-gradient checks below do not apply
         if self.mis_high <= self.mis_low:
             raise ValueError(f"algorithm.mis_high ({self.mis_high}) must be > algorithm.mis_low ({self.mis_low})")
         if self.correction == "tis" and self.is_cap is None:
@@ -382,10 +388,27 @@ class AlgorithmConfig(Config):
             )
         return self
 
-    def check_run(self, group_size: int, greedy_baseline: bool = False, max_tokens: int | None = None) -> None:
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the frozen reference policy runs: for the KL term, or as online DPO's reference."""
+        return self.kl.enabled or self.objective == "online_dpo"
+
+    def check_run(
+        self,
+        group_size: int,
+        greedy_baseline: bool = False,
+        max_tokens: int | None = None,
+        auto_staleness: bool = False,
+    ) -> None:
         """Checks that need other sections: ``sampling.n`` (the group size), whether the
-        generators decode a greedy answer per prompt (``generator.greedy_baseline``) and the
-        sampling length limit (``sampling.max_tokens``)."""
+        generators decode a greedy answer per prompt (``generator.greedy_baseline``), the
+        sampling length limit (``sampling.max_tokens``) and whether the staleness bound adapts
+        (``buffer.max_staleness: auto``)."""
+        if self.objective == "online_dpo" and auto_staleness:
+            raise ValueError(
+                "buffer.max_staleness 'auto' steers by the policy-gradient step's importance weights, which "
+                "algorithm.objective 'online_dpo' does not compute: give buffer.max_staleness a number"
+            )
         if max_tokens is not None and self.truncation.mode == "penalise":
             l_max, _ = self.truncation.interval(max_tokens)
             if l_max > max_tokens:
@@ -393,6 +416,10 @@ class AlgorithmConfig(Config):
                     f"algorithm.truncation.max_tokens ({l_max}) must be <= sampling.max_tokens ({max_tokens}): "
                     "no answer can be longer than the sampling limit"
                 )
+        if self.objective == "online_dpo" and group_size < 2:
+            raise ValueError(
+                f"algorithm.objective 'online_dpo' pairs a group's answers: it needs sampling.n >= 2, got {group_size}"
+            )
         if self.adv_estimator == "remax" and not greedy_baseline:
             raise ValueError(
                 "algorithm.adv_estimator 'remax' needs the reward of each prompt's greedy answer: "

@@ -31,9 +31,12 @@ one update per step.
 The KL reference is a frozen copy of the starting weights, run without gradient and without a
 DeepSpeed engine, in each rank (``kl.reference: colocated``) or in its own process
 (``kl.reference: process``, see ``asyncrl.learner.reference``); it is used only when
-``algorithm.kl.coef > 0``. As a reward penalty the per-token KL is taken between the behaviour
+``algorithm.kl.coef > 0`` or by online DPO. As a reward penalty the per-token KL is taken between the behaviour
 logprobs mu and the reference (the policy that sampled the answer, as OpenRLHF does at
 experience time), so it needs no extra policy forward pass.
+
+With ``algorithm.objective: online_dpo`` the step is ``asyncrl.learner.online_dpo``'s instead: a
+preference loss on pairs drawn from each group by reward, against the same frozen reference.
 
 The class is a thin composition, one module per job: ``deepspeed_setup`` (process group,
 engine, ZeRO config, learning-rate schedule wiring), ``group_advantages`` and ``step`` (the
@@ -69,6 +72,7 @@ from asyncrl.learner.group_advantages import group_advantages, weighted_advantag
 from asyncrl.learner.hf_export import full_state_dict, save_pretrained
 from asyncrl.learner.kl import make_kl_controller
 from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_scores
+from asyncrl.learner.online_dpo import online_dpo_step
 from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
@@ -182,8 +186,8 @@ class PolicyTrainer:
         if self.algo.adv_estimator == "gae":
             self.critic = CriticTrainer(self.model_dir, self.algo.critic, cfg)
         self.reference = None
-        """Frozen reference policy for the KL term (the starting weights); None when kl.coef == 0."""
-        if self.algo.kl.enabled:
+        """Frozen reference policy (the starting weights) of the KL term or of online DPO; None when neither is used."""
+        if self.algo.uses_reference:  # the KL term's, or online DPO's
             if self.algo.kl.reference == "process":
                 if reference_address is None:
                     raise ValueError("algorithm.kl.reference (process) needs the reference process's address")
@@ -214,6 +218,8 @@ class PolicyTrainer:
         Returns the step's ``StepStats`` (``asyncrl.observability.step_stats``: one declared field
         per statistic, each with what it measures).
         """
+        if self.algo.objective == "online_dpo":  # a preference loss on each group's pairs instead
+            return online_dpo_step(self, groups, weights)
         return train_step(self, groups, weights)
 
     def _mini_batches(self, groups: list[Group]) -> list[tuple[int, int]]:

@@ -158,6 +158,19 @@ class StepStats(msgspec.Struct, kw_only=True):
     episode_env_failed: float | None = None
     """Share of the episodes the environment failed (``env_error``: it raised or timed out); those
     the ``environment`` reward scores are dropped unscored before the learner, so 0 then."""
+    # -- online DPO (``algorithm.objective: online_dpo``, ``asyncrl.learner.online_dpo``)
+    dpo_pairs: int | None = None
+    """(chosen, rejected) pairs the step trained, drawn from its groups by reward."""
+    dpo_groups_unpaired: int | None = None
+    """Groups of the batch that gave no pair (every answer scored alike, within ``dpo.min_reward_gap``): trained on nothing."""
+    dpo_accuracy: float | None = None
+    """Share of the pairs whose chosen answer had the higher implicit reward, before each update."""
+    dpo_margin: float | None = None
+    """Mean implicit reward margin, beta (log-ratio of chosen - log-ratio of rejected), before each update."""
+    dpo_chosen_reward: float | None = None
+    """Mean implicit reward of the chosen answers, beta (log pi_theta - log pi_ref), before each update."""
+    dpo_rejected_reward: float | None = None
+    """Mean implicit reward of the rejected answers, before each update."""
     # -- the KL reference and the critic
     ref_kl: float | None = None
     """Token-mean KL to the reference policy, when one is used."""
