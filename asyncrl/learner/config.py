@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
+from asyncrl.learner.distill_config import DistillConfig
 from asyncrl.learner.online_dpo_config import OnlineDPOConfig, check_objective
 
 
@@ -223,21 +224,6 @@ class TruncationConfig(Config):
         if l_cache > l_max:
             raise ValueError(f"algorithm.truncation.cache_tokens ({l_cache}) must be <= its max_tokens ({l_max})")
         return l_max, l_cache
-
-
-class DistillConfig(Config):
-    """On-policy distillation: each sampled token's advantage gains coef * (log pi_T - log mu), the
-    teacher's log-probability (a ``teacher`` reward, ``asyncrl.rewards.teacher``) less the
-    behaviour policy's; formula and references in ``asyncrl.learner.distill``."""
-
-    coef: float = Field(1.0, gt=0)
-    """Weight of the per-token reverse-KL advantage (log pi_T(y_t) - log mu(y_t)) added to each token's advantage."""
-    rewards: bool = True
-    """Add it to the advantages of ``adv_estimator`` from the rewards (distillation and RL), or use it alone (false: pure on-policy distillation, the rewards only reported)."""
-    clip: float | None = Field(None, gt=0)
-    """Clip each token's distillation advantage to [-clip, clip] (a token the teacher finds near-impossible otherwise weighs -log pi_T); None: off, as the references."""
-    baseline: bool = False
-    """Subtract the batch's mean log-ratio over its trained tokens from each token's (a constant baseline: the expected gradient is unchanged, its variance lower); false: none, as the references."""
 
 
 class AlgorithmConfig(Config):
