@@ -11,6 +11,7 @@ from asyncrl.cli import main
 BASE = [
     "data.train=addition",
     "data.test_size=16",
+    "data.max_train_rows=256",
     "training.batch_size=8",
     "learner.trainer.lr=1e-3",
     "learner.trainer.lr_warmup_steps=1",
@@ -94,8 +95,11 @@ def test_dpo_computes_its_reference_once_and_moves_the_margin(tmp_path):
 @pytest.mark.slow
 def test_two_ranks_train_the_same_model_as_one(tmp_path):
     common = ("training.steps=2", "learner.trainer.zero_stage=1", "eval.num_prompts=0")
-    run("sft", tmp_path, "one", *common)
+    one = run("sft", tmp_path, "one", *common)
     two = run("sft", tmp_path, "two", *common, "training.ranks=2")
-    assert two["steps"] == 2
+    assert two["steps"] == 2 and (tmp_path / "two" / "rank1.log").exists()
+    # The ranks' gradients are summed in another order than one rank's: the same model up to
+    # rounding, which Adam's first updates (about +-lr for every weight) may amplify to <= 2 lr.
+    assert two["after"]["eval_loss"] == pytest.approx(one["after"]["eval_loss"], rel=1e-5)
     a, b = weights(tmp_path, "one"), weights(tmp_path, "two")
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert all(torch.allclose(a[k], b[k], atol=2e-3) for k in a)
