@@ -22,7 +22,7 @@ asyncrl bench pipeline --engine vllm [--workload long-tail]
                                                    with real vLLM: the pipeline's overhead, or async/sync
                                                    x continuous/batch on long-tailed answers
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
-asyncrl export RUN_DIR [--step N] OUT_DIR          the policy as a Hugging Face model directory
+asyncrl export RUN_DIR [--step N] [--merge] OUT_DIR  the policy as a Hugging Face model directory (LoRA: the adapter)
 asyncrl inspect RUN_DIR [--json]                   health, versions and counters of a live run's processes
 asyncrl inspect RUN_DIR --samples [N]              the last N answers trained on: prompt, text, reward, versions
 asyncrl keys KEYS_DIR [--clients NAME ...]         CURVE key pairs for security.curve (server, clients, authorized/)
@@ -139,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="the policy of this version, from the run's checkpoint of it (or weights published to files); "
         "default: the final model",
+    )
+    exp.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run (model.lora): the model with the adapter folded in, instead of the adapter (peft format)",
     )
     insp = sub.add_parser("inspect", help="the state of a live run: health, versions and counters of each process")
     insp.add_argument("run_dir", help="the run directory (runs/NAME) of a live or finished run")
@@ -289,7 +294,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.command == "export":
         from asyncrl.models.export import export
 
-        print(export(args.run_dir, args.out_dir, args.step))
+        print(export(args.run_dir, args.out_dir, args.step, args.merge))
         return 0
     if args.command == "keys":
         from asyncrl.wire.security import write_keys

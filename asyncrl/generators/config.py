@@ -263,6 +263,13 @@ class EngineConfig(Config):
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs one engine shards the model over (vLLM tensor parallelism); on a Ray cluster each
     generator's placement reserves that many GPUs."""
+    lora_serving: Literal["auto", "adapter", "merge"] = "auto"
+    """With ``model.lora`` (each version only the adapter's tensors): ``adapter`` serves each version
+    as a vLLM LoRA adapter (``enable_lora``: loaded in ~0.1 s, but every step pays the LoRA
+    kernels); ``merge`` merges it into the base weights on the generator (base + B·A·alpha/r)
+    and reloads the targeted matrices (no LoRA kernels; a reload per version); ``auto``: merge on
+    vLLM's CPU backend, where LoRA kernels sampled SmolLM2-135M at 0.44 x the merged model's rate
+    (bench/lora_sync.py), adapter elsewhere (not measured here). docs/reference/weights.md."""
 
     @model_validator(mode="after")
     def check_sizes(self) -> EngineConfig:

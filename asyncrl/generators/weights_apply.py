@@ -20,7 +20,9 @@ def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe: ProbeChe
     ``weights`` is a subscriber of ``asyncrl.weights`` (its ``newest`` verifies each bucket's
     checksum). With a ``probe`` check and a probe sent along, the engine then scores the probe
     text and must match the learner's logprobs (``asyncrl.weights.probe.ProbeCheck``: calibrated
-    before the first load on the weights both sides share). Any failure (checksum, missing weights, probe) is
+    before the first load on the weights both sides share). A version whose meta says ``adapter``
+    (``model.lora``) carries only LoRA tensors, which the engine serves as a new adapter
+    (``asyncrl.generators.engines.lora``). Any failure (checksum, missing weights, probe) is
     counted, reported back to the learner where the transport can, and raised: a generator must
     never go on sampling with weights it cannot vouch for.
     """
@@ -40,7 +42,10 @@ def apply_newest_weights(engine, weights, ctx: GeneratorContext, probe: ProbeChe
             probe.before_load(engine, sent)
         calibrate_s = time.perf_counter() - probe_start
         weights_in = update.path if update.path is not None else update.tensors
-        if update.shm is not None and getattr(engine, "maps_shm", False):  # the engine process maps them itself
+        adapter = update.meta.get("adapter")  # model.lora: the version is only the adapter's tensors
+        if adapter is not None:
+            load_s = engine.load_weights(weights_in, update.version, adapter=adapter)
+        elif update.shm is not None and getattr(engine, "maps_shm", False):  # the engine process maps them itself
             load_s = engine.load_weights(weights_in, update.version, shm=update.shm)
         else:
             load_s = engine.load_weights(weights_in, update.version)

@@ -49,4 +49,5 @@ def build_trainer(cfg: RunConfig, model_dir: str, reference_address: str | None)
         reference_address=reference_address,
         ppo_epochs=cfg.learner.ppo_epochs,
         mini_batches=cfg.learner.mini_batches,
+        lora=cfg.model.lora,
     )

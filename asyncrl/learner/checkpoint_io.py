@@ -5,7 +5,8 @@ directory; the learner's part is ``learner/`` in it:
 
 - the trainer's own state (``trainer.save_state``; for the ``PolicyTrainer``,
   ``save_policy_state``: DeepSpeed's checkpoint of the policy and the critic, the version, the
-  optimizer updates taken, the KL coefficient, the RNG states);
+  optimizer updates taken, the KL coefficient, the RNG states; with LoRA the policy's part holds
+  the adapter and its optimizer state only, not the frozen base);
 - ``trained_ids.bin``: every group trained in the run's history, so a group dispatched again
   after a failure is not trained twice across a resume;
 - ``learner_state.json``: the version and the ``Counters``, so a resumed run's totals continue,
@@ -113,7 +114,15 @@ def save_policy_state(trainer: TrainerParts, out_dir: str | Path) -> None:
 
     out = Path(out_dir)
     state = {"version": trainer.version, "updates": trainer.updates, "kl_coef": trainer.kl_controller.value}
-    trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state)
+    # LoRA: the base is frozen and is the starting model, read again on resume; only the adapter
+    # and its optimizer state are saved.
+    if trainer.lora is not None:
+        from asyncrl.learner.adapter import adapter_only_checkpoint
+
+        with adapter_only_checkpoint(trainer.engine):
+            trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state, exclude_frozen_parameters=True)
+    else:
+        trainer.engine.save_checkpoint(str(out), tag="policy", client_state=state)
     if trainer.critic is not None:
         trainer.critic.engine.save_checkpoint(str(out), tag="critic")
     torch.save(_rng_state(), out / _rng_file(torch.distributed.get_rank()))
@@ -129,7 +138,8 @@ def load_policy_state(trainer: TrainerParts, in_dir: str | Path) -> None:
     src = Path(in_dir)
     if not (src / "policy").is_dir():
         raise FileNotFoundError(f"{src} holds no policy checkpoint (no {src / 'policy'} directory)")
-    _, state = trainer.engine.load_checkpoint(str(src), tag="policy")
+    lora = trainer.lora is not None
+    _, state = trainer.engine.load_checkpoint(str(src), tag="policy", load_module_strict=not lora)
     if state is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint 'policy' in {src}")
     trainer.version = int(state["version"])

@@ -39,6 +39,11 @@ The class is a thin composition, one module per job: ``deepspeed_setup`` (proces
 engine, ZeRO config, learning-rate schedule wiring), ``group_advantages`` and ``step`` (the
 training step's stages), ``critic`` (the value model, for ``gae``), ``hf_export`` (weights out)
 and ``checkpoint_io`` (save and restore).
+
+LoRA (``model.lora``, passed as ``lora``): the loaded model is wrapped by
+``asyncrl.models.lora.apply_lora`` before DeepSpeed sees it, the optimizer holds only the
+adapters, and weights out, the KL reference, checkpoints and the final model are the adapter's
+(``asyncrl.learner.adapter``). Without it (None) nothing changes: full fine-tuning.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asyncrl.learner.adapter import AdapterOffReference, adapter_buckets, eval_mode, save_lora_final
 from asyncrl.learner.batch import TrainBatch, collate
 from asyncrl.learner.checkpoint_io import load_policy_state, save_policy_state
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
@@ -66,6 +72,14 @@ from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_score
 from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
+from asyncrl.models.lora import (
+    LORA_ZERO3_REFUSED,
+    LORA_ZERO_STAGES,
+    LoraConfig,
+    adapter_meta,
+    apply_lora,
+    trainable_parameters,
+)
 from asyncrl.models.precision import resolve_trainer_dtype
 from asyncrl.observability.step_stats import StepStats
 from asyncrl.wire.schema import Group
@@ -88,6 +102,7 @@ class PolicyTrainer:
         reference_address: str | None = None,
         ppo_epochs: int = 1,
         mini_batches: int = 1,
+        lora: LoraConfig | None = None,
     ):
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
@@ -99,6 +114,12 @@ class PolicyTrainer:
         self.cfg = cfg
         self.algo = algo if algo is not None else AlgorithmConfig()
         self.model_dir = Path(model_dir)
+        self.lora = lora
+        """The LoRA adapters' config (``model.lora``); None: full fine-tuning."""
+        if lora is not None and cfg.zero_stage not in LORA_ZERO_STAGES:
+            raise ValueError(
+                f"zero_stage ({cfg.zero_stage}) must be one of {LORA_ZERO_STAGES} with LoRA: {LORA_ZERO3_REFUSED}"
+            )
         if ppo_epochs < 1 or mini_batches < 1:
             raise ValueError(f"ppo_epochs ({ppo_epochs}) and mini_batches ({mini_batches}) must be >= 1")
         self.ppo_epochs = ppo_epochs
@@ -137,6 +158,8 @@ class PolicyTrainer:
         if cfg.gradient_checkpointing:
             # Non-reentrant: works under ZeRO-3 and with inputs that need no gradient.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            model = apply_lora(model, lora)  # base frozen, adapters trainable
         model.train()
         self.distribution = TokenDistribution(cfg.temperature, cfg.top_k, cfg.top_p)
         """The generators' sampling distribution, which every token is scored under."""
@@ -145,7 +168,7 @@ class PolicyTrainer:
         self.row_tokens = cfg.micro_batch_tokens if "flash" in (model.config._attn_implementation or "") else None
         """Token slots of a packed row (``micro_batch_tokens`` under flash-attention), else None."""
         optimizer = torch.optim.AdamW(
-            model.parameters(),
+            trainable_parameters(model),  # all of them, or with LoRA the adapters alone
             lr=cfg.lr,
             betas=tuple(cfg.betas),
             weight_decay=cfg.weight_decay,
@@ -165,6 +188,8 @@ class PolicyTrainer:
                 if reference_address is None:
                     raise ValueError("algorithm.kl.reference (process) needs the reference process's address")
                 self.reference = RemoteReference(reference_address)
+            elif lora is not None:  # the base is in the engine: run it with the adapter off
+                self.reference = AdapterOffReference(self.engine.module, cfg.logits_chunk_tokens)
             else:
                 dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
                 self.reference = ColocatedReference(str(self.model_dir), self.device, dtype, cfg.logits_chunk_tokens)
@@ -250,21 +275,35 @@ class PolicyTrainer:
         """The weights as size-capped buckets of ``(HF name, tensor)``, for ``asyncrl.weights``
         publishers: under ZeRO-3 each bucket is gathered only while the caller holds it, so the
         extra memory is one bucket, not the model. Collective under ZeRO-3 (iterate on every
-        rank); tied weights appear once; tensors keep the module dtype (bf16 under bf16)."""
+        rank); tied weights appear once; tensors keep the module dtype (bf16 under bf16).
+        With LoRA: the adapter's tensors only, named as peft's ``get_peft_model_state_dict``
+        names them (``adapter.adapter_buckets``)."""
         from asyncrl.weights.buckets import iter_buckets
 
+        if self.lora is not None:
+            return adapter_buckets(self.engine.module, bucket_bytes)
         return iter_buckets(self.engine.module, bucket_bytes)
+
+    @property
+    def adapter_meta(self) -> dict | None:
+        """With LoRA, the ``adapter`` entry of each publication's meta (``asyncrl.models.lora.adapter_meta``:
+        rank, alpha, target modules, base version 0); None for full weights."""
+        return None if self.lora is None else adapter_meta(self.lora)
 
     def probe(self, max_len: int | None = None) -> dict:
         """The learner's logprobs of the fixed probe text (``asyncrl.weights.probe``), cut to fit
         ``max_len`` tokens (the engine's ``max_model_len``), sent with each version so the
-        generators can check what they serve. Collective under ZeRO-3."""
+        generators can check what they serve. Collective under ZeRO-3. With LoRA the adapter is
+        on (the served policy), without dropout."""
         from transformers import AutoTokenizer
 
         from asyncrl.weights.probe import learner_probe
 
         if getattr(self, "_tokenizer", None) is None:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        if self.lora is not None:
+            with eval_mode(self.engine.module):
+                return learner_probe(self.engine.module, self._tokenizer, max_len=max_len)
         return learner_probe(self.engine.module, self._tokenizer, max_len=max_len)
 
     def decode(self, ids) -> str:
@@ -277,7 +316,11 @@ class PolicyTrainer:
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write a Hugging Face model dir (config, fp32 ``model.safetensors``, tokenizer files;
-        ``hf_export.save_pretrained``). Collective under ZeRO-3; rank 0 writes. Returns ``out_dir``."""
+        ``hf_export.save_pretrained``). Collective under ZeRO-3; rank 0 writes. Returns ``out_dir``.
+        With LoRA: the merged model, and the adapter (peft format) in ``out_dir/adapter``
+        (``adapter.save_lora_final``)."""
+        if self.lora is not None:
+            return save_lora_final(self.engine.module, self.lora, self.model_dir, out_dir)
         return save_pretrained(self.engine.module, self.cfg.zero_stage, self.hf_config, self.model_dir, out_dir)
 
     # -----------------------------------------------------------------------------------------

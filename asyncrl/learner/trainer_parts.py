@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from asyncrl.learner.adapter import AdapterOffReference
     from asyncrl.learner.batch import TrainBatch
     from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
     from asyncrl.learner.critic import CriticTrainer
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from asyncrl.learner.logprobs import TokenDistribution, TokenScores
     from asyncrl.learner.packing import MicroBatchPlan
     from asyncrl.learner.reference import ColocatedReference, RemoteReference
+    from asyncrl.models.lora import LoraConfig
 
 
 class TrainerParts(Protocol):
@@ -58,8 +60,10 @@ class TrainerParts(Protocol):
     """The KL coefficient beta and its update."""
     critic: CriticTrainer | None
     """The value model's trainer (``gae``), else None."""
-    reference: ColocatedReference | RemoteReference | None
+    reference: ColocatedReference | RemoteReference | AdapterOffReference | None
     """The frozen KL reference, else None."""
+    lora: LoraConfig | None
+    """The LoRA adapters' config; None: full fine-tuning."""
 
     def score(self, micro: TrainBatch, entropy: bool, plan: MicroBatchPlan | None = None) -> TokenScores:
         """pi_theta's log-probabilities (and entropy) of one micro batch's response tokens."""

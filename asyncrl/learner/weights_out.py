@@ -94,6 +94,9 @@ def publish_weights(trainer, publisher, wcfg, ctx: LearnerContext, probe: Probe 
     probe_s = time.time() - published_at
     buckets = TimedBuckets(trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))))
     meta = {"probe": probe.to_wire()} if probe is not None else None
+    adapter = getattr(trainer, "adapter_meta", None)  # LoRA: how to load the adapter (asyncrl.models.lora)
+    if adapter is not None:
+        meta = {**(meta or {}), "adapter": adapter}
     stats = publisher.publish(buckets, trainer.version, meta=meta)
     WEIGHT_BROADCAST_SECONDS.observe(stats["seconds"])
     WEIGHT_BYTES.inc(stats["bytes"])

@@ -32,6 +32,17 @@ fixed by dtype and held against the largest of two tokens failed healthy updates
 When the new and previous versions are closer to each other than ``tol`` (a tiny learning rate),
 no probe can tell them apart: the update passes and ``separation`` in its statistics says so.
 
+**Adapters** (``model.lora``: each version is only a LoRA adapter, served on base weights the
+generator keeps). The failure peers shipped for months is an engine that silently serves the
+base model instead of the adapter (the request never named the adapter, or the adapter never
+loaded): its logprobs are the base model's, which drift only slowly away from the adapter's as
+training goes on, so a loose bound lets them pass. The learner therefore also sends the base
+model's logprobs of the probe text (``base_logprobs``: peft's ``disable_adapter``), and an
+update fails when the served logprobs are the base's rather than the adapter's
+(``serves_base``: ``mean|G − B|`` against ``mean|G − L|``), whatever the bound says. While the
+adapter still is the base (peft starts lora_B at zero) no probe can tell them apart, and
+``base_diff`` and ``base_separation`` in the statistics say so.
+
 Statistics of every check (``asyncrl.wire.messages.ProbeStats``) go out with the generator's ``version`` event: mean
 and max |Δ| against the new version, the same against the previous one, the bound and the
 calibrated noise. The per-token mismatch KL on sampled tokens is the learner's ``mismatch_kl``
@@ -71,6 +82,9 @@ otherwise give a bound of 0, which a reordered sum after an update breaks."""
 SEPARATION = 4.0
 """An update also passes when the served logprobs are this many times closer (mean |Δ|) to the
 new version's than to the previous version's: clearly moved to the new weights."""
+BASE_MARGIN = 2.0
+"""With an adapter, once calibrated: adapter and base this many times the noise apart on the probe
+text are told apart (``serves_base``): a comparison of two distances needs less margin than a bound."""
 CALIBRATION_LIMIT = 10.0
 """At identical weights the mismatch may be at most this many times the dtype bound (``atol``):
 more is not numerics but two different models (the engine loaded another folder)."""
@@ -90,7 +104,8 @@ class Probe:
     """What the learner sends with a version (``WeightsAnnouncement.probe``, as ``to_wire()``):
     the probe text's token ids and the learner's logprobs of them at ``version``, and at the
     version it published before (``previous_version``; None for the first publication of a
-    resumed learner, which no longer has those weights)."""
+    resumed learner, which no longer has those weights); with an adapter (``model.lora``), the
+    base model's logprobs too (``base_logprobs``: the adapter disabled)."""
 
     prompt: str
     continuation_ids: list[int]
@@ -98,6 +113,7 @@ class Probe:
     version: int | None = None
     previous_version: int | None = None
     previous_logprobs: list[float] | None = None
+    base_logprobs: list[float] | None = None
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -110,15 +126,17 @@ class Probe:
         except TypeError as e:
             raise WeightSyncError(f"probe ({sorted(body)}): not a probe: {e}") from None
         n = len(probe.continuation_ids)
-        for name in ("logprobs", "previous_logprobs"):
+        for name in ("logprobs", "previous_logprobs", "base_logprobs"):
             values = getattr(probe, name)
             if values is not None and len(values) != n:
                 raise WeightSyncError(f"probe {name} has {len(values)} values for {n} continuation tokens")
         return probe
 
-    def after(self, version: int, logprobs: list[float]) -> Probe:
-        """The probe of the next publication: this one's logprobs become its previous ones."""
-        return Probe(self.prompt, self.continuation_ids, logprobs, version, self.version, self.logprobs)
+    def after(self, version: int, logprobs: list[float], base_logprobs: list[float] | None = None) -> Probe:
+        """The probe of the next publication: this one's logprobs become its previous ones (the
+        base model's stay this one's unless given: an adapter's base weights are frozen)."""
+        base = self.base_logprobs if base_logprobs is None else base_logprobs
+        return Probe(self.prompt, self.continuation_ids, logprobs, version, self.version, self.logprobs, base)
 
 
 def learner_probe(
@@ -130,8 +148,9 @@ def learner_probe(
 ) -> dict:
     """Temperature-1 logprobs the (full, unpartitioned) ``model`` gives ``continuation`` after
     ``prompt``, the continuation cut so that prompt + continuation stay below ``max_len`` tokens
-    (the engine's ``max_model_len``; it scores them as one prompt)."""
-    import torch
+    (the engine's ``max_model_len``; it scores them as one prompt). A peft model (``model.lora``)
+    is scored twice: with its adapter (``logprobs``) and without (``base_logprobs``), so that a
+    generator serving the base model instead of the adapter is caught (``ProbeCheck``)."""
 
     prompt_ids = list(tokenizer.encode(prompt))
     cont_ids = list(tokenizer.encode(continuation, add_special_tokens=False))
@@ -140,16 +159,33 @@ def learner_probe(
         if room < 1:
             raise ValueError(f"probe prompt ({len(prompt_ids)} tokens) must be shorter than max_len ({max_len}) - 1")
         cont_ids = cont_ids[:room]
+    body = {"prompt": prompt, "continuation_ids": cont_ids, "logprobs": _logprobs(model, prompt_ids, cont_ids)}
+    if hasattr(model, "disable_adapter") and getattr(model, "peft_config", None):  # a peft model
+        body["base_logprobs"] = _base_logprobs(model, prompt_ids, cont_ids)
+    return body
+
+
+def _base_logprobs(model, prompt_ids: list[int], cont_ids: list[int]) -> list[float]:
+    """The base model's logprobs (the adapter disabled), computed once per text: under LoRA the
+    base weights are frozen, so every later version would pay a second forward pass for the same
+    numbers. (Every rank calls this alike, so under ZeRO-3 each one skips the same collective.)"""
+    key = (tuple(prompt_ids), tuple(cont_ids))
+    cache = model.__dict__.setdefault("_asyncrl_base_logprobs", {})
+    if key not in cache:
+        with model.disable_adapter():
+            cache[key] = _logprobs(model, prompt_ids, cont_ids)
+    return list(cache[key])
+
+
+def _logprobs(model, prompt_ids: list[int], cont_ids: list[int]) -> list[float]:
+    import torch
+
     ids = torch.tensor([prompt_ids + cont_ids], device=next(model.parameters()).device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()[0]  # (P+C, V)
     logprobs = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1)  # (C, V)
     picked = logprobs.gather(1, torch.tensor(cont_ids, device=logits.device)[:, None])[:, 0]
-    return {
-        "prompt": prompt,
-        "continuation_ids": cont_ids,
-        "logprobs": picked.cpu().numpy().astype(np.float32).tolist(),
-    }
+    return picked.cpu().numpy().astype(np.float32).tolist()
 
 
 class ProbeCheck:
@@ -211,6 +247,7 @@ class ProbeCheck:
             )
         diff = np.abs(got - want)
         prev = None if probe.previous_logprobs is None else np.asarray(probe.previous_logprobs, np.float64)
+        base = None if probe.base_logprobs is None else np.asarray(probe.base_logprobs, np.float64)
         result = ProbeStats(
             mean_diff=float(diff.mean()),
             max_diff=float(diff.max()),
@@ -219,7 +256,11 @@ class ProbeCheck:
             previous_diff=None if prev is None else float(np.abs(got - prev).mean()),
             separation=None if prev is None else float(np.abs(want - prev).mean()),
             tokens=len(want),
+            base_diff=None if base is None else float(np.abs(got - base).mean()),
+            base_separation=None if base is None else float(np.abs(want - base).mean()),
         )
+        if serves_base(result):
+            raise WeightSyncError(self._base_failure(result, version))
         # Before a calibration the bound is a guess by dtype: an update that clearly moved to the new
         # weights passes. After it the bound is measured, and holds alone: a partial load (a stale
         # tensor) also moves toward the new version, only not all the way.
@@ -231,6 +272,13 @@ class ProbeCheck:
         if not (result.mean_diff <= result.tol or moved):
             raise WeightSyncError(self._failure(result, version, probe.previous_version))
         return result
+
+    def _base_failure(self, r: ProbeStats, version: int) -> str:
+        return (
+            f"probe after applying version {version}: the engine serves the base model, not the adapter: its "
+            f"logprobs are {r.base_diff:.3g} from the base model's and {r.mean_diff:.3g} from the adapter's on "
+            f"average over {r.tokens} tokens, where adapter and base stand {r.base_separation:.3g} apart (> {r.tol:.3g})"
+        )
 
     def _failure(self, r: ProbeStats, version: int, previous_version: int | None) -> str:
         bound = (
@@ -248,6 +296,29 @@ class ProbeCheck:
             f"{r.mean_diff:.3g} on average over {r.tokens} tokens (max {r.max_diff:.3g}) > {r.tol:.3g}, "
             f"{bound}: {what}"
         )
+
+
+def serves_base(r: ProbeStats) -> bool:
+    """Whether a check's statistics show the base model served instead of the adapter.
+
+    Two distances decide, not the bound alone (a bound loose enough for bfloat16 numerics holds a
+    young adapter's distance from the base too): the served logprobs are ``SEPARATION`` times
+    closer to the base's than to the adapter's (at any bound); or adapter and base stand more
+    than ``BASE_MARGIN`` times the calibrated noise apart (before a calibration: the bound) and
+    the served logprobs are no closer to the adapter's than to the base's. An adapter that still
+    is the base (``base_separation`` within ``MIN_ATOL``) passes: nothing tells them apart.
+
+    >>> serves_base(ProbeStats(mean_diff=0.2, max_diff=1.0, tol=0.5, tokens=9, base_diff=0.01, base_separation=0.2))
+    True
+    >>> serves_base(ProbeStats(mean_diff=0.01, max_diff=0.1, tol=0.5, tokens=9, base_diff=0.2, base_separation=0.2))
+    False
+    """
+    if r.base_diff is None or r.base_separation is None or r.base_separation <= MIN_ATOL:
+        return False
+    if r.base_diff * SEPARATION <= r.mean_diff:
+        return True
+    floor = r.tol if r.noise is None else BASE_MARGIN * r.noise
+    return r.base_separation > floor and r.base_diff <= r.mean_diff
 
 
 def probe_tolerance(engine_dtype: str, trainer_dtype: str) -> float:

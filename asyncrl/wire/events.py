@@ -140,6 +140,10 @@ class ProbeStats(msgspec.Struct, kw_only=True):
     separation: float | None = None
     """mean_t |L_t − L^prev_t|: how far apart the two versions are on the probe text."""
     tokens: int
+    base_diff: float | None = None
+    """With a LoRA adapter: mean_t |G_t − B_t| against the base model's logprobs (None: no adapter)."""
+    base_separation: float | None = None
+    """With a LoRA adapter: mean_t |L_t − B_t|, how far the adapter stands from the base model."""
 
 
 class VersionEvent(Event, kw_only=True, tag="version"):

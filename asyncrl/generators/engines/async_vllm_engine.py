@@ -25,6 +25,12 @@ Why it is built this way:
 - **The weights travel to the engine process without pickled tensors.** ``AsyncLLM`` runs its
   engine core in a child process; ``WeightLoaderExtension`` (a vLLM worker extension) maps
   shared-memory buckets itself (zero copy), or takes each bucket as raw bytes, or a directory.
+- **Adapters are atomic per request** (``model.lora``: ``lora_rank``). A version that is a LoRA
+  adapter is added without pausing anything: new requests take it, a running request keeps the
+  adapter it started with to its end (so all its tokens carry that adapter's version, whatever
+  vLLM's step labels say), and an older adapter is unloaded once no request holds it
+  (``asyncrl.generators.engines.lora.AdapterSlots``). With ``engine.lora_serving: merge`` an
+  adapter is merged into the base weights and swapped in as full weights are.
 - **The engine core is forked** (``engine.core_start_method``). vLLM's CPU backend asks for spawn
   while it builds its config, and a spawned core imports vLLM again (~9 s on a 2-core host, for
   every engine started); the start method is set back after the config is built, before the core
@@ -47,6 +53,14 @@ from pathlib import Path
 import numpy as np
 
 from asyncrl.generators.completion import Completion
+from asyncrl.generators.engines.lora import (
+    AdapterSlots,
+    AdapterSpec,
+    FolderWeights,
+    merge_adapter,
+    merges_adapters,
+    read_adapter,
+)
 from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.engines.vllm_engine import (
     FINISH_REASONS,
@@ -55,6 +69,7 @@ from asyncrl.generators.engines.vllm_engine import (
     ScoreRequest,
     engine_args,
     greedy_params,
+    make_lora_request,
     read_weight_names,
     sampling_params,
     to_completions,
@@ -130,7 +145,13 @@ class AsyncVLLMEngine:
     """``load_weights`` takes a shared-memory version's bucket paths and maps them in the engine process."""
 
     def __init__(
-        self, model_dir: str, cfg: EngineConfig, version: int = 0, timeout_s: float = 600.0, stat_loggers=None
+        self,
+        model_dir: str,
+        cfg: EngineConfig,
+        version: int = 0,
+        timeout_s: float = 600.0,
+        stat_loggers=None,
+        lora_rank: int | None = None,
     ):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -146,7 +167,15 @@ class AsyncVLLMEngine:
         self._thread.start()
         self._swap_lock = threading.Lock()  # one swap at a time, whichever thread asks
         self._running: dict[str, int] = {}  # request id -> oldest version it may hold (engine loop only)
-        args = AsyncEngineArgs(**engine_args(model_dir, cfg), worker_extension_cls=EXTENSION)
+        self.base_version = 0
+        """Version of the base weights (0: the model folder's): adapters must name it as theirs."""
+        self.merging = lora_rank is not None and merges_adapters(cfg.lora_serving)
+        """Adapters are merged into the base weights (``engine.lora_serving: merge``), not served as adapters."""
+        self._base = FolderWeights(model_dir) if self.merging else None
+        self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank and not self.merging else None
+        """The LoRA adapters loaded (None: started without ``lora_rank``, or merging them)."""
+        lora = None if self.merging else lora_rank
+        args = AsyncEngineArgs(**engine_args(model_dir, cfg, lora), worker_extension_cls=EXTENSION)
 
         async def build():  # stat_loggers: vLLM stat logger factories (asyncrl.generators.engines.vllm_stream)
             vllm_config = args.create_engine_config()  # where vLLM's CPU backend asks for spawn
@@ -173,9 +202,29 @@ class AsyncVLLMEngine:
 
     async def _one(self, prompt, params) -> object:
         final = None
-        async for out in self._llm.generate(prompt, params, request_id=uuid.uuid4().hex):
+        async for out in self._generate(prompt, params, uuid.uuid4().hex):
             final = out
         return final
+
+    async def _generate(self, prompt, params, request_id: str):
+        """vLLM's ``generate``, on the newest adapter where there is one, held until the request
+        ends; its outputs' version labels then name that adapter's version, the only one that
+        sampled them (vLLM's labels follow the engine's version, not the request's adapter)."""
+        adapter = None if self.adapters is None else self.adapters.acquire()
+        try:
+            request = None if adapter is None else adapter.request
+            async for out in self._llm.generate(prompt, params, request_id=request_id, lora_request=request):
+                if adapter is not None:
+                    label_adapter_version(out, adapter.version)
+                yield out
+        finally:
+            if adapter is not None:
+                self.adapters.release(adapter)
+                await self._retire_adapters()
+
+    async def _retire_adapters(self) -> None:
+        for old in self.adapters.retire():
+            await self._llm.remove_lora(old.lora_id)
 
     async def _many(self, prompts, params) -> list:
         return await asyncio.gather(*(self._one(p, sp) for p, sp in zip(prompts, params)))
@@ -260,7 +309,7 @@ class AsyncVLLMEngine:
         self._running[request_id] = submitted if oldest is None else min(oldest, submitted)
         final = None
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
+            async for out in self._generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
                 final = out
         finally:
             self._running.pop(request_id, None)
@@ -330,12 +379,15 @@ class AsyncVLLMEngine:
     # -----------------------------------------------------------------------------------------
     # weights
 
-    def load_weights(self, weights, version: int, shm: list[dict] | None = None) -> float:
+    def load_weights(self, weights, version: int, shm: list[dict] | None = None, adapter: dict | None = None) -> float:
         """Swap in ``version`` while requests run; returns seconds (paused time included).
 
         ``weights``: a directory of safetensors, or ``(name, tensor)`` pairs; with ``shm`` (the
-        buckets' ``{path, nbytes, tensors}``) the engine process maps them itself instead.
+        buckets' ``{path, nbytes, tensors}``) the engine process maps them itself instead; with
+        ``adapter`` (``meta["adapter"]``) they are a LoRA adapter's (``load_adapter``).
         Safe to call from any thread; swaps are serialised."""
+        if adapter is not None:
+            return self.load_adapter(weights, version, AdapterSpec.from_meta(adapter))
         start = time.perf_counter()
         if shm is not None:
             method, kwargs = "asyncrl_load_shm", {"buckets": shm, "version": version}
@@ -348,6 +400,48 @@ class AsyncVLLMEngine:
             method, kwargs = "asyncrl_load_bytes", {"buckets": _as_bytes(weights, version, self._weight_names)}
         with self._swap_lock:
             self._call(self._swap(method, kwargs, version), f"version {version} to be swapped in ({method})")
+            if self.adapters is not None:  # new base weights: adapters of the old ones no longer apply
+                for old in self.adapters.clear():
+                    self._call(self._llm.remove_lora(old.lora_id), f"adapter {old.name} to be unloaded")
+            self._base = None  # merging: the base is no longer the model folder's
+            self.version = self.base_version = version
+        return time.perf_counter() - start
+
+    def load_adapter(self, weights, version: int, spec: AdapterSpec) -> float:
+        """Serve ``version``'s LoRA adapter (``(peft name, tensor)`` pairs, or a directory of
+        them) to new requests, without pausing those running; returns seconds. The engine
+        process reads it from a peft folder (``AdapterSlots``); older adapters go once unused."""
+        start = time.perf_counter()
+        if self.adapters is None and not self.merging:
+            raise ValueError(
+                f"version {version} is a LoRA adapter (meta adapter) but the engine was started without "
+                "lora_rank: set model.lora on the generators' side too"
+            )
+        if spec.base_version != self.base_version:
+            raise ValueError(
+                f"version {version}: adapter of base version {spec.base_version}, the engine serves base version {self.base_version}"
+            )
+        named = read_adapter(weights) if isinstance(weights, (str, Path)) else list(weights)
+        if self.merging:  # swapped like full weights (paused, prefix cache reset), the targeted matrices only
+            if self._base is None:
+                raise ValueError(
+                    f"version {version}: the base weights were replaced by a full version: nothing to merge into"
+                )
+            kwargs = {"buckets": _as_bytes(merge_adapter(self._base, named, spec), version, set())}
+            with self._swap_lock:
+                self._call(self._swap("asyncrl_load_bytes", kwargs, version), f"version {version} to be merged in")
+                self.version = version
+            return time.perf_counter() - start
+        with self._swap_lock:
+            served = self.adapters.add(named, spec, version)
+            try:
+                if not self._call(self._llm.add_lora(served.request), f"adapter {served.name} to be loaded"):
+                    raise RuntimeError(f"vLLM did not load adapter {served.name} (version {version})")
+            except BaseException:
+                self.adapters.discard(served)
+                raise
+            self.adapters.commit(served)
+            self._call(self._retire_adapters(), "older adapters to be unloaded")
             self.version = version
         return time.perf_counter() - start
 
@@ -372,6 +466,17 @@ class AsyncVLLMEngine:
         llm.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if self.adapters is not None:
+            self.adapters.close()
+
+
+def label_adapter_version(output, version: int) -> None:
+    """Label every token of a ``RequestOutput`` as sampled by ``version`` (its request's adapter)."""
+    from vllm.outputs import WeightVersionSpan
+
+    for sample in output.outputs:
+        n = len(sample.token_ids)
+        sample.weight_versions = [WeightVersionSpan(str(version), 0, n)] if n else None
 
 
 def _as_bytes(named, version: int, expected: set[str]) -> list[list]:

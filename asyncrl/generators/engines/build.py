@@ -18,7 +18,9 @@ def build_engine(cfg, model_dir: str, gen_index: int):
     engine_cls = VLLMEngine
     if cfg.weights.apply_mode == "in_flight" or cfg.plays_episodes:  # multi-turn rollouts: one async request a turn
         from asyncrl.generators.engines.async_vllm_engine import AsyncVLLMEngine as engine_cls
-    return engine_cls(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+    return engine_cls(
+        model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}), lora_rank=lora_rank(cfg)
+    )
 
 
 def build_stream(cfg, model_dir: str, gen_index: int):
@@ -31,6 +33,15 @@ def build_stream(cfg, model_dir: str, gen_index: int):
         return MockStream(MockEngine(cfg.simulation.generator, seed=cfg.run.seed + gen_index))
     from asyncrl.generators.engines.vllm_stream import build_stream as build_vllm_stream
 
-    stream = build_vllm_stream(model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}))
+    stream = build_vllm_stream(
+        model_dir, cfg.engine.model_copy(update={"seed": cfg.run.seed + gen_index}), lora_rank=lora_rank(cfg)
+    )
     stream.answers_apart = cfg.generator.partial_rollouts == "resume"  # each answer interruptible
     return stream
+
+
+def lora_rank(cfg) -> int | None:
+    """``model.lora.rank`` when the learner trains a LoRA adapter (each version is then only the
+    adapter: the engine must serve adapters of that rank), else None."""
+    lora = getattr(cfg.model, "lora", None)
+    return None if lora is None else int(lora.rank)

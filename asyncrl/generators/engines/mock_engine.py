@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 
 from asyncrl.generators.completion import Completion
 from asyncrl.generators.config import MockEngineConfig
+from asyncrl.generators.engines.lora import AdapterSpec, check_adapter
 from asyncrl.generators.engines.vllm_engine import check_prompts
 from asyncrl.generators.sampling import AnswerOptions, SamplingConfig
 
@@ -40,6 +42,8 @@ class MockEngine:
     def __init__(self, cfg: MockEngineConfig, seed: int = 0, version: int = 0):
         self.cfg = cfg
         self.version = version
+        self.serves_adapter = False
+        """Whether the version served is a LoRA adapter (a running request keeps its own to its end)."""
         self.rng = np.random.default_rng(seed)
 
     def draw_lengths(self, size: int, max_tokens: int) -> np.ndarray:
@@ -118,9 +122,18 @@ class MockEngine:
         time.sleep(self.cfg.overhead_s + length * (self.cfg.decode_step_s + self.cfg.decode_s_per_seq * len(out)))
         return out
 
-    def load_weights(self, weights, version: int) -> float:
-        """``weights`` (a directory or ``(name, tensor)`` pairs) is ignored; sleeps, then serves ``version``."""
+    def load_weights(self, weights, version: int, adapter: dict | None = None) -> float:
+        """``weights`` (a directory or ``(name, tensor)`` pairs) is ignored; sleeps, then serves ``version``.
+
+        With ``adapter`` (``meta["adapter"]``) they are a LoRA adapter's, checked as a vLLM engine
+        checks them (``asyncrl.generators.engines.lora.check_adapter``); requests running then
+        keep the version they started with, as they keep their adapter in vLLM."""
+        if adapter is not None:
+            spec = AdapterSpec.from_meta(adapter)
+            if not isinstance(weights, (str, Path)):
+                check_adapter(list(weights), spec)
         time.sleep(self.cfg.load_weights_s)
+        self.serves_adapter = adapter is not None
         self.version = version
         return self.cfg.load_weights_s
 

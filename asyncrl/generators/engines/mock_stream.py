@@ -12,7 +12,8 @@ No thread runs it: each call advances a simulated clock to the wall clock (betwe
 running set is constant, so it moves one event at a time), and ``finished`` sleeps until the next
 group is due. A weight version loaded while sequences run (``MockEngine.load_weights``, from the
 in-flight applier's thread) starts a new version segment in each of them at the token it reached,
-as vLLM's per-step version labels do. ``resume_older_than`` aborts and resumes answers as
+as vLLM's per-step version labels do (a LoRA adapter's version only for sequences submitted after
+it: a running one keeps its adapter). ``resume_older_than`` aborts and resumes answers as
 ``AsyncVLLMEngine.resume_request`` does (partial rollouts): an answer keeps its tokens and segments,
 pays a prefill of its prompt and tokens, and counts the interruption (``Completion.resumed``).
 """
@@ -178,10 +179,11 @@ class MockStream:
         if not self.active:
             self.clock = max(self.clock, now)
         # Swapped in flight (noticed now: the tokens up to here are labelled with the older version,
-        # so staleness is never understated): what runs from here on is the new version's.
+        # so staleness is never understated): what runs from here on is the new version's. A LoRA
+        # adapter changes no running sequence: each keeps the adapter it started with.
         if self.engine.version != self.version:
             self.version = self.engine.version
-            for s in self.active:
+            for s in [] if self.engine.serves_adapter else self.active:
                 if s.segments[-1][0] == s.done:
                     s.segments[-1][1] = self.version
                 else:

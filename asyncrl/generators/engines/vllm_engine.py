@@ -26,6 +26,13 @@ Why it is built this way:
   ``model.load_weights`` twice, survives the CPU backend's weight repacking), followed by
   ``reset_prefix_cache``: without it, cached KV blocks computed by the old weights would be
   silently reused for prompts seen before.
+- **Adapter-only updates** (``model.lora``): started with ``lora_rank``, the engine serves LoRA
+  adapters (vLLM's ``enable_lora``); a version whose meta says ``adapter`` is loaded as a new
+  adapter under a name and id never used before, and every later request runs on it
+  (``asyncrl.generators.engines.lora``). The base weights stay; no prefix-cache reset is needed,
+  as vLLM keys cached blocks by the adapter's name. With ``engine.lora_serving: merge`` (``auto``
+  on the CPU backend) the adapter is merged into the base weights read from the model folder instead, and only the
+  targeted matrices are reloaded (no LoRA kernels at each decode step).
 - **No chunked prefill on the CPU backend** (``EngineConfig.enable_chunked_prefill``): requests
   are seeded, and vLLM's CPU backend dies when it splits a seeded request's prefill.
 """
@@ -41,6 +48,16 @@ from safetensors import safe_open
 
 from asyncrl.generators.completion import Completion
 from asyncrl.generators.config import EngineConfig
+from asyncrl.generators.engines.lora import (
+    LIVE_ADAPTERS,
+    AdapterSlots,
+    AdapterSpec,
+    FolderWeights,
+    engine_lora_rank,
+    merge_adapter,
+    merges_adapters,
+    read_adapter,
+)
 from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.sampling import AnswerOptions, SamplingConfig, answer_params, greedy_params, sampling_params
 from asyncrl.generators.sampling import derive_seed as derive_seed  # re-exported
@@ -68,8 +85,9 @@ def tokens_prompts(tokenizer, prompts: list[str], max_model_len: int) -> list:
     return requests
 
 
-def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
-    """vLLM's engine arguments from an ``EngineConfig``, for the offline and the async engine alike."""
+def engine_args(model_dir: str, cfg: EngineConfig, lora_rank: int | None = None) -> dict:
+    """vLLM's engine arguments from an ``EngineConfig``, for the offline and the async engine alike;
+    with ``lora_rank`` (``model.lora.rank``) vLLM serves LoRA adapters of up to that rank."""
     from vllm.platforms import current_platform
 
     chunked = cfg.enable_chunked_prefill
@@ -80,7 +98,11 @@ def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
                 "request prefilled in chunks kills it ('CPU Generator does not use offset'; see the field)"
             )
         chunked = False
+    lora = {}
+    if lora_rank is not None:
+        lora = dict(enable_lora=True, max_lora_rank=engine_lora_rank(lora_rank), max_loras=LIVE_ADAPTERS)
     return dict(
+        **lora,
         model=str(model_dir),
         dtype=resolve_engine_dtype(cfg.dtype, cuda=not current_platform.is_cpu()),
         max_model_len=cfg.max_model_len,
@@ -100,14 +122,21 @@ def engine_args(model_dir: str, cfg: EngineConfig) -> dict:
 class VLLMEngine:
     """One vLLM engine in this process; see the module docstring for the guarantees."""
 
-    def __init__(self, model_dir: str, cfg: EngineConfig, version: int = 0):
+    def __init__(self, model_dir: str, cfg: EngineConfig, version: int = 0, lora_rank: int | None = None):
         from vllm import LLM  # imported here so that importing this module stays cheap
 
         self.cfg = cfg
         self.version = version
         """Learner step of the weights currently loaded."""
+        self.base_version = 0
+        """Version of the base weights (0: the model folder's): adapters must name it as theirs."""
         self._weight_names = read_weight_names(model_dir)
-        self._llm = LLM(**engine_args(model_dir, cfg))
+        self.merging = lora_rank is not None and merges_adapters(cfg.lora_serving)
+        """Adapters are merged into the base weights (``engine.lora_serving: merge``), not served as adapters."""
+        self._base = FolderWeights(model_dir) if self.merging else None
+        self.adapters = AdapterSlots(make_request=make_lora_request) if lora_rank and not self.merging else None
+        """The LoRA adapters loaded (None: started without ``lora_rank``, or merging them)."""
+        self._llm = LLM(**engine_args(model_dir, cfg, None if self.merging else lora_rank))
         self.tokenizer = self._llm.get_tokenizer()
         """The engine's tokenizer (the one that produced ``Completion.prompt_ids``)."""
 
@@ -125,19 +154,24 @@ class VLLMEngine:
         so a shared seed would make every prompt's samples use the same noise.
         """
         requests = self.tokenize_prompts(prompts)
-        outputs = self._llm.generate(requests, sampling_params(sampling, len(prompts), seed), use_tqdm=False)
+        params = sampling_params(sampling, len(prompts), seed)
+        outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request())
         return [to_completions(output) for output in outputs]
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[str]:
         """Argmax-decode each prompt (for evaluation); returns the answer texts in prompt order."""
-        outputs = self._llm.generate(self.tokenize_prompts(prompts), greedy_params(max_tokens), use_tqdm=False)
+        outputs = self._llm.generate(
+            self.tokenize_prompts(prompts), greedy_params(max_tokens), use_tqdm=False, lora_request=self.lora_request()
+        )
         return [output.outputs[0].text for output in outputs]
 
     def answer(self, prompts: list[str], options: list[AnswerOptions]) -> list[list[tuple[str, str]]]:
         """Answer each prompt as its ``AnswerOptions`` say (for evaluation), in one batch: per
         prompt, its answers' (text, finish reason) in order."""
         params = [answer_params(o) for o in options]
-        outputs = self._llm.generate(self.tokenize_prompts(prompts), params, use_tqdm=False)
+        outputs = self._llm.generate(
+            self.tokenize_prompts(prompts), params, use_tqdm=False, lora_request=self.lora_request()
+        )
         return [[(c.text, c.finish_reason or "length") for c in output.outputs] for output in outputs]
 
     def tokenize_prompts(self, prompts: list[str]) -> list[dict]:
@@ -152,14 +186,24 @@ class VLLMEngine:
         """(len(continuation_ids),) float32 temperature-1 logprobs the engine gives ``continuation_ids``
         after ``prompt``: a probe that the loaded weights are the ones we think."""
         request = ScoreRequest(self.tokenizer, prompt, continuation_ids, self.cfg.max_model_len)
-        (output,) = self._llm.generate([request.prompt()], request.params(), use_tqdm=False)
+        (output,) = self._llm.generate(
+            [request.prompt()], request.params(), use_tqdm=False, lora_request=self.lora_request()
+        )
         return request.logprobs(output)
+
+    def lora_request(self):
+        """The newest adapter's ``LoRARequest``, for every request from now on; None: the base weights."""
+        newest = None if self.adapters is None else self.adapters.newest
+        return None if newest is None else newest.request
 
     # -----------------------------------------------------------------------------------------
     # weights
 
-    def load_weights(self, weights, version: int) -> float:
+    def load_weights(self, weights, version: int, adapter: dict | None = None) -> float:
         """Load new weights in place and serve them as ``version``; returns seconds.
+
+        With ``adapter`` (the publication's ``meta["adapter"]``: ``AdapterSpec``) ``weights`` are
+        a LoRA adapter's tensors (or a directory of them), loaded by ``load_adapter``.
 
         ``weights`` is a directory of safetensors (HF parameter names), or a list of
         ``(name, tensor)`` (a ``WeightUpdate``'s views of shared memory or received frames).
@@ -169,12 +213,16 @@ class VLLMEngine:
         vLLM would pickle the tensors as lists, so that case is refused (use the file transport).
         Call it between ``generate`` calls only: that is what makes an update atomic per batch.
         """
+        if adapter is not None:
+            return self.load_adapter(weights, version, AdapterSpec.from_meta(adapter))
         start = time.perf_counter()
         if isinstance(weights, (str, Path)):
             missing = self._weight_names - read_weight_names(weights)
             if missing:
                 raise ValueError(f"{weights}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}")
             self._llm.collective_rpc(_reload_from_dir, args=(str(weights),))
+            if not self._llm.reset_prefix_cache():
+                raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
         else:
             named = list(weights)
             missing = self._weight_names - {name for name, _ in named}
@@ -182,15 +230,63 @@ class VLLMEngine:
                 raise ValueError(
                     f"version {version}: lacks {len(missing)} weights the model has, e.g. {sorted(missing)[:3]}"
                 )
-            core = type(self._llm.llm_engine.engine_core).__name__
-            if core != "InprocClient":
-                raise NotImplementedError(
-                    f"loading tensors needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), not {core}; use weights.transport=file"
-                )
-            self._llm.collective_rpc(_reload_from_tensors, args=(named,))
-        # The prefix cache holds KV computed by the old weights; keeping it would mix versions.
+            self._reload_tensors(named)
+        if self.adapters is not None:  # new base weights: adapters of the old ones no longer apply
+            for old in self.adapters.clear():
+                self._llm.llm_engine.remove_lora(old.lora_id)
+        self._base = None  # merging: the base is no longer the model folder's
+        self.version = self.base_version = version
+        return time.perf_counter() - start
+
+    def _reload_tensors(self, named: list) -> None:
+        """Copy ``(HF name, tensor)`` pairs into the model (all of its weights, or some) and drop
+        the prefix cache, which holds KV computed by the old weights."""
+        core = type(self._llm.llm_engine.engine_core).__name__
+        if core != "InprocClient":
+            raise NotImplementedError(
+                f"loading tensors needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), not {core}; use weights.transport=file"
+            )
+        self._llm.collective_rpc(_reload_from_tensors, args=(named,))
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("reset_prefix_cache failed: requests were still running during a weight update")
+
+    def load_adapter(self, weights, version: int, spec: AdapterSpec) -> float:
+        """Serve ``version``'s LoRA adapter (``(peft name, tensor)`` pairs, or a directory of
+        safetensors holding them) to every request from now on; returns seconds.
+
+        Written as a peft folder and loaded into vLLM (``add_lora``: a load that fails raises
+        here, not in a later request) under a new name and id; the adapters before it are then
+        unloaded, as no request runs between ``generate`` calls. With ``engine.lora_serving:
+        merge`` it is merged into the base weights instead and the targeted matrices reloaded."""
+        start = time.perf_counter()
+        if self.adapters is None and not self.merging:
+            raise ValueError(
+                f"version {version} is a LoRA adapter (meta adapter) but the engine was started without "
+                "lora_rank: set model.lora on the generators' side too"
+            )
+        if spec.base_version != self.base_version:
+            raise ValueError(
+                f"version {version}: adapter of base version {spec.base_version}, the engine serves base version {self.base_version}"
+            )
+        named = read_adapter(weights) if isinstance(weights, (str, Path)) else list(weights)
+        if self.merging:
+            if self._base is None:
+                raise ValueError(
+                    f"version {version}: the base weights were replaced by a full version: nothing to merge into"
+                )
+            self._reload_tensors(merge_adapter(self._base, named, spec))
+            self.version = version
+            return time.perf_counter() - start
+        served = self.adapters.add(named, spec, version)
+        try:
+            if not self._llm.llm_engine.add_lora(served.request):
+                raise RuntimeError(f"vLLM did not load adapter {served.name} (version {version})")
+        except BaseException:
+            self.adapters.discard(served)
+            raise
+        self.adapters.commit(served)
+        for old in self.adapters.retire():
+            self._llm.llm_engine.remove_lora(old.lora_id)
         self.version = version
         return time.perf_counter() - start
 
@@ -201,6 +297,8 @@ class VLLMEngine:
             return
         llm.llm_engine.engine_core.shutdown()
         self._llm = None
+        if self.adapters is not None:
+            self.adapters.close()
         gc.collect()
 
 
@@ -216,6 +314,13 @@ def _reload_from_tensors(worker, named: list) -> None:
 def _reload_from_dir(worker, path: str) -> None:
     """Runs on the vLLM worker: reload its model from a directory of safetensors."""
     reload_weights(worker, weights_path=path)
+
+
+def make_lora_request(name: str, lora_id: int, path: str):
+    """vLLM's request for the adapter folder ``path``, loaded as ``name``/``lora_id``."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
 
 
 def check_prompts(prompts: list[str]) -> None:

@@ -115,10 +115,13 @@ class EngineLoad:
             return self._area + self.running * (time.monotonic() - self._at)
 
 
-def build_stream(model_dir: str, cfg: EngineConfig, timeout_s: float = 600.0) -> VLLMStream:
-    """An ``AsyncVLLMEngine`` that reports its load, and the stream over it."""
+def build_stream(
+    model_dir: str, cfg: EngineConfig, timeout_s: float = 600.0, lora_rank: int | None = None
+) -> VLLMStream:
+    """An ``AsyncVLLMEngine`` that reports its load (serving LoRA adapters of up to ``lora_rank``,
+    ``model.lora.rank``), and the stream over it."""
     load = EngineLoad()
-    engine = AsyncVLLMEngine(model_dir, cfg, timeout_s=timeout_s, stat_loggers=[load.factory])
+    engine = AsyncVLLMEngine(model_dir, cfg, timeout_s=timeout_s, stat_loggers=[load.factory], lora_rank=lora_rank)
     return VLLMStream(engine, load)
 
 
