@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config, UserValueError, apply_overrides, load_yaml
 from asyncrl.learner.config import TrainerConfig
+from asyncrl.models.lora import LORA_ZERO3_REFUSED, LORA_ZERO_STAGES, LoraConfig
 from asyncrl.models.tiny import TinyModelConfig
 from asyncrl.observability.loggers import LoggingConfig
 
@@ -45,6 +46,8 @@ class OfflineModelSection(Config):
     """A Hugging Face model directory, or a known model's name (``smollm2-135m-instruct``), fetched into the cache if missing; None builds the tiny model below."""
     tiny: TinyModelConfig = TinyModelConfig()
     """Shape of the tiny Qwen2 built when ``path`` is None (its seed is ``run.seed``)."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters (``peft``, ``asyncrl.models.lora``) on the frozen model instead of all its weights; set any key (``model.lora.rank=16``) to enable. None: full fine-tuning."""
 
 
 class OfflineDataConfig(Config):
@@ -175,6 +178,11 @@ class OfflineConfig(Config):
             raise ValueError(
                 f"learner.trainer.lr_warmup_steps ({trainer.lr_warmup_steps}) must be <= training.steps "
                 f"({self.training.steps})"
+            )
+        if self.model.lora is not None and trainer.zero_stage not in LORA_ZERO_STAGES:
+            raise ValueError(
+                f"learner.trainer.zero_stage ({trainer.zero_stage}) must be one of {LORA_ZERO_STAGES} with "
+                f"model.lora: {LORA_ZERO3_REFUSED}"
             )
         if self.training.batch_size < self.training.ranks:
             raise ValueError(

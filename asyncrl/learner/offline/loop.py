@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.learner.adapter import save_lora_final
 from asyncrl.learner.data_parallel import DataParallel
 from asyncrl.learner.deepspeed_setup import deepspeed_engine, init_learner_group, optimizer_update, set_scheduled_lr
 from asyncrl.learner.hf_export import save_pretrained
@@ -44,6 +45,7 @@ from asyncrl.learner.offline.objective import DPOObjective, make_objective
 from asyncrl.learner.offline.reference import cached_reference, fingerprint
 from asyncrl.learner.offline.report import OfflineReport
 from asyncrl.learner.offline.state import load_checkpoint, save_checkpoint
+from asyncrl.models.lora import apply_lora, trainable_parameters
 from asyncrl.models.precision import resolve_trainer_dtype
 from asyncrl.tasks.formatting import load_tokenizer
 
@@ -100,8 +102,11 @@ class OfflineLoop:
         model.config.use_cache = False
         if self.trainer_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = cfg.model.lora
+        if self.lora is not None:
+            model = apply_lora(model, self.lora)  # base frozen, adapters trainable
         model.train()
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = trainable_parameters(model)  # all of them, or with LoRA the adapters alone
         optimizer = torch.optim.AdamW(
             params,
             lr=self.trainer_cfg.lr,
@@ -232,7 +237,7 @@ class OfflineLoop:
         self.reference()  # before a checkpoint is loaded: the starting weights are the reference
         before = None
         if resume:
-            self.step, self.updates = load_checkpoint(self.engine, self.run_dir, self.dp)
+            self.step, self.updates = load_checkpoint(self.engine, self.run_dir, self.dp, self.lora is not None)
             set_scheduled_lr(self.engine, self.trainer_cfg, self.updates)
             log.info("resumed at step %d", self.step)
         if self.step == 0 and self.cfg.eval.before:
@@ -245,14 +250,23 @@ class OfflineLoop:
                 self.report.step(record)
             if every_ckpt and (self.step % every_ckpt == 0 or self.step == total):
                 save_checkpoint(
-                    self.engine, self.run_dir, self.step, self.updates, self.cfg.checkpoint.keep_last, self.dp
+                    self.engine,
+                    self.run_dir,
+                    self.step,
+                    self.updates,
+                    self.cfg.checkpoint.keep_last,
+                    self.dp,
+                    self.lora is not None,
                 )
             if every_eval and self.step % every_eval == 0 and self.step != total:
                 self.evaluate()
         after = self.evaluate()
-        save_pretrained(
-            self.engine.module, self.trainer_cfg.zero_stage, self.hf_config, self.model_dir, self.run_dir / "final"
-        )
+        if self.lora is not None:  # the merged model, and the adapter in final/adapter
+            save_lora_final(self.engine.module, self.lora, self.model_dir, self.run_dir / "final")
+        else:
+            save_pretrained(
+                self.engine.module, self.trainer_cfg.zero_stage, self.hf_config, self.model_dir, self.run_dir / "final"
+            )
         if self.dp.lead:
             self.tokenizer.save_pretrained(self.run_dir / "final")
         summary = {

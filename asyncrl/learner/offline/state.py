@@ -33,10 +33,20 @@ def _rng_file(rank: int) -> str:
     return "rng.pt" if rank == 0 else f"rng.rank{rank}.pt"
 
 
-def save_checkpoint(engine, run_dir: Path, step: int, updates: int, keep_last: int, dp: DataParallel) -> Path | None:
-    """Stage every rank's part of the checkpoint of ``step`` and commit it (rank 0); collective."""
+def save_checkpoint(
+    engine, run_dir: Path, step: int, updates: int, keep_last: int, dp: DataParallel, lora: bool = False
+) -> Path | None:
+    """Stage every rank's part of the checkpoint of ``step`` and commit it (rank 0); collective.
+    ``lora``: the checkpoint holds the adapters, not the frozen base (``adapter_only_checkpoint``)."""
     out = staging_dir(run_dir, step) / "learner"
-    engine.save_checkpoint(str(out), tag=TAG, client_state={"step": step, "updates": updates})
+    client_state = {"step": step, "updates": updates}
+    if lora:
+        from asyncrl.learner.adapter import adapter_only_checkpoint
+
+        with adapter_only_checkpoint(engine):
+            engine.save_checkpoint(str(out), tag=TAG, client_state=client_state, exclude_frozen_parameters=True)
+    else:
+        engine.save_checkpoint(str(out), tag=TAG, client_state=client_state)
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save(state, out / _rng_file(dp.rank))
     dp.barrier("checkpoint written", step)
@@ -45,13 +55,14 @@ def save_checkpoint(engine, run_dir: Path, step: int, updates: int, keep_last: i
     return final
 
 
-def load_checkpoint(engine, run_dir: Path, dp: DataParallel) -> tuple[int, int]:
+def load_checkpoint(engine, run_dir: Path, dp: DataParallel, lora: bool = False) -> tuple[int, int]:
     """Restore the newest verified checkpoint into ``engine`` and the RNGs; (steps, updates) taken.
     (0, 0) when the run has none."""
     path = latest_checkpoint(run_dir)
     if path is None:
         return 0, 0
-    _, state = engine.load_checkpoint(str(path / "learner"), tag=TAG)
+    # With LoRA the checkpoint holds the adapters only: the base comes from the starting model.
+    _, state = engine.load_checkpoint(str(path / "learner"), tag=TAG, load_module_strict=not lora)
     if state is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint {TAG!r} in {path / 'learner'}")
     rng = path / "learner" / _rng_file(dp.rank)

@@ -103,3 +103,14 @@ def test_two_ranks_train_the_same_model_as_one(tmp_path):
     assert two["after"]["eval_loss"] == pytest.approx(one["after"]["eval_loss"], rel=1e-5)
     a, b = weights(tmp_path, "one"), weights(tmp_path, "two")
     assert all(torch.allclose(a[k], b[k], atol=2e-3) for k in a)
+
+
+@pytest.mark.slow
+def test_lora_trains_adapters_only_resumes_and_exports_the_adapter(tmp_path):
+    lora = ("model.lora.rank=8", "training.steps=2", "checkpoint.every_steps=2", "learner.trainer.zero_stage=2")
+    first = run("sft", tmp_path, "lora", *lora)
+    assert first["after"]["eval_loss"] < first["before"]["eval_loss"]
+    assert (tmp_path / "lora" / "final" / "adapter" / "adapter_config.json").exists()
+    run("sft", tmp_path, "lora", "--resume", "training.steps=3")
+    assert main(["export", str(tmp_path / "lora"), str(tmp_path / "exported")]) == 0
+    assert (tmp_path / "exported" / "adapter_model.safetensors").exists()
