@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every recipe of the suite")
     parser.add_argument("--root", default="runs", help="folder of the run directories")
     parser.add_argument("--out", help="JSON path (default bench/results/<suite's file>)")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     name, recipes = SUITES[args.suite]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
