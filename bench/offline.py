@@ -42,6 +42,8 @@ def main() -> None:
     for kind, recipe in recipes:
         started = time.time()
         command = [sys.executable, "-m", "asyncrl.cli", kind, str(REPO / recipe), f"run.root={args.root}", *args.overrides]
+        if recipe == "configs/dpo_addition.yaml":  # from the SFT run just made, wherever --root puts it
+            command.append(f"model.path={Path(args.root).resolve() / 'sft_addition' / 'final'}")
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
