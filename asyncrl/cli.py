@@ -4,6 +4,9 @@ asyncrl train CONFIG [dotted.key=value ...]        run a training job on this ma
 asyncrl train --resume RUN_DIR [dotted.key=value ...]
                                                    continue a run from its newest checkpoint
 asyncrl show-config [CONFIG] [overrides ...]       print the resolved config with every field's doc
+asyncrl sft CONFIG [dotted.key=value ...]          supervised fine-tuning on a dataset (chats or prompt/response),
+                                                   on the learner's DeepSpeed engine; --resume RUN_DIR, --show-config
+asyncrl dpo CONFIG [dotted.key=value ...]          offline DPO (sigmoid, ipo, hinge) on chosen/rejected pairs, same loop
 asyncrl build-tiny-model OUT_DIR [--warm-start]    build the character-level tiny Qwen2 (no download),
                                                    optionally SFT-warm-started on two-digit addition
 asyncrl model fetch NAME [--dtype D] [--dir DIR]   a known pretrained model (smollm2-135m-instruct) from its
@@ -85,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the run in RUN_DIR from its newest verified checkpoint, with the config it was "
         "started with (saved there) and the overrides given, e.g. learner.total_steps=400 to train longer",
     )
+    for kind, what in (("sft", "supervised fine-tuning"), ("dpo", "offline DPO on chosen/rejected pairs")):
+        offline = sub.add_parser(kind, help=f"{what} on a dataset, on the learner's DeepSpeed engine")
+        offline.add_argument(
+            "config", nargs="?", help=f"YAML recipe, e.g. configs/{kind}_addition.yaml (not with --resume)"
+        )
+        offline.add_argument(
+            "overrides", nargs="*", help=OVERRIDES_HELP.replace("learner.total_steps", "training.steps")
+        )
+        offline.add_argument(
+            "--resume",
+            metavar="RUN_DIR",
+            help="continue the run in RUN_DIR from its newest checkpoint, with its config and the overrides given",
+        )
+        offline.add_argument(
+            "--show-config", action="store_true", help="print the resolved config with every field's doc, and exit"
+        )
     tiny = sub.add_parser("build-tiny-model", help="build the character-level tiny Qwen2")
     tiny.add_argument("out_dir", help="folder to write the model (and tokenizer) into")
     tiny.add_argument("--warm-start", action="store_true", help="then fine-tune it on the addition task (SFT)")
@@ -225,6 +244,8 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         summary = Controller(cfg, resume=bool(args.resume)).run()
         print_summary(summary)
         return 0 if summary["reconciles"] else 1
+    if args.command in ("sft", "dpo"):
+        return run_offline(parser, args)
     if args.command == "build-tiny-model":
         from pathlib import Path
 
@@ -308,6 +329,44 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             return 2
         return 0
     return 2
+
+
+def run_offline(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``asyncrl sft`` / ``asyncrl dpo``: prepare the run, train on one rank in this process or
+    on ``training.ranks`` processes, print the summary (``asyncrl.learner.offline``)."""
+    from asyncrl.learner.offline.config import load_offline_config
+    from asyncrl.learner.offline.prepare import prepare_run_dir, resume_offline_config, starting_model
+
+    if args.resume:
+        cfg = resume_offline_config(args.resume, ([args.config] if args.config else []) + args.overrides)
+        if cfg.objective.kind != args.command:
+            parser.error(f"{args.resume} is a {cfg.objective.kind} run: resume it with `asyncrl {cfg.objective.kind}`")
+    else:
+        if not args.config:
+            parser.error(f"{args.command} needs a CONFIG recipe, or --resume RUN_DIR")
+        cfg = load_offline_config(args.config, args.overrides, kind=args.command)
+    if args.show_config:
+        print_config(cfg)
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    run_dir = prepare_run_dir(cfg, resume=bool(args.resume))
+    model_dir = starting_model(cfg, run_dir, build=True)
+    if cfg.training.ranks > 1:
+        from asyncrl.fleet.offline_ranks import run_offline_ranks
+
+        summary = run_offline_ranks(run_dir, cfg.training.ranks, bool(args.resume), OFFLINE_TIMEOUT_S)
+    else:
+        from asyncrl.learner.offline.loop import OfflineLoop
+
+        summary = OfflineLoop(cfg, run_dir, model_dir).run(resume=bool(args.resume))
+    print(json.dumps(summary))
+    return 0
+
+
+OFFLINE_TIMEOUT_S = 7 * 24 * 3600.0
+"""Bound on a multi-rank offline run's wait for its ranks (a week: the ranks' collectives have their own)."""
 
 
 def explain_validation_error(error: ValidationError) -> str:

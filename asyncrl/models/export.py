@@ -48,7 +48,13 @@ def save_checkpoint_weights(learner_dir: Path, model_dir: Path, out_file: Path) 
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from safetensors.torch import save_file
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(learner_dir), tag="policy")
+    policy = learner_dir / "policy"
+    if not list(policy.glob("*optim_states.pt")):
+        # ZeRO-0 keeps no partitioned fp32 copy (zero_to_fp32 has nothing to read): the engine's
+        # module states are the weights.
+        state = torch.load(policy / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    else:
+        state = get_fp32_state_dict_from_zero_checkpoint(str(learner_dir), tag="policy")
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)  # a tied head is the embedding; loading ties it again

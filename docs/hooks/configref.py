@@ -151,6 +151,18 @@ def run_config_sections() -> list[Section]:
     return sections
 
 
+def offline_config_sections() -> list[Section]:
+    """The sections of ``asyncrl sft``/``asyncrl dpo`` recipes (``OfflineConfig``), whose keys the
+    how-to pages of those commands name."""
+    from asyncrl.learner.offline.config import OfflineConfig
+
+    sections: list[Section] = []
+    for name, field in OfflineConfig.model_fields.items():
+        (model,) = models_in(field.annotation)
+        walk(model, name, markdown_doc(field.description), sections)
+    return sections
+
+
 def reward_option_sections() -> list[Section]:
     """The ``options`` of the reward kinds that take any: each kind validates them with its class."""
     from asyncrl.rewards.function import PythonRewardConfig
@@ -175,7 +187,7 @@ def config_keys() -> tuple[set[str], set[str]]:
     """(every valid dotted key and section, the keys under which any subkey is valid)."""
     keys: set[str] = set()
     open_keys: set[str] = set()
-    for section in run_config_sections():
+    for section in run_config_sections() + offline_config_sections():
         if "[]" in section.path:
             continue  # list items are written in YAML, never as dotted keys
         keys.add(section.path)

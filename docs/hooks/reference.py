@@ -96,13 +96,27 @@ def config_keys() -> tuple[set[str], set[str]]:
     return configref.config_keys()
 
 
-def problems(markdown: str) -> list[str]:
+OFFLINE_SECTIONS = {"data", "training", "objective"}
+"""Top-level sections only an ``asyncrl sft``/``dpo`` recipe (``OfflineConfig``) has."""
+
+
+def validate_recipe(data: dict) -> None:
+    """A YAML block of a recipe: an ``OfflineConfig`` when it has a section only those have, else a ``RunConfig``."""
     from asyncrl.config import RunConfig
+    from asyncrl.learner.offline.config import OfflineConfig
+
+    if set(data) & OFFLINE_SECTIONS:
+        OfflineConfig(**data)
+    else:
+        RunConfig(**data)
+
+
+def problems(markdown: str) -> list[str]:
 
     keys, open_keys = config_keys()
     sections = {k for k in keys if "." not in k}
     found = [f"config key `{k}` is not in RunConfig" for k in checks.unknown_config_keys(markdown, keys, open_keys)]
-    found += checks.invalid_yaml_blocks(markdown, sections, lambda data: RunConfig(**data))
+    found += checks.invalid_yaml_blocks(markdown, sections, validate_recipe)
     found += [f"`{p}` does not exist in the repository" for p in checks.missing_repo_paths(markdown, ROOT)]
     return found
 
