@@ -6,7 +6,7 @@ config.yaml): held-out success before RL and after it (greedy, each held-out row
 episode), the gain, the command's wall seconds, the warm start's and RL's steps, the samples
 trained, and whether the run reconciles (its ledger: lost, trained twice).
 
-Writes bench/results/learn_<task name>.json (``--out`` to change it). Wrap it in
+Writes bench/results/learn_<run name>.json (``--out`` to change it). Wrap it in
 ``flock /tmp/asyncrl-heavy.lock`` on a shared machine.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/learn.py configs/guess_number.yaml [overrides...]
@@ -66,7 +66,7 @@ def main() -> int:
     parser.add_argument("recipe", nargs="?", help="the recipe to run (with --run-dir: none)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the recipe")
     parser.add_argument("--run-dir", help="read this finished run instead of running one")
-    parser.add_argument("--out", help="where to write the figures (default bench/results/learn_<task name>.json)")
+    parser.add_argument("--out", help="where to write the figures (default bench/results/learn_<run name>.json)")
     args = parser.parse_args()
     command = command_s = None
     if args.run_dir is not None:
@@ -86,7 +86,7 @@ def main() -> int:
         run_dir = REPO / cfg.run.root / cfg.run.name  # the command ran in REPO
         command = [".venv/bin/asyncrl", "train", args.recipe, *args.overrides]
     result = figures(run_dir, command_s, command)
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"learn_{result['task']}.json"
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"learn_{result['run_name']}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"{result['task']}: held-out {result['heldout_before']:.3f} -> {result['heldout_after']:.3f} "
