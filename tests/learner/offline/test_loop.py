@@ -82,13 +82,17 @@ def test_dpo_computes_its_reference_once_and_moves_the_margin(tmp_path):
     assert first["after"]["eval_loss"] < first["before"]["eval_loss"]
     model = f"model.path={tmp_path / 'warm' / 'final'}"
     summary = run(
-        "dpo", tmp_path, "dpo", model, "training.steps=4", "checkpoint.every_steps=2", "learner.trainer.lr=1e-3"
+        "dpo", tmp_path, "dpo", model, "training.steps=8", "checkpoint.every_steps=4", "data.max_train_rows=8"
     )
     assert summary["before"]["eval_reward_margin"] == pytest.approx(0.0, abs=1e-4)  # policy == reference
-    assert summary["after"]["eval_reward_margin"] > 0
+    # Eight pairs, one batch, seen at every step: each step's figures (taken before its update)
+    # show the margin the earlier steps opened on them.
+    steps = [json.loads(line) for line in (tmp_path / "dpo" / "offline_steps.jsonl").read_text().splitlines()]
+    assert steps[0]["reward_margin"] == pytest.approx(0.0, abs=1e-4)
+    assert steps[-1]["reward_margin"] > 0 and steps[-1]["dpo_loss"] < steps[0]["dpo_loss"]
     cache = tmp_path / "dpo" / "reference_logprobs.json"
     written = cache.stat().st_mtime_ns
-    run("dpo", tmp_path, "dpo", "--resume", "training.steps=5")
+    run("dpo", tmp_path, "dpo", "--resume", "training.steps=9")
     assert cache.stat().st_mtime_ns == written  # read back, not computed again
 
 
@@ -106,8 +110,14 @@ def test_two_ranks_train_the_same_model_as_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_lora_trains_adapters_only_resumes_and_exports_the_adapter(tmp_path):
-    lora = ("model.lora.rank=8", "training.steps=2", "checkpoint.every_steps=2", "learner.trainer.zero_stage=2")
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_lora_trains_adapters_only_resumes_and_exports_the_adapter(tmp_path, zero_stage):
+    lora = (
+        "model.lora.rank=8",
+        "training.steps=2",
+        "checkpoint.every_steps=2",
+        f"learner.trainer.zero_stage={zero_stage}",
+    )
     first = run("sft", tmp_path, "lora", *lora)
     assert first["after"]["eval_loss"] < first["before"]["eval_loss"]
     assert (tmp_path / "lora" / "final" / "adapter" / "adapter_config.json").exists()
