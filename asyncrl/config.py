@@ -35,7 +35,7 @@ from asyncrl.generators.config import (
     SamplingConfig,
 )
 from asyncrl.learner.config import AlgorithmConfig, LearnerConfig, MockTrainerConfig
-from asyncrl.models.lora import LORA_ZERO3_REFUSED, LORA_ZERO_STAGES, LoraConfig
+from asyncrl.models.lora import LoraConfig
 from asyncrl.models.sft import SFTConfig
 from asyncrl.models.tiny import TinyModelConfig
 from asyncrl.observability.loggers import LoggingConfig
@@ -329,16 +329,6 @@ class RunConfig(Config):
             from asyncrl.weights.probe import probe_tolerance
 
             self.weights.probe_atol = probe_tolerance(self.engine.dtype, self.learner.trainer.dtype)
-        return self
-
-    @model_validator(mode="after")
-    def _check_lora(self) -> RunConfig:
-        stage = self.learner.trainer.zero_stage
-        if self.model.lora is not None and stage not in LORA_ZERO_STAGES:
-            raise ValueError(
-                f"learner.trainer.zero_stage ({stage}) must be one of {LORA_ZERO_STAGES} with model.lora: "
-                f"{LORA_ZERO3_REFUSED}"
-            )
         return self
 
     @model_validator(mode="after")

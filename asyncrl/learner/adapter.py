@@ -11,10 +11,10 @@ rest of the learner is here:
   load them. The contract with the generators is written in ``asyncrl.models.lora``.
 - **the KL reference** (``AdapterOffReference``): the base model is the starting policy, and it
   is already in the engine: the reference is the same weights run with the adapter disabled
-  (peft's ``disable_adapter()``), so no second copy of the model is loaded. This needs ZeRO 0-2
-  (LoRA's stages, ``asyncrl.models.lora.LORA_ZERO_STAGES``): there a forward pass is local to the
-  rank, while under ZeRO-3 every forward gathers parameters collectively and the step asks the
-  reference for each rank's own rows only (uneven counts).
+  (peft's ``disable_adapter()``), so no second copy of the model is loaded. That is under ZeRO
+  0-2, where a forward pass is local to the rank; under ZeRO-3 every forward gathers parameters
+  collectively while the step asks the reference for each rank's own rows only (uneven counts),
+  so there the reference is its own copy of the base (``ColocatedReference``, as without LoRA).
 - **the final model** (``save_lora_final``): ``RUN_DIR/final`` holds the merged model (base +
   alpha/r B A, a plain Hugging Face model dir, which the evaluation after RL and vLLM load like a
   full run's), and the adapter itself in peft's format in ``RUN_DIR/final/adapter``

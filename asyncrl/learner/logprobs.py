@@ -162,10 +162,11 @@ def token_scores(
     h = hidden[rows, cols]  # (N, H) the predicting positions
     targets = input_ids[rows, cols + 1]  # (N,)
     lm_head = _unwrap(model).get_output_embeddings()
+    head = _frozen_partitioned_head(lm_head) or lm_head
     grad = torch.is_grad_enabled() and h.requires_grad
     parts = []
     for start in range(0, h.shape[0], chunk_tokens):
-        args = (lm_head, h[start : start + chunk_tokens], targets[start : start + chunk_tokens], dist, entropy)
+        args = (head, h[start : start + chunk_tokens], targets[start : start + chunk_tokens], dist, entropy)
         if grad:
             parts.append(checkpoint(_score_chunk, *args, entropy_grad, use_reentrant=False, preserve_rng_state=False))
         else:
@@ -181,7 +182,7 @@ def token_scores(
 
 
 def _score_chunk(
-    lm_head: torch.nn.Module,
+    lm_head: torch.nn.Module | tuple[torch.Tensor, torch.Tensor | None],
     h: torch.Tensor,
     targets: torch.Tensor,
     dist: TokenDistribution,
@@ -189,7 +190,10 @@ def _score_chunk(
     entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(n, H) hidden states, (n,) targets -> (n,) logprob, entropy, outside (float32 each)."""
-    z = lm_head(h).float()  # (n, V) model dtype from the head, float32 from here
+    if isinstance(lm_head, tuple):  # a frozen head's gathered (weight, bias)
+        z = torch.nn.functional.linear(h, *lm_head).float()  # (n, V)
+    else:
+        z = lm_head(h).float()  # (n, V) model dtype from the head, float32 from here
     if dist.temperature != 1.0:
         z = z / dist.temperature
     z_target = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
@@ -237,3 +241,24 @@ def truncation_mask(z: torch.Tensor, dist: TokenDistribution) -> torch.Tensor:
     drop[:, -1] = False  # at least one token
     drop |= torch.isinf(z_sort)  # what top-k removed
     return torch.empty_like(drop).scatter_(-1, index, ~drop)
+
+
+def _frozen_partitioned_head(lm_head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """A frozen head that ZeRO-3 partitions (LoRA's base), as a gathered copy of (weight, bias);
+    None for any other head, which is called as a module.
+
+    DeepSpeed 0.19 gathers a module's parameters for each call in the forward pass, but hands the
+    backward's recomputation of a checkpointed chunk a frozen weight's empty partition (torch's
+    CheckpointError: shape [0]). The copy, taken once per call of ``token_scores`` and kept until
+    the step's backward has run, is what every chunk's forward and recomputation multiply by: one
+    head's worth of memory (V x H) more, and no gradient, as the weight is frozen.
+    """
+    weight = lm_head.weight
+    if not hasattr(weight, "ds_id") or weight.requires_grad:
+        return None
+    import deepspeed
+
+    params = [p for p in (weight, lm_head.bias) if p is not None]
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        bias = None if lm_head.bias is None else lm_head.bias.detach().clone()
+        return weight.detach().clone(), bias

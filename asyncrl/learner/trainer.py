@@ -77,8 +77,6 @@ from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.reference import ColocatedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
 from asyncrl.models.lora import (
-    LORA_ZERO3_REFUSED,
-    LORA_ZERO_STAGES,
     LoraConfig,
     adapter_meta,
     apply_lora,
@@ -120,10 +118,6 @@ class PolicyTrainer:
         self.model_dir = Path(model_dir)
         self.lora = lora
         """The LoRA adapters' config (``model.lora``); None: full fine-tuning."""
-        if lora is not None and cfg.zero_stage not in LORA_ZERO_STAGES:
-            raise ValueError(
-                f"zero_stage ({cfg.zero_stage}) must be one of {LORA_ZERO_STAGES} with LoRA: {LORA_ZERO3_REFUSED}"
-            )
         if ppo_epochs < 1 or mini_batches < 1:
             raise ValueError(f"ppo_epochs ({ppo_epochs}) and mini_batches ({mini_batches}) must be >= 1")
         self.ppo_epochs = ppo_epochs
@@ -192,7 +186,7 @@ class PolicyTrainer:
                 if reference_address is None:
                     raise ValueError("algorithm.kl.reference (process) needs the reference process's address")
                 self.reference = RemoteReference(reference_address)
-            elif lora is not None:  # the base is in the engine: run it with the adapter off
+            elif lora is not None and cfg.zero_stage < 3:  # the base is in the engine: run it with the adapter off
                 self.reference = AdapterOffReference(self.engine.module, cfg.logits_chunk_tokens)
             else:
                 dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32

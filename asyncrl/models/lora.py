@@ -52,20 +52,6 @@ ADAPTER_DIR = "adapter"
 ADAPTER_NAME = "default"
 """peft's name of the one adapter (it appears in parameter names, never on the wire)."""
 
-LORA_ZERO_STAGES = (0, 1, 2)
-"""DeepSpeed ZeRO stages the LoRA learner trains under (each checked by
-``tests/learner/trainer/test_lora.py``): the optimizer holds only the adapters (and under 1-2
-partitions their moments and gradients), the frozen base stays whole on each rank.
-``LORA_ZERO3_REFUSED`` says why ZeRO-3 is not among them."""
-
-LORA_ZERO3_REFUSED = (
-    "under ZeRO-3 the learner's backward recomputes each chunk of the LM head's logits "
-    "(asyncrl.learner.logprobs), and DeepSpeed 0.19 hands the recomputation the frozen head's "
-    "partition instead of its gathered weight (torch.utils.checkpoint.CheckpointError: shape [0]); "
-    "use zero_stage 0-2 (the adapter's optimizer state is small: ZeRO-2 partitions it)"
-)
-"""Why ``model.lora`` refuses ``learner.trainer.zero_stage: 3`` (seen with DeepSpeed 0.19.8, peft 0.21.2)."""
-
 
 class LoraConfig(Config):
     """LoRA adapters on the policy (``peft``): base weights frozen, only the adapters train."""

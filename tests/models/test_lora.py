@@ -74,13 +74,10 @@ def test_model_lora_is_off_by_default_and_any_key_enables_it():
         load_config(None, ["model.lora.rnk=8"])
 
 
-def test_zero3_is_refused_when_the_config_is_read():
-    with pytest.raises(
-        ValidationError, match=r"zero_stage \(3\) must be one of \(0, 1, 2\) with model.lora: under ZeRO-3"
-    ):
-        load_config(None, ["model.lora.rank=4", "learner.trainer.zero_stage=3"])
-    assert load_config(None, ["model.lora.rank=4", "learner.trainer.zero_stage=2"]).model.lora.rank == 4
-    assert load_config(None, ["learner.trainer.zero_stage=3"]).model.lora is None  # full weights: every stage
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_zero_stage_takes_lora(stage):
+    cfg = load_config(None, ["model.lora.rank=4", f"learner.trainer.zero_stage={stage}"])
+    assert cfg.model.lora.rank == 4 and cfg.learner.trainer.zero_stage == stage
 
 
 def test_wrap_freezes_the_base_and_starts_at_it(model_dir):

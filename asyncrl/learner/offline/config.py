@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config, UserValueError, apply_overrides, load_yaml
 from asyncrl.learner.config import TrainerConfig
-from asyncrl.models.lora import LORA_ZERO3_REFUSED, LORA_ZERO_STAGES, LoraConfig
+from asyncrl.models.lora import LoraConfig
 from asyncrl.models.tiny import TinyModelConfig
 from asyncrl.observability.loggers import LoggingConfig
 
@@ -178,11 +178,6 @@ class OfflineConfig(Config):
             raise ValueError(
                 f"learner.trainer.lr_warmup_steps ({trainer.lr_warmup_steps}) must be <= training.steps "
                 f"({self.training.steps})"
-            )
-        if self.model.lora is not None and trainer.zero_stage not in LORA_ZERO_STAGES:
-            raise ValueError(
-                f"learner.trainer.zero_stage ({trainer.zero_stage}) must be one of {LORA_ZERO_STAGES} with "
-                f"model.lora: {LORA_ZERO3_REFUSED}"
             )
         if self.training.batch_size < self.training.ranks:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""PolicyTrainer with LoRA adapters (``model.lora``) on a tiny model, at ZeRO stages 0-2 (3 is refused).
+"""PolicyTrainer with LoRA adapters (``model.lora``) on a tiny model, at ZeRO stages 0-3.
 
 Only the adapters train and the optimizer holds nothing else; a version goes out as the adapter's
 tensors alone, named as peft names them, with the meta that says how to load them; the probe
@@ -7,6 +7,8 @@ and a resume from it takes the same next step as the run that never stopped; the
 and ``asyncrl export`` (adapter, merged, of a checkpointed step) give the learner's logprobs.
 All trainers share one gloo process group in this process, as in ``test_zero_stages``.
 """
+
+import contextlib
 
 import pytest
 import torch
@@ -37,7 +39,7 @@ def logprobs(model, ids=IDS):
         return torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_only_the_adapter_trains_at_each_zero_stage(stage, model_dir, groups):
     import peft
 
@@ -56,7 +58,13 @@ def test_only_the_adapter_trains_at_each_zero_stage(stage, model_dir, groups):
     assert changed == {k for k in before if "lora_" in k}, sorted(changed ^ {k for k in before if "lora_" in k})
 
     published = adapter_state(trainer)  # what a version carries: the adapter alone, peft's names
-    expected = peft.get_peft_model_state_dict(trainer.engine.module)
+    gather = contextlib.nullcontext()
+    if stage == 3:  # peft reads the parameters as they are: gathered, under ZeRO-3
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(list(trainer.engine.module.parameters()), modifier_rank=None)
+    with gather:
+        expected = {k: v.clone() for k, v in peft.get_peft_model_state_dict(trainer.engine.module).items()}
     assert list(published) == list(expected)
     for name, t in expected.items():
         assert torch.equal(published[name], t)
@@ -99,12 +107,23 @@ def test_probe_scores_the_adapted_policy_and_the_reference_is_the_base(model_dir
     assert (adapted - ref).abs().max() > 1e-4  # the reference is not the policy
 
 
-def test_a_zero3_trainer_is_refused_with_its_reason(model_dir):
-    with pytest.raises(ValueError, match="recomputes each chunk of the LM head"):
-        lora_trainer(model_dir, 3)
+def test_zero3_reference_is_a_copy_of_the_base(model_dir, groups):
+    # Under ZeRO-3 a forward pass gathers collectively, and the step asks the reference for each
+    # rank's own rows: the reference is its own (local) copy of the base, not the adapter turned off.
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.learner.reference import ColocatedReference
+
+    trainer = lora_trainer(model_dir, 3, algo=AlgorithmConfig(kl={"coef": 0.1}))
+    assert isinstance(trainer.reference, ColocatedReference)
+    trainer.train_step(groups)
+    mask = torch.ones(1, IDS.shape[1] - 1)
+    ref = trainer.reference.logprobs(IDS, torch.ones_like(IDS), mask, trainer.distribution)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.testing.assert_close(ref, logprobs(base).gather(2, IDS[:, 1:, None])[..., 0], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("stage, tied", [(0, False), (2, True)])
+@pytest.mark.parametrize("stage, tied", [(0, False), (2, True), (3, True)])
 def test_checkpoint_holds_the_adapter_only_and_resume_takes_the_same_step(
     stage, tied, model_dir, groups, tmp_path_factory
 ):
