@@ -57,9 +57,9 @@ from asyncrl.generators.engines.lora import (
     AdapterSlots,
     AdapterSpec,
     FolderWeights,
+    adapter_update,
     merge_adapter,
     merges_adapters,
-    read_adapter,
 )
 from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.engines.vllm_engine import (
@@ -412,21 +412,8 @@ class AsyncVLLMEngine:
         them) to new requests, without pausing those running; returns seconds. The engine
         process reads it from a peft folder (``AdapterSlots``); older adapters go once unused."""
         start = time.perf_counter()
-        if self.adapters is None and not self.merging:
-            raise ValueError(
-                f"version {version} is a LoRA adapter (meta adapter) but the engine was started without "
-                "lora_rank: set model.lora on the generators' side too"
-            )
-        if spec.base_version != self.base_version:
-            raise ValueError(
-                f"version {version}: adapter of base version {spec.base_version}, the engine serves base version {self.base_version}"
-            )
-        named = read_adapter(weights) if isinstance(weights, (str, Path)) else list(weights)
+        named = adapter_update(self, weights, version, spec)
         if self.merging:  # swapped like full weights (paused, prefix cache reset), the targeted matrices only
-            if self._base is None:
-                raise ValueError(
-                    f"version {version}: the base weights were replaced by a full version: nothing to merge into"
-                )
             kwargs = {"buckets": _as_bytes(merge_adapter(self._base, named, spec), version, set())}
             with self._swap_lock:
                 self._call(self._swap("asyncrl_load_bytes", kwargs, version), f"version {version} to be merged in")

@@ -198,6 +198,25 @@ def read_adapter(folder: str | Path) -> list:
     return [item for path in files for item in load_file(str(path)).items()]
 
 
+def adapter_update(engine, weights, version: int, spec: AdapterSpec) -> list:
+    """The ``(peft name, tensor)`` pairs of ``version``'s adapter, once both vLLM engines' checks
+    pass: the engine can serve adapters (started with a LoRA rank) or merge them, the adapter was
+    trained on the base it serves, and, when merging, the base is still the model folder's.
+    ``weights``: the pairs, or a directory of safetensors holding them (the file transport)."""
+    if engine.adapters is None and not engine.merging:
+        raise ValueError(
+            f"version {version} is a LoRA adapter (meta adapter) but the engine was started without "
+            "lora_rank: set model.lora on the generators' side too"
+        )
+    if spec.base_version != engine.base_version:
+        raise ValueError(
+            f"version {version}: adapter of base version {spec.base_version}, the engine serves base version {engine.base_version}"
+        )
+    if engine.merging and engine._base is None:
+        raise ValueError(f"version {version}: the base weights were replaced by a full version: nothing to merge into")
+    return read_adapter(weights) if isinstance(weights, (str, Path)) else list(weights)
+
+
 def merge_adapter(base: dict, named: list, spec: AdapterSpec) -> list:
     """``(HF name, W + scaling·B·A)`` for each weight the adapter updates, in the base's dtype
     (computed in float32): what a generator without LoRA support would load in place of the

@@ -53,10 +53,10 @@ from asyncrl.generators.engines.lora import (
     AdapterSlots,
     AdapterSpec,
     FolderWeights,
+    adapter_update,
     engine_lora_rank,
     merge_adapter,
     merges_adapters,
-    read_adapter,
 )
 from asyncrl.generators.engines.tied_head import reload_weights
 from asyncrl.generators.sampling import AnswerOptions, SamplingConfig, answer_params, greedy_params, sampling_params
@@ -259,21 +259,8 @@ class VLLMEngine:
         unloaded, as no request runs between ``generate`` calls. With ``engine.lora_serving:
         merge`` it is merged into the base weights instead and the targeted matrices reloaded."""
         start = time.perf_counter()
-        if self.adapters is None and not self.merging:
-            raise ValueError(
-                f"version {version} is a LoRA adapter (meta adapter) but the engine was started without "
-                "lora_rank: set model.lora on the generators' side too"
-            )
-        if spec.base_version != self.base_version:
-            raise ValueError(
-                f"version {version}: adapter of base version {spec.base_version}, the engine serves base version {self.base_version}"
-            )
-        named = read_adapter(weights) if isinstance(weights, (str, Path)) else list(weights)
+        named = adapter_update(self, weights, version, spec)
         if self.merging:
-            if self._base is None:
-                raise ValueError(
-                    f"version {version}: the base weights were replaced by a full version: nothing to merge into"
-                )
             self._reload_tensors(merge_adapter(self._base, named, spec))
             self.version = version
             return time.perf_counter() - start
