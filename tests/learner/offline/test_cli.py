@@ -36,8 +36,8 @@ def test_show_config_prints_every_field_with_its_doc(capsys):
             "config error: learner.trainer.lr_warmup_steps (20) must be <= training.steps (5)",
         ),
         (
-            ["sft", "configs/sft_addition.yaml", "model.lora.rank=8", "learner.trainer.zero_stage=3"],
-            "must be one of (0, 1, 2) with model.lora",
+            ["sft", "configs/sft_addition.yaml", "model.lora.rank=8", "model.lora.dropout=1.5"],
+            "config error: model.lora.dropout=1.5: dropout (1.5) must be in [0, 1)",
         ),
     ],
 )
