@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from asyncrl.tasks.prompt_tokenizer import load_prompt_tokenizer
 from asyncrl.tasks.sources import MODEL_CHAT_TEMPLATE, DataConfig
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class PromptFormatter:
                 )
             where = "the policy model"
         else:
-            tokenizer, where = load_tokenizer(cfg.chat_template), cfg.chat_template
+            tokenizer, where = load_prompt_tokenizer(cfg.chat_template), cfg.chat_template
         if getattr(tokenizer, "chat_template", None):
             self.tokenizer = tokenizer
         else:

@@ -35,7 +35,8 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config, UserValueError
 from asyncrl.tasks.answers import extract_gsm8k_answer
-from asyncrl.tasks.formatting import TOKENIZER_FILES, PromptFormatter, load_tokenizer
+from asyncrl.tasks.formatting import TOKENIZER_FILES, PromptFormatter
+from asyncrl.tasks.prompt_tokenizer import load_prompt_tokenizer
 from asyncrl.tasks.mixture import PRESETS, SourceConfig, check_task_name, interleave
 from asyncrl.tasks.prompt_length import fit_prompts
 from asyncrl.tasks.sources import (
@@ -220,7 +221,7 @@ def load_run_prompts(cfg, split: Literal["train", "test"], model_dir: str | Path
     """
     tokenizer = None
     if model_dir is not None and any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
-        tokenizer = load_tokenizer(model_dir)
+        tokenizer = load_prompt_tokenizer(model_dir)
     budget = None
     if tokenizer is not None:
         budget = cfg.engine.max_model_len - cfg.sampling.max_tokens
