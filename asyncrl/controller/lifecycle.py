@@ -25,6 +25,7 @@ from asyncrl.controller.checkpointing import CheckpointCoordinator, restore_poin
 from asyncrl.controller.commands import CommandSender
 from asyncrl.controller.errors import RunError
 from asyncrl.controller.evaluation import Evaluations
+from asyncrl.controller.phases import PhaseClock
 from asyncrl.controller.events import EventPump
 from asyncrl.controller.preparation import startup_bound
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
@@ -67,6 +68,7 @@ class Lifecycle:
         watch: StallWatch,
         timeline: PublicationTimeline,
         ledger: LedgerWriter,
+        phases: PhaseClock,
     ):
         self.cfg = cfg
         self.run_dir = run_dir
@@ -81,6 +83,7 @@ class Lifecycle:
         self.watch = watch
         self.timeline = timeline
         self.ledger = ledger
+        self.phases = phases
         self.stopper = Stopper(fleet, commands, pump, reports, watch)
         self.gpu_envs = gpu_envs(cfg)  # checked and logged before anything starts; a restore reuses it
         self.starts = 0
@@ -114,11 +117,13 @@ class Lifecycle:
                 ready.add(ev.source)
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
         write_scrape_config(self.run_dir)
+        self.phases.lap("start")
         if evaluate_first:
             record = self.evaluations.run_round("before", 0, self.pump.next)
             if self.starts != start:
                 return
             self.evaluations.before = record["exact_match"]
+            self.phases.lap("eval_before")
         for _ in range(GO_REPEATS):
             self.commands.broadcast(GoCommand())
             time.sleep(0.01)
@@ -154,14 +159,20 @@ class Lifecycle:
 
     def stop_in_order(self) -> None:
         """Stop stage by stage in dataflow order, each one's final reports in before the next."""
+        self.phases.lap("train")
         self.stopper.stop(["dispatcher"])  # first: no more prompts
         self.stopper.await_final_weights(self.progress, self.timeline)
+        self.phases.lap("drain")
         if self.evaluations.heldout is not None and self.cfg.eval.after:  # every generator serves the final weights
             record = self.evaluations.run_round("after", self.progress.final_version(), self.pump.next)
             self.evaluations.after = record["exact_match"]
+            self.phases.lap("eval_after")
         for name in ROLE_NAMES:  # the rest of the dataflow, in order: each drains into the next
             if name != "dispatcher":
+                stage_start = time.monotonic()
                 self.stopper.stop([name])
+                self.phases.part("stop", name, time.monotonic() - stage_start)
+        self.phases.lap("stop")
 
     def restore_point(self) -> Path | None:
         """The checkpoint to start from (``asyncrl.controller.checkpointing.restore_point``)."""

@@ -38,6 +38,7 @@ from asyncrl.controller.commands import CommandSender
 from asyncrl.controller.evaluation import Evaluations
 from asyncrl.controller.events import EventPump, EventRouter
 from asyncrl.controller.lifecycle import Lifecycle, stop_on_sigterm
+from asyncrl.controller.phases import PhaseClock
 from asyncrl.controller.preparation import (
     child_env,
     evaluate,
@@ -91,6 +92,7 @@ class Controller:
         self.supervisor = Supervisor(cfg.supervision, self.run_dir, self.reports, self.progress)
         self.timeline = PublicationTimeline()  # publication-to-served seconds per version and generator
         self.memory = MemoryWatch(every_s=1.0)  # the run's total RSS and the machine's available memory
+        self.phases = PhaseClock()  # where the wall time goes; restarted when run() starts
         run = cfg.run
         self.watch = StallWatch(run.stall_factor, run.stall_timeout_s, run.stall_cap_s, run.first_step_timeout_s)
         self.fleet: ProcessFleet | RayFleet | None = None
@@ -102,6 +104,7 @@ class Controller:
         """Prepare, start, train, stop; returns the summary (also in ``RUN_DIR/summary.json``)."""
         cfg = self.cfg
         t0 = time.monotonic()
+        self.phases = PhaseClock(t0)
         simulated = cfg.simulation.learner is not None
         # Who evaluates (asyncrl.tasks.heldout): the generators' engines, while they serve the weights;
         # Hugging Face on this CPU only when asked (eval.engine: hf); nobody without a model.
@@ -134,6 +137,7 @@ class Controller:
         self.fleet = make_fleet(cfg, self.run_dir, model_dir, child_env(self.run_dir))
         self.console.watch(self.fleet, eval_before)
         lifecycle = self._assemble(events, commands, evaluations)
+        self.phases.lap("prepare")
         rl_start = time.monotonic()
         cpu_start = time.process_time()
         restore_sigterm = stop_on_sigterm()
@@ -185,6 +189,7 @@ class Controller:
             controller_cpu_s=controller_cpu_s,
             total_wall_s=time.monotonic() - t0,
             resources=resource_figures(finals, self.memory, self.progress, self.timeline),
+            phases=self.phases,
         )
         self.console.close(summary)
         return summary
@@ -281,6 +286,7 @@ class Controller:
             self.watch,
             self.timeline,
             self.ledger,
+            self.phases,
         )
         return lifecycle
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from asyncrl.controller.accounting import summarize
 from asyncrl.controller.evaluation import Evaluations
+from asyncrl.controller.phases import PhaseClock
 from asyncrl.controller.reports import TrainingProgress
 from asyncrl.controller.supervision import Supervisor
 from asyncrl.observability.procmem import MemoryWatch, peak_rss_bytes
@@ -41,15 +42,21 @@ def write_summary(
     controller_cpu_s: float,
     total_wall_s: float,
     resources: dict,
+    phases: PhaseClock | None = None,
 ) -> dict:
     """Build the summary, write ``RUN_DIR/summary.json`` and return it. ``rl_wall_s``: the RL
-    phase without the evaluations that blocked it; ``resources``: ``resource_figures``."""
+    phase without the evaluations that blocked it; ``resources``: ``resource_figures``;
+    ``phases``: where the wall time went (``asyncrl.controller.phases``), up to this call."""
     summary = summarize(finals, rl_wall_s, evaluations.before, evaluations.after)
     summary["evals"] = evaluations.records
     summary["eval_prompts_answered"] = sum(f.eval_prompts for f in finals.values() if isinstance(f, GeneratorFinal))
     summary["controller_cpu_s"] = controller_cpu_s
     summary["train_wall_s"] = progress.done_at - progress.go_at  # steady state: from go to the last step
     summary["total_wall_s"] = total_wall_s
+    if phases is not None:
+        phases.lap("finish")
+        summary["phases_s"] = phases.seconds
+        summary["phase_parts_s"] = phases.parts
     summary["generator_versions"] = progress.generator_versions
     summary["checkpoints"] = checkpoints
     summary["deaths"] = supervisor.deaths

@@ -60,6 +60,7 @@ def fleet(tmp_path, monkeypatch):
 
 def lifecycle(cfg, fleet):
     """The controller's start path over ``fleet``: only what starting the processes touches."""
+    from asyncrl.controller.phases import PhaseClock
     from asyncrl.controller.supervision import Supervisor
     from asyncrl.fleet.config import SupervisionConfig
 
@@ -74,6 +75,7 @@ def lifecycle(cfg, fleet):
         reports=reports,
         progress=progress,
         supervisor=Supervisor(SupervisionConfig(), fleet.run_dir, reports, progress),  # the start arms it
+        phases=PhaseClock(),
         **none,
     )
 
