@@ -21,6 +21,8 @@ asyncrl bench pipeline [--modes ...] [overrides]   throughput of the pipeline un
 asyncrl bench pipeline --engine vllm [--workload long-tail]
                                                    with real vLLM: the pipeline's overhead, or async/sync
                                                    x continuous/batch on long-tailed answers
+asyncrl bench vs-trl [--workload demo|smollm2]     trl's GRPOTrainer and asyncrl (async, on-policy) on the
+                                                   same model, task and samples, timed from the command
 asyncrl plot RUN_DIR [--out PNG]                   reward, staleness and throughput curves of a run
 asyncrl export RUN_DIR [--step N] [--merge] OUT_DIR  the policy as a Hugging Face model directory (LoRA: the adapter)
 asyncrl inspect RUN_DIR [--json]                   health, versions and counters of a live run's processes
@@ -129,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument("--force", action="store_true", help="convert again even if a verified copy is cached")
     bench = sub.add_parser("bench", help="benchmarks; `asyncrl bench pipeline --help` for the options")
-    bench.add_argument("which", choices=["pipeline"], help="which benchmark: pipeline (simulated or vLLM engines)")
+    bench.add_argument(
+        "which",
+        choices=["pipeline", "vs-trl"],
+        help="which benchmark: pipeline (simulated or vLLM engines), vs-trl (trl's GRPOTrainer on the same work)",
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
     exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory")
     exp.add_argument("run_dir", help="the run directory (runs/NAME)")
@@ -235,12 +241,11 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             if not args.config:
                 parser.error("train needs a CONFIG recipe, or --resume RUN_DIR")
             cfg = load_config(args.config, args.overrides)
-        import torch
-
         from asyncrl.controller.process import Controller
         from asyncrl.observability.console import print_summary
 
-        torch.set_num_threads(1)
+        # No torch here: the controller imports it only for work of its own (the SFT warm start,
+        # eval.engine hf), and the children start 1-3 s sooner without it.
         summary = Controller(cfg, resume=bool(args.resume)).run()
         print_summary(summary)
         return 0 if summary["reconciles"] else 1
@@ -287,6 +292,10 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         name = args.name or f"generator-hot-{os.getpid()}"
         return run_joined_generator(args.connect, name, args.model, args.overrides)
     if args.command == "bench":
+        if args.which == "vs-trl":
+            from asyncrl.benchmarks.vs_trl.command import main as bench_vs_trl
+
+            return bench_vs_trl(args.args)
         from asyncrl.benchmarks.pipeline import main as bench_pipeline
 
         bench_pipeline(args.args)

@@ -68,6 +68,7 @@ def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
         from asyncrl.controller.demonstrations import load_demonstrations
 
         examples = load_demonstrations(cfg, base)
+    one_math_thread()
     stats = run_sft(base, load_run_prompts(cfg, "train", base), cfg.sft, warm, examples)
     what = f"{cfg.environment.cls}'s demonstrations" if examples is not None else "prompt + answer"
     log.info(
@@ -78,6 +79,14 @@ def prepare_model(cfg: RunConfig, run_dir: Path) -> Path:
         stats["seconds"],
     )
     return warm
+
+
+def one_math_thread() -> None:
+    """torch in the controller's own process (the SFT warm start, eval.engine hf) uses one
+    thread, as every component does, whatever OMP_NUM_THREADS the caller had."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def held_out_prompts(cfg: RunConfig, model_dir: Path) -> list:
@@ -92,6 +101,7 @@ def evaluate(cfg: RunConfig, model_dir: Path) -> float:
     """``eval.engine: hf``: Hugging Face greedy decoding on this CPU in float32 (small models only)."""
     from asyncrl.models.hf_eval import evaluate_exact_match
 
+    one_math_thread()
     return evaluate_exact_match(
         model_dir, None, held_out_prompts(cfg, model_dir), max_new_tokens=cfg.eval.max_new_tokens
     )
