@@ -96,5 +96,7 @@ def test_trl_side_trains_and_reports(tmp_path):
     assert any(s["grad_norm"] > 0 for s in result["steps"])
     times = [s["t"] for s in result["steps"]]
     assert times == sorted(times) and result["t_first_step"] == times[0]
+    marks = result["setup_marks"]
+    assert marks["imported"] <= marks["data_loaded"] <= marks["trainer_built"] <= result["t_first_step"]
     assert result["wall_with_eval_s"] == pytest.approx(result["wall_s"] + result["eval_total_s"])
     assert result["sampler"] == "generate" and result["trl_config"]["num_generations"] == 4

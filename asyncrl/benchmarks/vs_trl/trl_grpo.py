@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,6 +68,9 @@ class TrlResult:
     """samples / train_s."""
     tokens_per_s: float
     """completion_tokens / train_s."""
+    setup_marks: dict
+    """Where set-up went, t when each was done: "imported" (torch, transformers, trl), "data_loaded"
+    (config, model, prompts, rewards), "trainer_built" (trl's ``GRPOTrainer``)."""
     mean_abs_param_change: float
     """Mean |w_end - w_start| over every trainable weight: proof the policy moved."""
     sampler: str
@@ -193,6 +197,7 @@ def process_start() -> float:
 
 def run(recipe: str, overrides: list[str], every: int) -> TrlResult:
     """Train the recipe's run with trl and measure it (see the module's docstring)."""
+    clock = Clock(float(os.environ.get("ASYNCRL_BENCH_T0") or process_start()))
     import transformers
     import trl
     from datasets import Dataset
@@ -201,7 +206,7 @@ def run(recipe: str, overrides: list[str], every: int) -> TrlResult:
     from asyncrl.config import load_config
     from asyncrl.tasks.prompts import load_run_prompts
 
-    clock = Clock(float(os.environ.get("ASYNCRL_BENCH_T0") or process_start()))
+    marks = {"imported": clock.now()}
     cfg = load_config(recipe, overrides)
     trl_objective.check_mappable(cfg)
     model_dir = str(cfg.model.path)
@@ -211,20 +216,22 @@ def run(recipe: str, overrides: list[str], every: int) -> TrlResult:
     rows = trl_objective.prompt_rows(load_run_prompts(cfg, "train", model_dir), cfg.run.seed, count)
     reward = trl_objective.RunReward(cfg)
     callback = BenchCallback(clock, HeldOut(cfg, model_dir, tokenizer), reward, every)
+    marks["data_loaded"] = clock.now()
     settings = trl_objective.grpo_settings(cfg)
-    out_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"trl_grpo_{os.getpid()}"  # trl wants one; nothing is saved
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=[reward],
-        args=trl.GRPOConfig(output_dir=str(out_dir), **settings),
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=[callback],
-        optimizers=trl_objective.optimizer_and_schedule(model, cfg),
-    )
-    for quiet in (ProgressCallback, PrinterCallback):  # the per-step dicts are in OUT_JSON instead
-        trainer.remove_callback(quiet)
-    trainer.train()
+    with tempfile.TemporaryDirectory(prefix="trl_grpo_") as out_dir:  # trl wants one; nothing is saved
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=[reward],
+            args=trl.GRPOConfig(output_dir=out_dir, **settings),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[callback],
+            optimizers=trl_objective.optimizer_and_schedule(model, cfg),
+        )
+        for quiet in (ProgressCallback, PrinterCallback):  # the per-step dicts are in OUT_JSON instead
+            trainer.remove_callback(quiet)
+        marks["trainer_built"] = clock.now()
+        trainer.train()
     reward.close()
     callback.heldout.scorer.close()
     wall = clock.now()
@@ -244,6 +251,7 @@ def run(recipe: str, overrides: list[str], every: int) -> TrlResult:
         completion_tokens=tokens,
         samples_per_s=samples / train_s,
         tokens_per_s=tokens / train_s,
+        setup_marks=marks,
         mean_abs_param_change=callback.param_change,
         sampler="generate",
         sampler_note=trl_objective.VLLM_COLOCATE,
