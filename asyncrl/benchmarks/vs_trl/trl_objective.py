@@ -32,6 +32,7 @@ asyncrl                               trl (``GRPOConfig`` / trainer argument)
                                       (also mapped); ``dr_grpo`` divides by a constant
                                       (asyncrl's seq-mean-token-sum-norm with ``max_tokens``)
 ``adv_estimator: grpo``               ``scale_rewards="group"`` (``dr_grpo``: ``"none"``)
+``algorithm.truncation.mode: keep``   ``mask_truncated_completions=False`` (trl's default too)
 ``learner.total_steps``               ``max_steps``; ``num_iterations = 1`` (one pass per batch)
 ``run.seed``                          ``seed``; the prompt order is asyncrl's dispatcher's
                                       (``PromptCursor``: seeded passes), ``shuffle_dataset`` off
@@ -153,6 +154,7 @@ def grpo_settings(cfg) -> dict:
         epsilon_high=algo.clip_high,
         loss_type=LOSS_TYPES[algo.loss_agg_mode],
         scale_rewards=SCALE_REWARDS[algo.adv_estimator],
+        mask_truncated_completions=False,
         max_steps=cfg.learner.total_steps,
         seed=cfg.run.seed,
         shuffle_dataset=False,
