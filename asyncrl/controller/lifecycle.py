@@ -25,8 +25,8 @@ from asyncrl.controller.checkpointing import CheckpointCoordinator, restore_poin
 from asyncrl.controller.commands import CommandSender
 from asyncrl.controller.errors import RunError
 from asyncrl.controller.evaluation import Evaluations
-from asyncrl.controller.phases import PhaseClock
 from asyncrl.controller.events import EventPump
+from asyncrl.controller.phases import PhaseClock
 from asyncrl.controller.preparation import startup_bound
 from asyncrl.controller.reports import ProcessReports, TrainingProgress
 from asyncrl.controller.stopping import Stopper
@@ -115,6 +115,7 @@ class Lifecycle:
                 return
             if isinstance(ev, ReadyEvent):
                 ready.add(ev.source)
+                self.phases.part("start", ev.source, time.monotonic() - self.phases.mark)
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
         write_scrape_config(self.run_dir)
         self.phases.lap("start")

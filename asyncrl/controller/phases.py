@@ -2,12 +2,13 @@
 
 The phases follow the lifecycle (``asyncrl.controller.lifecycle``): ``prepare`` (the run
 directory, the starting model, the held-out prompts), ``start`` (every process started until all
-report ready), ``eval_before``, ``train`` (go until the learner's last step and its checkpoint),
-``drain`` (the dispatcher stopped, every generator serving the final weights), ``eval_after``,
-``stop`` (the rest of the dataflow stopped stage by stage; each stage's seconds in
-``phase_parts_s["stop"]``) and ``finish`` (the processes reaped, the summary written). They add up to the
-summary's ``total_wall_s``; the time before the controller starts (the interpreter and its
-imports) is the command's, not the run's. A restore during a phase counts in that phase.
+report ready; when each did, in ``phase_parts_s["start"]``), ``eval_before``, ``train`` (go until
+the learner's last step and its checkpoint), ``drain`` (the dispatcher stopped, every generator
+serving the final weights), ``eval_after``, ``stop`` (the rest of the dataflow stopped stage by
+stage; each stage's seconds in ``phase_parts_s["stop"]``) and ``finish`` (the processes reaped,
+the summary written). They add up to the summary's ``total_wall_s``; the time before the
+controller starts (the interpreter and its imports) is the command's, not the run's. A restore
+during a phase counts in that phase.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class PhaseClock:
         self.seconds: dict[str, float] = {}
         """Phase -> wall seconds, in the order the phases first came."""
         self.parts: dict[str, dict[str, float]] = {}
-        """Phase -> its parts' seconds (the stop's stages), within the phase's own."""
+        """Phase -> its parts' seconds (each process's start to ready, the stop's stages), within
+        the phase's own."""
 
     def lap(self, name: str) -> float:
         """Charge the time since the last lap to ``name``; returns that time."""

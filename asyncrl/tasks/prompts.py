@@ -36,9 +36,9 @@ from pydantic import Field, field_validator, model_validator
 from asyncrl.configbase import Config, UserValueError
 from asyncrl.tasks.answers import extract_gsm8k_answer
 from asyncrl.tasks.formatting import TOKENIZER_FILES, PromptFormatter
-from asyncrl.tasks.prompt_tokenizer import load_prompt_tokenizer
 from asyncrl.tasks.mixture import PRESETS, SourceConfig, check_task_name, interleave
 from asyncrl.tasks.prompt_length import fit_prompts
+from asyncrl.tasks.prompt_tokenizer import load_prompt_tokenizer
 from asyncrl.tasks.sources import (
     HF_PREFIX,
     DataConfig,

@@ -34,6 +34,7 @@ def run(tmp_path_factory):
         [
             f"run.root={root}",
             "run.name=it",
+            "run.num_generators=2",
             "run.console=quiet",
             f"learner.total_steps={STEPS}",
             "learner.broadcast_every=2",

@@ -153,6 +153,7 @@ def test_real_vllm_generators_and_a_deepspeed_learner_of_two_ranks_on_two_nodes(
             [
                 f"run.root={tmp_path}",
                 "run.name=vllm",
+                "run.num_generators=2",
                 "run.console=quiet",
                 "learner.total_steps=4",
                 "learner.ranks=2",  # one placement group, both bundles on the main node

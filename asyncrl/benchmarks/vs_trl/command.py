@@ -33,8 +33,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="demo")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                   help="a dotted override for every side (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted override for every side (repeatable)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="where the record and plot go")
     p.add_argument("--root", type=Path, default=Path("runs/bench_vs_trl"), help="run directories and the start model")
     p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
@@ -45,10 +51,25 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def machine(trl_threads: int) -> dict:
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return {"cpus": os.cpu_count(), "cpu": model, "torch": torch.__version__, "trl_threads": trl_threads,
-            "python": platform.python_version()}
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": model,
+        "torch": torch.__version__,
+        "trl_threads": trl_threads,
+        "python": platform.python_version(),
+    }
 
 
 def run_side(side: str, seed: int, workload, model: Path, args) -> SideRun:
@@ -59,7 +80,9 @@ def run_side(side: str, seed: int, workload, model: Path, args) -> SideRun:
     log = args.root / f"{name}.log"
     if side == "trl":
         out = args.root / f"{name}.json"
-        command = trl_command(workload.recipe, out, common)
+        cfg = workload.config("async", tuple(args.extra))
+        every = cfg.eval.every_versions or cfg.learner.total_steps
+        command = trl_command(workload.recipe, out, common, every)
         os.environ["OMP_NUM_THREADS"] = str(args.trl_threads)  # the child's only: restored below
         try:
             wall = launch(command, log, args.timeout_s)
@@ -84,12 +107,22 @@ def main(argv: list[str] | None = None) -> int:
     model = start_model(workload, args.root / "models")
     runs = []
     for i, seed in enumerate(args.seeds):
-        order = args.sides[i % len(args.sides):] + args.sides[: i % len(args.sides)]
+        order = args.sides[i % len(args.sides) :] + args.sides[: i % len(args.sides)]
         for side in order:
             run = run_side(side, seed, workload, model, args)
-            print(json.dumps({"side": side, "seed": seed, "command_s": round(run.command_s, 1),
-                              "first_step_s": round(run.first_step_s, 1), "before": run.curve[0].accuracy,
-                              "after": run.final}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "side": side,
+                        "seed": seed,
+                        "command_s": round(run.command_s, 1),
+                        "first_step_s": round(run.first_step_s, 1),
+                        "before": run.curve[0].accuracy,
+                        "after": run.final,
+                    }
+                ),
+                flush=True,
+            )
             runs.append(run)
     result = record(workload, runs, machine(args.trl_threads))
     path = args.out / f"vs_trl_{workload.name}.json"

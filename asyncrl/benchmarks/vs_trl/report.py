@@ -47,9 +47,7 @@ def compare(runs: list[SideRun]) -> dict:
                 [t / trl[seed].command_s if t is not None else None for seed, t in to_trl.items()]
             )
             figures["reached_trl_final"] = sum(t is not None for t in to_trl.values())
-            figures["command_s_over_trl"] = spread(
-                [r.command_s / trl[r.seed].command_s for r in mine if r.seed in trl]
-            )
+            figures["command_s_over_trl"] = spread([r.command_s / trl[r.seed].command_s for r in mine if r.seed in trl])
         out[side] = figures
     return out
 

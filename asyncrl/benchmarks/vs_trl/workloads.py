@@ -16,8 +16,16 @@ from asyncrl.config import RunConfig, load_config
 
 ASYNC_MODE: tuple[str, ...] = ()
 """asyncrl as the recipe says: generators run ahead of the learner within ``buffer.max_staleness``."""
-SYNC_MODE = ("buffer.max_staleness=0", "learner.broadcast_every=1")
-"""asyncrl on-policy: every batch sampled by the weights it trains (each version published)."""
+SYNC_MODE = (
+    "buffer.max_staleness=0",
+    "learner.broadcast_every=1",
+    "buffer.sampler=fifo",
+    "algorithm.std_estimator=unbiased",
+)
+"""asyncrl on-policy with trl's objective: every batch sampled by the weights it trains (each
+version published), every group trained in the order sampled (no priorities), advantages divided
+by the unbiased group std as trl divides them. Loss aggregation, learning rate and schedule,
+optimizer, clipping and seeds are the recipe's on both sides (``trl_objective`` maps them)."""
 MODES = {"async": ASYNC_MODE, "sync": SYNC_MODE}
 
 
