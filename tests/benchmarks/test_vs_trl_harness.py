@@ -72,11 +72,11 @@ def test_an_asyncrl_curve_is_placed_on_the_commands_clock(tmp_path):
     assert run.time_to(0.7) == pytest.approx(go + 3.0) and run.time_to(0.9) is None
 
 
-def test_trl_gives_back_the_benchmarks_own_evaluations(tmp_path):
+def test_trl_gives_back_every_evaluation_of_the_benchmarks(tmp_path):
     write_trl_record(tmp_path / "trl.json", [(0, 0.5), (4, 0.75), (8, 0.8)], eval_s=1.0)
     run = read_trl_run(0, tmp_path / "trl.json", wall_s=25.0)
-    assert run.command_s == pytest.approx(24.0)  # the evaluation at step 4 was the benchmark's
-    assert [p.t for p in run.curve] == pytest.approx([10.0, 15.0, 19.0])  # + the one before, as asyncrl's
+    assert run.command_s == pytest.approx(22.0)  # three held-out rounds of 1 s each taken off
+    assert [p.t for p in run.curve] == pytest.approx([10.0, 14.0, 18.0])  # trl's own clock, without them
     assert run.final == 0.8 and run.samples_per_s() == pytest.approx(512 / 7.0)
 
 
@@ -90,9 +90,8 @@ def test_asyncrl_is_compared_with_trl_seed_by_seed(tmp_path):
     figures = compare(runs)["async"]
     assert figures["reached_trl_final"] == 1  # seed 1 never reached trl's 0.9
     assert figures["s_to_trl_final_accuracy"] == {0: pytest.approx(17.5), 1: None}
-    assert figures["s_to_trl_final_over_trl_command_s"]["median"] == pytest.approx(
-        17.5 / 20.0
-    )  # no evaluation of its own to give back
+    # trl's command: 20 s less its two held-out rounds of 1 s
+    assert figures["s_to_trl_final_over_trl_command_s"]["median"] == pytest.approx(17.5 / 18.0)
     assert figures["accuracy_after"]["median"] == pytest.approx(0.85)
     plot(runs, tmp_path / "plot.png", "test")
     assert (tmp_path / "plot.png").stat().st_size > 0

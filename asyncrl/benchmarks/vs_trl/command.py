@@ -44,6 +44,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="where the record and plot go")
     p.add_argument("--root", type=Path, default=Path("runs/bench_vs_trl"), help="run directories and the start model")
     p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument(
+        "--report-only", action="store_true", help="no runs: the record and plot again from the runs in --root"
+    )
     p.add_argument("--timeout-s", type=float, default=3600.0, help="longest a single run may take")
     return p.parse_args(argv)
 
@@ -51,47 +54,54 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def machine(trl_threads: int) -> dict:
     import torch
 
-    model = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor(),
-        )
-        if Path("/proc/cpuinfo").exists()
-        else ""
-    )
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [
+        line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+    ]
     return {
         "cpus": os.cpu_count(),
-        "cpu": model,
+        "cpu": names[0] if names else platform.processor(),
         "torch": torch.__version__,
         "trl_threads": trl_threads,
         "python": platform.python_version(),
     }
 
 
-def run_side(side: str, seed: int, workload, model: Path, args) -> SideRun:
-    from asyncrl.benchmarks.vs_trl.trl_side import read_trl_run, trl_command
+def run_side(side: str, seed: int, workload, model: Path, args) -> None:
+    """Launch one side's command; its wall seconds go beside its log (``NAME.wall``)."""
+    from asyncrl.benchmarks.vs_trl.trl_side import trl_command
 
     name = f"{workload.name}-{side}-s{seed}"
     common = [*workload.overrides, *args.extra, f"model.path={model}", "model.warm_start=false", f"run.seed={seed}"]
     log = args.root / f"{name}.log"
     if side == "trl":
-        out = args.root / f"{name}.json"
         cfg = workload.config("async", tuple(args.extra))
         every = cfg.eval.every_versions or cfg.learner.total_steps
-        command = trl_command(workload.recipe, out, common, every)
-        os.environ["OMP_NUM_THREADS"] = str(args.trl_threads)  # the child's only: restored below
+        command = trl_command(workload.recipe, args.root / f"{name}.json", common, every)
+        before = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(args.trl_threads)  # for trl's process only
         try:
             wall = launch(command, log, args.timeout_s)
         finally:
-            os.environ["OMP_NUM_THREADS"] = "1"
-        return read_trl_run(seed, out, wall)
-    overrides = [*common, *MODES[side], f"run.root={args.root}", f"run.name={name}", "run.console=plain"]
-    wall = launch(asyncrl_command(workload.recipe, overrides), log, args.timeout_s)
-    return read_asyncrl_run(side, seed, args.root / name, wall)
+            if before is None:
+                del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = before
+    else:
+        overrides = [*common, *MODES[side], f"run.root={args.root}", f"run.name={name}", "run.console=plain"]
+        wall = launch(asyncrl_command(workload.recipe, overrides), log, args.timeout_s)
+    (args.root / f"{name}.wall").write_text(f"{wall!r}\n")
+
+
+def read_side(side: str, seed: int, workload, root: Path) -> SideRun:
+    """One run's record, from what its command left in ``root``."""
+    from asyncrl.benchmarks.vs_trl.trl_side import read_trl_run
+
+    name = f"{workload.name}-{side}-s{seed}"
+    wall = float((root / f"{name}.wall").read_text())
+    if side == "trl":
+        return read_trl_run(seed, root / f"{name}.json", wall)
+    return read_asyncrl_run(side, seed, root / name, wall)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
             workload.config(side, tuple(args.extra))
     args.root.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    model = start_model(workload, args.root / "models")
+    model = None if args.report_only else start_model(workload, args.root / "models")
     runs = []
     for i, seed in enumerate(args.seeds):
         order = args.sides[i % len(args.sides) :] + args.sides[: i % len(args.sides)]
         for side in order:
-            run = run_side(side, seed, workload, model, args)
+            if not args.report_only:
+                run_side(side, seed, workload, model, args)
+            run = read_side(side, seed, workload, args.root)
             print(
                 json.dumps(
                     {
