@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +75,13 @@ def test_trl_side_trains_and_reports(tmp_path):
     overrides = [f"model.path={model}", "model.warm_start=false", "learner.total_steps=3", "learner.batch_groups=2"]
     overrides += ["sampling.n=4", "eval.num_prompts=8", rewards]
     env = {**os.environ, "ASYNCRL_BENCH_T0": str(time.time()), "OMP_NUM_THREADS": "1"}
+    # A caller's rank rendezvous, its port held (as a test worker whose in-process learner set
+    # them leaves them): trl's one process must not try to join it.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = str(held.getsockname()[1])
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     cmd = [
         sys.executable,
         "-m",
@@ -84,7 +92,10 @@ def test_trl_side_trains_and_reports(tmp_path):
         "--eval-every",
         "2",
     ]
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=300)
+    try:
+        subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=300)
+    finally:
+        held.close()
 
     result = json.loads(out.read_text())
     assert [e["step"] for e in result["curve"]] == [0, 2, 3]  # before, every 2 steps, after the last

@@ -35,6 +35,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from asyncrl.benchmarks.vs_trl import trl_objective
 from asyncrl.models.hf_eval import greedy_generate
 
+RENDEZVOUS_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""torch.distributed's environment rendezvous, which trl's one process must not inherit."""
 EVAL_BATCH = 250
 """Prompts per greedy decoding batch."""
 
@@ -198,6 +200,11 @@ def process_start() -> float:
 def run(recipe: str, overrides: list[str], every: int) -> TrlResult:
     """Train the recipe's run with trl and measure it (see the module's docstring)."""
     clock = Clock(float(os.environ.get("ASYNCRL_BENCH_T0") or process_start()))
+    # One process, no process group: a rank's rendezvous inherited from whoever started this (a
+    # launcher, a test worker whose in-process learner set them) would make accelerate open a
+    # group on a port that caller still holds.
+    for key in RENDEZVOUS_ENV:
+        os.environ.pop(key, None)
     import transformers
     import trl
     from datasets import Dataset
