@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         for side in order:
             if not args.report_only:
                 run_side(side, seed, workload, model, args)
+            elif not (args.root / f"{workload.name}-{side}-s{seed}.wall").is_file():
+                print(f"no run of {side}, seed {seed} in {args.root}: left out", file=sys.stderr)
+                continue
             run = read_side(side, seed, workload, args.root)
             print(
                 json.dumps(
