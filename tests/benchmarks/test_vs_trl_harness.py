@@ -103,3 +103,43 @@ def test_every_workload_loads_in_both_of_asyncrls_modes():
         assert sync.buffer.max_staleness == 0 and sync.learner.broadcast_every == 1
         assert sync.buffer.sampler == "fifo" and sync.algorithm.std_estimator == "unbiased"
         assert workload.config("async").eval.every_versions
+
+
+def test_a_record_keeps_the_runs_an_invocation_did_not_make(tmp_path, monkeypatch):
+    """Seeds run one invocation at a time: each adds its runs to the record, replacing only its own."""
+    from asyncrl.benchmarks.vs_trl import command
+
+    monkeypatch.setattr(command, "machine", lambda threads: {"cpus": 2})
+    root, out = tmp_path / "root", tmp_path / "out"
+    root.mkdir()
+
+    def place(side, seed, accuracies, wall_s):
+        write_asyncrl_run(root / f"demo-{side}-s{seed}", accuracies)
+        (root / f"demo-{side}-s{seed}.wall").write_text(f"{wall_s!r}\n")
+
+    def report(seeds):
+        argv = [
+            "--workload",
+            "demo",
+            "--report-only",
+            "--sides",
+            "async",
+            "sync",
+            "--root",
+            str(root),
+            "--out",
+            str(out),
+        ]
+        assert command.main([*argv, "--seeds", *map(str, seeds)]) == 0
+        runs = json.loads((out / "vs_trl_demo.json").read_text())["runs"]
+        return {(r["side"], r["seed"]): r["command_s"] for r in runs}
+
+    place("async", 0, [(0, 0.5), (8, 0.8)], 33.0)
+    place("sync", 0, [(0, 0.5), (8, 0.8)], 40.0)
+    assert report([0]) == {("async", 0): 33.0, ("sync", 0): 40.0}
+    for name in ("demo-async-s0", "demo-sync-s0"):  # the first runs' directories are gone
+        (root / f"{name}.wall").unlink()
+    place("sync", 1, [(0, 0.5), (8, 0.7)], 41.0)
+    assert report([1]) == {("async", 0): 33.0, ("sync", 0): 40.0, ("sync", 1): 41.0}
+    (root / "demo-sync-s1.wall").write_text("45.0\n")  # run again: replaces its own record only
+    assert report([1]) == {("async", 0): 33.0, ("sync", 0): 40.0, ("sync", 1): 45.0}

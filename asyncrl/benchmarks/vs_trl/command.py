@@ -7,6 +7,9 @@ Every run is a whole command launched from here and timed from its launch
 with the seed so that a neighbour's load on a shared machine falls on each side alike. The
 record (``bench/results/vs_trl_<workload>.json``) holds every run's held-out curve and where its
 time went, and the comparison (``asyncrl.benchmarks.vs_trl.report``); the plot sits beside it.
+A record accumulates: the runs of this invocation (or, with ``--report-only``, those found in
+``--root``) replace the record's runs of the same side and seed, and its other runs are kept, so
+seeds and sides can be run one invocation at a time.
 
 trl runs in one process and uses the machine's cores through torch's threads
 (``--trl-threads``, by default every core asyncrl's processes share); asyncrl's processes each
@@ -22,7 +25,7 @@ import platform
 import sys
 from pathlib import Path
 
-from asyncrl.benchmarks.vs_trl.runs import SideRun, asyncrl_command, launch, read_asyncrl_run
+from asyncrl.benchmarks.vs_trl.runs import SideRun, asyncrl_command, launch, read_asyncrl_run, side_run
 from asyncrl.benchmarks.vs_trl.workloads import MODES, WORKLOADS, start_model
 
 SIDES = ("trl", *MODES)
@@ -104,6 +107,17 @@ def read_side(side: str, seed: int, workload, root: Path) -> SideRun:
     return read_asyncrl_run(side, seed, root / name, wall)
 
 
+def kept_runs(path: Path, runs: list[SideRun]) -> list[SideRun]:
+    """The runs of the record at ``path`` (if any) whose side and seed ``runs`` do not hold."""
+    if not path.is_file():
+        return []
+    fresh = {(r.side, r.seed) for r in runs}
+    kept = [side_run(r) for r in json.loads(path.read_text())["runs"] if (r["side"], r["seed"]) not in fresh]
+    for r in kept:
+        print(f"kept from {path}: {r.side}, seed {r.seed}", file=sys.stderr)
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     from asyncrl.benchmarks.vs_trl.report import plot, record
 
@@ -139,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             runs.append(run)
-    result = record(workload, runs, machine(args.trl_threads))
     path = args.out / f"vs_trl_{workload.name}.json"
+    runs = kept_runs(path, runs) + runs
+    result = record(workload, runs, machine(args.trl_threads))
     path.write_text(json.dumps(result, indent=2))
     plot(runs, path.with_suffix(".png"), f"{workload.name}: held-out accuracy from the command")
     print(json.dumps(result["comparison"], indent=2))

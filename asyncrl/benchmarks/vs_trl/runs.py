@@ -66,6 +66,11 @@ class SideRun:
         return next((p.t for p in self.curve if p.accuracy >= accuracy - 1e-9), None)
 
 
+def side_run(record: dict) -> SideRun:
+    """A ``SideRun`` from its record (``dataclasses.asdict`` of one, as the benchmark's JSON holds it)."""
+    return SideRun(**{**record, "curve": [CurvePoint(**p) for p in record["curve"]]})
+
+
 def launch(command: list[str], log: Path, timeout_s: float) -> float:
     """Run ``command`` to its end (at most ``timeout_s``); its output to ``log``; returns its
     wall seconds. A failed run is an error naming its log."""
