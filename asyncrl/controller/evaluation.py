@@ -45,6 +45,8 @@ class Evaluations:
         self.records: list[dict] = []
         self.blocking_s = 0.0
         """Seconds the RL phase stood still for ``before`` / ``after``."""
+        self.on_before: Callable[[dict], None] | None = None
+        """Called with the ``before`` round's record when it ends (scored or failed)."""
 
     def poll(self, num_generators: int) -> None:
         """Offer requests and time out late ones (a duty of the event loop)."""
@@ -63,6 +65,13 @@ class Evaluations:
             if version < self.total_steps:
                 self.heldout.start(f"v{version}", version)
 
+    def start_before(self, num_generators: int) -> float:
+        """Open the ``before`` round without waiting for it (``eval.overlap_before``); returns its
+        bound in seconds (``HeldOutEvaluator.round_bound_s``), the longest the generators hold
+        their starting weights for it."""
+        self.heldout.start("before", 0)
+        return self.heldout.round_bound_s(num_generators)
+
     def run_round(self, label: str, version: int, next_event: NextEvent) -> dict:
         """Run an evaluation round to its end (each request bounded by its timeout, so the wait
         is too) and return its record; a periodic round still running is let finish first."""
@@ -80,6 +89,10 @@ class Evaluations:
         if record is None:
             return
         self.records.append(record)
+        if record["label"] == "before":
+            self.before = record["exact_match"]
+            if self.on_before is not None:
+                self.on_before(record)
         with open(self.run_dir / "evals.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         self.console.eval(record)

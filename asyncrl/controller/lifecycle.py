@@ -2,9 +2,10 @@
 learner's last step under the stall watchdog, stop stage by stage so nothing is lost; and the
 restore of the whole run from its last checkpoint when supervision asks for it.
 
-Start: every process reports ready, the generators score the held-out set with the weights they
-serve (``eval_before``), then the controller says go and the dispatcher starts handing out
-prompts. Stop: the dispatcher stops, every generator finishes the batch it is sampling and loads
+Start: every process reports ready, the controller says go and the dispatcher starts handing
+out prompts; the generators score the held-out set with the weights they started with
+(``eval_before``), beside the first learner steps (``eval.overlap_before``: they apply no
+publication until that round is answered) or, without overlap, before go. Stop: the dispatcher stops, every generator finishes the batch it is sampling and loads
 the final weights (so each reports serving the final version) and scores the held-out set
 (``eval_after``), the generators stop, then the reward workers drain their input, then the
 buffer takes the rest and reconciles, then the learner exits. Each stage reports its final
@@ -14,6 +15,7 @@ accounted for.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -39,7 +41,14 @@ from asyncrl.roles import ROLE_NAMES
 from asyncrl.rundir.ledger import LedgerWriter
 from asyncrl.weights.timeline import PublicationTimeline
 from asyncrl.wire.endpoints import free_ports
-from asyncrl.wire.messages import CheckpointPartEvent, Event, GoCommand, ReadyEvent, StepEvent
+from asyncrl.wire.messages import (
+    CheckpointPartEvent,
+    Event,
+    GoCommand,
+    ReadyEvent,
+    ReleaseWeightsCommand,
+    StepEvent,
+)
 
 log = logging.getLogger("asyncrl")
 
@@ -88,6 +97,10 @@ class Lifecycle:
         self.gpu_envs = gpu_envs(cfg)  # checked and logged before anything starts; a restore reuses it
         self.starts = 0
         """Calls of ``start_all`` so far (a restore during one starts another)."""
+        self.go = GoCommand()
+        """The go sent (again every ``GO_EVERY_S``): while the round before RL runs beside
+        training, one that holds the generators' starting weights (``eval.overlap_before``)."""
+        evaluations.on_before = self._before_answered
 
     def start_all(self, checkpoint: Path | None, evaluate_first: bool = False) -> None:
         """Start every component (from ``checkpoint`` when given) and say go once all are ready;
@@ -119,14 +132,16 @@ class Lifecycle:
         log.info("all %d processes ready: %s", len(ready), ", ".join(sorted(ready)))
         write_scrape_config(self.run_dir)
         self.phases.lap("start")
-        if evaluate_first:
-            record = self.evaluations.run_round("before", 0, self.pump.next)
+        self.go = GoCommand()
+        if evaluate_first and cfg.eval.overlap_before:  # beside the first steps, on the starting weights
+            self.go = GoCommand(hold_weights_s=self.evaluations.start_before(cfg.run.num_generators))
+        elif evaluate_first:
+            self.evaluations.run_round("before", 0, self.pump.next)
             if self.starts != start:
                 return
-            self.evaluations.before = record["exact_match"]
             self.phases.lap("eval_before")
         for _ in range(GO_REPEATS):
-            self.commands.broadcast(GoCommand())
+            self.commands.broadcast(self.go)
             time.sleep(0.01)
         self.progress.go_at = time.monotonic()
 
@@ -154,9 +169,18 @@ class Lifecycle:
                 warned = True  # the watchdog: say what everyone waits for long before giving up
                 self.log_waits(self.watch.waited())
             if time.monotonic() - last_go > GO_EVERY_S:
-                self.commands.broadcast(GoCommand())
+                self.commands.broadcast(self.go)
                 last_go = time.monotonic()
         self.supervisor.training = self.supervisor.supervising = False
+
+    def _before_answered(self, record: dict) -> None:
+        """The round before RL ended (``Evaluations.on_before``): its score kept for a resume and,
+        if it ran beside training, the generators' starting weights released."""
+        (self.run_dir / "eval_before.json").write_text(json.dumps(record["exact_match"]))
+        if self.go.hold_weights_s > 0:
+            self.go = GoCommand()
+            for _ in range(3):  # the subscribers are connected by now; a repeat costs nothing
+                self.commands.broadcast(ReleaseWeightsCommand(round="before"))
 
     def stop_in_order(self) -> None:
         """Stop stage by stage in dataflow order, each one's final reports in before the next."""

@@ -146,7 +146,7 @@ class Controller:
         try:
             evaluate_first = heldout is not None and cfg.eval.before and not self.resume
             lifecycle.start_all(lifecycle.restore_point() if self.resume else None, evaluate_first=evaluate_first)
-            if not self.resume:
+            if not self.resume:  # None while the round runs beside training: its end writes its score
                 (self.run_dir / "eval_before.json").write_text(json.dumps(evaluations.before))
             lifecycle.train()
             lifecycle.stop_in_order()

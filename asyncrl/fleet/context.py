@@ -23,7 +23,16 @@ from asyncrl.observability.procmem import tree_peak_rss_bytes
 from asyncrl.rundir.ledger import LedgerWriter
 from asyncrl.wire import security
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import EVENTS, Control, Event, FinalReport, GoCommand, Message, StopCommand
+from asyncrl.wire.messages import (
+    EVENTS,
+    Control,
+    Event,
+    FinalReport,
+    GoCommand,
+    Message,
+    ReleaseWeightsCommand,
+    StopCommand,
+)
 from asyncrl.wire.sockets import StreamSender, Subscriber
 
 log = logging.getLogger(__name__)
@@ -51,6 +60,10 @@ class ProcessContext:
         self.control = Subscriber(self.endpoints.control, name=f"{name}.control")
         self._stop = False
         self._go = False
+        self.go_command: GoCommand | None = None
+        """The controller's go, once given (what it asks of the first weights: ``hold_weights_s``)."""
+        self.weights_released = False
+        """A generator's starting weights, held by the go, were released (``ReleaseWeightsCommand``)."""
         self._commands: list[Control] = []
         self.started = time.monotonic()
         self.ledger = LedgerWriter(self.run_dir, name, self.cfg.checkpoint.ledger_segment_bytes)
@@ -107,6 +120,9 @@ class ProcessContext:
                 self._stop = True
             elif isinstance(command, GoCommand):
                 self._go = True
+                self.go_command = command
+            elif isinstance(command, ReleaseWeightsCommand):
+                self.weights_released = True
             elif len(self._commands) < 1000:  # a flood of commands is bounded, not buffered
                 self._commands.append(command)
 

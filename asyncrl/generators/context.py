@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from asyncrl.rundir.ledger import GroupLedger
 from asyncrl.wire.endpoints import Endpoints
-from asyncrl.wire.messages import EvalResult, Event
+from asyncrl.wire.messages import EvalResult, Event, GoCommand
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -24,6 +24,10 @@ class GeneratorContext(Protocol):
     """The run's addresses (a generator binds none)."""
     ledger: GroupLedger
     """This process's ledger lines (``generated``, ``dropped``, ``returned``)."""
+    go_command: GoCommand | None
+    """The controller's go once given (``hold_weights_s``: ``asyncrl.generators.weights_hold``)."""
+    weights_released: bool
+    """The controller released the starting weights that its go held."""
 
     def emit(self, event: Event) -> None:
         """Send an event to the controller (bounded: see ``ProcessContext.emit``)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from asyncrl.generators.context import GeneratorContext
 from asyncrl.generators.weights_apply import apply_newest_weights
@@ -30,7 +31,15 @@ log = logging.getLogger(__name__)
 class InFlightApplier:
     """Applies announced weights to ``engine`` from a background thread (see the module docstring)."""
 
-    def __init__(self, engine, weights, probe: ProbeCheck | None, poll_s: float = 0.05, name: str = "generator"):
+    def __init__(
+        self,
+        engine,
+        weights,
+        probe: ProbeCheck | None,
+        poll_s: float = 0.05,
+        name: str = "generator",
+        held: Callable[[], bool] = lambda: False,
+    ):
         if poll_s <= 0:
             raise ValueError(f"poll_s ({poll_s}) must be > 0")
         self.engine = engine
@@ -38,6 +47,8 @@ class InFlightApplier:
         self.probe = probe
         self.poll_s = poll_s
         self.name = name
+        self.held = held
+        """True while publications must wait (``asyncrl.generators.weights_hold``)."""
         self.error: BaseException | None = None
         self._events: list[Event] = []
         self._lock = threading.Lock()
@@ -48,7 +59,8 @@ class InFlightApplier:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                apply_newest_weights(self.engine, self.weights, self, self.probe)
+                if not self.held():
+                    apply_newest_weights(self.engine, self.weights, self, self.probe)
             except BaseException as e:  # handed to the main thread by drain(): never swallowed
                 log.error("%s: applying weights in flight failed: %s: %s", self.name, type(e).__name__, e)
                 self.error = e

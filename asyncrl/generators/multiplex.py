@@ -128,6 +128,15 @@ class LoopContext:
         with self.lock:
             return self.parent.stop_requested()
 
+    @property
+    def go_command(self):
+        """The process's go (read by every loop: ``asyncrl.generators.weights_hold``)."""
+        return self.parent.go_command
+
+    @property
+    def weights_released(self) -> bool:
+        return self.parent.weights_released
+
 
 class _LockedLedger:
     def __init__(self, ledger, lock: threading.Lock):

@@ -19,6 +19,7 @@ from asyncrl.generators.context import GeneratorContext
 from asyncrl.generators.evaluation import EvalCounters, HeldForVersion
 from asyncrl.generators.groups import refuse_too_long
 from asyncrl.generators.weights_apply import apply_newest_weights
+from asyncrl.generators.weights_hold import WeightsHold
 from asyncrl.observability.metrics import (
     ENVIRONMENT_FAILURES,
     EPISODE_TOKENS,
@@ -69,11 +70,14 @@ class GeneratorParts:
             rank=gen_index + 1,
         )
         self.probe = ProbeCheck(cfg.weights.probe_atol, cfg.weights.probe_noise_factor) if cfg.weights.probe else None
+        self.hold = WeightsHold(ctx)  # the starting weights, while the round before RL is answered
         self.applier = None  # in_flight: a background thread swaps weights while requests run
         if cfg.weights.apply_mode == "in_flight":
             from asyncrl.generators.inflight import InFlightApplier
 
-            self.applier = InFlightApplier(engine, self.weights, self.probe, cfg.weights.poll_s, name=ctx.name)
+            self.applier = InFlightApplier(
+                engine, self.weights, self.probe, cfg.weights.poll_s, name=ctx.name, held=self.hold.held
+            )
         self.evals = None  # held-out evaluation requests from the controller (asyncrl.tasks.heldout)
         if getattr(ctx.endpoints, "evals", None) and cfg.eval.engine == "generators":
             receiver = EvalRequestReceiver(ctx.endpoints.evals, name=f"{ctx.name}.evals")
@@ -84,7 +88,7 @@ class GeneratorParts:
     def apply_weights(self) -> None:
         if self.applier is not None:
             self.applier.drain(self.ctx)  # report what was swapped in flight; raise what failed
-        else:
+        elif not self.hold.held():
             apply_newest_weights(self.engine, self.weights, self.ctx, self.probe)
 
     def refuse_too_long(self, rows: list[PromptRow]) -> list[PromptRow]:

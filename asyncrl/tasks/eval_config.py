@@ -49,6 +49,12 @@ class EvalConfig(Config):
     before and after RL only)."""
     before: bool = True
     """Evaluate the initial weights (as served) before the RL phase opens: ``eval_before``."""
+    overlap_before: bool = True
+    """Run that first round beside the first learner steps instead of before them: the
+    controller says go at once, and the generators keep serving the starting weights (a
+    publication waits) until the round is answered or its bound has passed
+    (``asyncrl.generators.weights_hold``), so it still scores version 0. False: every process
+    waits for the round before go (its seconds kept apart from the RL wall time)."""
     after: bool = True
     """Evaluate the final weights once every generator serves them: ``eval_after``."""
     every_versions: int | None = Field(None, ge=0)

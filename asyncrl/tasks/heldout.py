@@ -100,6 +100,14 @@ class HeldOutEvaluator:
         per_token = self.s_per_token if self.s_per_token is not None else self.cfg.initial_s_per_token
         return self.cfg.timeout_floor_s + self.cfg.timeout_factor * self.cfg.max_new_tokens * per_token
 
+    def round_bound_s(self, num_generators: int) -> float:
+        """The longest the current round can run before it is scored or has failed: its requests
+        in waves of ``num_generators × eval.max_outstanding``, each given ``timeout_s()`` and
+        offered ``eval.max_retries`` more times (scoring aside, which runs beside the answers)."""
+        window = max(1, num_generators) * self.cfg.max_outstanding
+        waves = -(-self.current.num_chunks // window)
+        return waves * self.timeout_s() * (self.cfg.max_retries + 1)
+
     def poll(self, num_generators: int) -> dict | None:
         """Take the scores that are ready, offer what the window allows, time out what is late.
         Returns the record of a round that ended just now (scored or failed), else None."""

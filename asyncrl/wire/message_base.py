@@ -17,6 +17,8 @@ from asyncrl.wire.schema import SCHEMA_VERSION
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
 """Seconds to wait: finite and > 0 (NaN and inf fail both bounds): nothing waits forever."""
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)]
+"""Finite and >= 0 (0 usually meaning: none)."""
 
 
 class Message(msgspec.Struct, kw_only=True, tag_field="kind"):

@@ -50,6 +50,7 @@ from asyncrl.wire.commands import (
     CheckpointCommand,
     CheckpointCommittedCommand,
     GoCommand,
+    ReleaseWeightsCommand,
     RequeueCommand,
     StopCommand,
 )
@@ -448,6 +449,7 @@ __all__ = [
     "OpenMessage",
     "PositiveSeconds",
     "PriorityUpdates",
+    "ReleaseWeightsCommand",
     "ProbeStats",
     "PromptRow",
     "Prompts",

@@ -41,7 +41,7 @@ def test_a_command_decodes_to_its_type():
     assert kind == "control" and isinstance(command, CheckpointCommand) and command.command == "checkpoint"
     assert (command.dir, command.version, command.roles, command.id) == ("/ckpt", 4, ["buffer"], "buffer@4")
     assert isinstance(decode(encode(StopCommand()))[1], StopCommand)
-    assert set(COMMANDS) == {"stop", "go", "requeue", "checkpoint", "checkpoint_committed"}
+    assert set(COMMANDS) == {"stop", "go", "release_weights", "requeue", "checkpoint", "checkpoint_committed"}
 
 
 @pytest.mark.parametrize(
