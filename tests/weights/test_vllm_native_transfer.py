@@ -68,8 +68,8 @@ def test_the_native_protocol_serves_new_weights_through_a_registered_backend():
     from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
     root = Path(tempfile.mkdtemp(prefix="native_wt_"))
-    model_a = build_tiny_model(TinyModelConfig(**bench.SHAPES["tiny"], seed=0), root / "a")
-    model_b = build_tiny_model(TinyModelConfig(**bench.SHAPES["tiny"], seed=1), root / "b")
+    model_a = build_tiny_model(TinyModelConfig(**bench.TINY, seed=0), root / "a")
+    model_b = build_tiny_model(TinyModelConfig(**bench.TINY, seed=1), root / "b")
     out = bench.protocol(model_a, model_b, versions=1, extra=dict(max_model_len=64, kv_cache_memory_bytes=64 << 20))
     diff = out["mean_abs_logprob_diff_vs_new_weights"]
     assert diff["before"] > 0.01, diff  # the two random models differ on the text
