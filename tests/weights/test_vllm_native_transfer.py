@@ -72,6 +72,9 @@ def test_the_native_protocol_serves_new_weights_through_a_registered_backend():
     model_b = build_tiny_model(TinyModelConfig(**bench.TINY, seed=1), root / "b")
     out = bench.protocol(model_a, model_b, versions=1, extra=dict(max_model_len=64, kv_cache_memory_bytes=64 << 20))
     diff = out["mean_abs_logprob_diff_vs_new_weights"]
-    assert diff["before"] > 0.01, diff  # the two random models differ on the text
-    assert diff["after"] < 1e-4, diff  # float32 on both sides: served = the file's weights
+    noise = max(diff["noise_on_old_weights"], 1e-5)  # engine against transformers on the same weights
+    assert diff["before"] > 20 * noise, diff  # the two random models differ on the text
+    assert diff["after"] < 3 * noise, diff  # served: the file's weights
+    cache = out["prefix_cache_after_finish"]  # the protocol keeps KV of the old weights: the caller resets
+    assert cache["cached_text_diff"] > 20 * noise and cache["after_reset_diff"] < 3 * noise, cache
     assert out["weight_version_served"] == "3"  # versions 1 (the cache check), 2, then the last load
