@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 def load_frozen_model(model_dir: str, device, dtype: torch.dtype, attn_implementation: str = "sdpa"):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+    )
     model.config.use_cache = False
     model.eval().requires_grad_(False)
     return model.to(device, dtype)

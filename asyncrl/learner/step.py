@@ -3,7 +3,8 @@
 1. ``collate_step``: the groups' shaped rewards and the padded batch; under truncation mode
    ``mask`` the truncated rows' tokens are out of the loss, and so are the tokens the buffer
    found too stale (``Sample.trained_from``; a row with none left is not a sequence of the loss).
-2. ``reference_logprobs``: log pi_ref of every response token, when there is a KL reference.
+2. ``reference_logprobs``: log pi_ref of every response token, when there is a KL reference,
+   by the policy's micro batches (packed rows when the policy's are; so are the critic's passes).
 3. ``write_advantages``: the advantages into the batch (per sequence from the groups; per
    token from the critic for ``gae``), less the KL penalty when it is in the reward; then the
    teacher's per-token term of on-policy distillation (``asyncrl.learner.distill``).

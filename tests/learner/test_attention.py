@@ -24,7 +24,9 @@ def test_flash_attention_without_its_package_is_refused_when_the_config_is_read(
         RunConfig(learner={"trainer": {"attn_implementation": "flash_attention_2"}})
     with pytest.raises(ValueError, match=r"pip install flash-attn"):
         check_attn_implementation("flash_attention_2")
-    with pytest.raises(ValueError, match=r"\(kernels-community/flash-attn3\) is a Hugging Face Hub kernel.*pip install kernels"):
+    with pytest.raises(
+        ValueError, match=r"\(kernels-community/flash-attn3\) is a Hugging Face Hub kernel.*pip install kernels"
+    ):
         check_attn_implementation("kernels-community/flash-attn3")
 
 

@@ -106,6 +106,25 @@ def test_reference_logprobs_on_packed_rows_equal_the_padded_ones(model_dir, batc
     close(scored(remote, batch, TOKENS, dist), padded)
 
 
+def test_the_lora_reference_on_packed_rows_equals_the_padded_one(model_dir, batch):
+    """With LoRA the reference is the policy's own base, its adapter off (``AdapterOffReference``)."""
+    from asyncrl.learner.adapter import AdapterOffReference
+    from asyncrl.learner.reference import load_frozen_model
+    from asyncrl.models.lora import LoraConfig, apply_lora
+
+    model = apply_lora(load_frozen_model(str(model_dir), torch.device("cpu"), torch.float32), LoraConfig(rank=4))
+    for name, p in model.named_parameters():  # B starts at 0; a nonzero adapter shows it is off
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)
+    reference = AdapterOffReference(model.train(), chunk_tokens=7)
+    dist = TokenDistribution()
+    padded = scored(reference, batch, None, dist)
+    close(scored(reference, batch, TOKENS, dist), padded)
+    base = ColocatedReference(str(model_dir), torch.device("cpu"))
+    close(padded, scored(base, batch, None, dist))
+    assert model.training  # back in the mode it was in
+
+
 def test_a_packed_request_with_positions_of_another_shape_is_rejected():
     from asyncrl.wire.messages import WantRefLogprobs
     from asyncrl.wire.schema import WireError

@@ -19,7 +19,17 @@ pytestmark = pytest.mark.slow  # DeepSpeed engines
 
 TOKENS = 30
 """The packed micro batches' token budget: two or three sequences to a row."""
-FIGURES = ("loss", "policy_loss", "entropy", "grad_norm", "ref_kl", "kl_coef", "value_loss", "value_mean", "return_mean")
+FIGURES = (
+    "loss",
+    "policy_loss",
+    "entropy",
+    "grad_norm",
+    "ref_kl",
+    "kl_coef",
+    "value_loss",
+    "value_mean",
+    "return_mean",
+)
 
 CASES = {
     "kl-loss": dict(kl={"coef": 0.2, "use_in": "loss", "estimator": "k3"}),
