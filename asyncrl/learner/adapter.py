@@ -91,7 +91,12 @@ class AdapterOffReference:
 
     @torch.no_grad()
     def logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor, dist: TokenDistribution
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        score_mask: torch.Tensor,
+        dist: TokenDistribution,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         was_training = self.module.training
         self.module.eval()  # as the frozen copy runs: no dropout
@@ -100,9 +105,10 @@ class AdapterOffReference:
                 scores = token_scores(
                     self.module,
                     input_ids,
-                    attention_mask,
+                    None if position_ids is not None else attention_mask,  # packed rows: the positions say
                     score_mask,
                     dist,
+                    position_ids=position_ids,
                     chunk_tokens=self.chunk_tokens,
                     entropy=False,
                 )

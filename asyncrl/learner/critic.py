@@ -16,6 +16,12 @@ group's importance weight.
 
 Alignment as in ``batch.py``: ``values[:, t]`` is V of the state at position t, the state in
 which ``input_ids[:, t + 1]`` is chosen, so values line up with ``response_mask``.
+
+The critic's passes run the policy's micro batches: packed several sequences to a row when
+``learner.trainer.micro_batch_tokens`` packs the policy's (``asyncrl.learner.packing``), the
+values moved back to the padded layout on the response tokens (``CriticTrainer.values``; GAE,
+V-trace and the value loss read no value off them), and the backbone runs the learner's
+attention implementation (``learner.trainer.attn_implementation``).
 """
 
 from __future__ import annotations
@@ -33,25 +39,34 @@ from asyncrl.learner.data_parallel import DataParallel
 from asyncrl.learner.deepspeed_setup import deepspeed_engine, init_learner_group
 from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.losses import value_loss
+from asyncrl.learner.packing import MicroBatchPlan, pack
 
 
 class ValueModel(torch.nn.Module):
     """A causal LM backbone and a linear head to one value per position: (B, L) ids -> (B, L)."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, attn_implementation: str = "sdpa"):
         super().__init__()
         from transformers import AutoModelForCausalLM
 
         # The causal LM's own backbone (its ``base_model``), without the LM head it is saved with.
-        self.backbone = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).base_model
+        self.backbone = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+        ).base_model
         self.backbone.config.use_cache = False
         hidden = self.backbone.config.hidden_size
         self.v_head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.v_head.weight)
         torch.nn.init.zeros_(self.v_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Packed rows come with ``position_ids`` restarting per sequence and no attention mask
+        (Hugging Face then keeps attention within each sequence, ``asyncrl.learner.packing``)."""
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1).float()  # (B, L)
 
 
@@ -85,11 +100,13 @@ def token_rewards(batch: TrainBatch, rewards: torch.Tensor) -> torch.Tensor:
 class CriticTrainer:
     """The value model's DeepSpeed engine; one optimizer step per batch, like the policy."""
 
-    def __init__(self, model_dir: str | Path, cfg: CriticConfig, trainer_cfg: TrainerConfig):
+    def __init__(self, model_dir: str | Path, cfg: CriticConfig, trainer_cfg: TrainerConfig, pad_id: int = 0):
         if not torch.distributed.is_initialized():
             init_learner_group(trainer_cfg.collective_timeout_s)
         self.cfg = cfg
-        model = ValueModel(model_dir)
+        self.pad_id = pad_id
+        """The token id after the last sequence of a packed row."""
+        model = ValueModel(model_dir, trainer_cfg.attn_implementation)
         if trainer_cfg.gradient_checkpointing:
             model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
@@ -103,6 +120,16 @@ class CriticTrainer:
         self.engine = deepspeed_engine(model, optimizer, trainer_cfg)
         self.device = self.engine.device
 
+    def values(self, micro: TrainBatch, plan: MicroBatchPlan | None = None) -> torch.Tensor:
+        """(b, l-1) V(s_t) of a micro batch (on the engine's device), with gradient: on its packed
+        rows when ``plan`` packs them, moved back to the padded layout on the response tokens (0
+        elsewhere); else on its padded rows."""
+        if plan is None or plan.placement is None:
+            return self.engine(micro.input_ids, micro.attention_mask)[:, :-1]
+        rows = pack(micro.input_ids, micro.attention_mask, micro.response_mask, plan, self.pad_id)
+        packed = self.engine(rows.input_ids, None, rows.position_ids)[:, :-1]  # (R, C-1)
+        return rows.unpack(packed, micro.response_mask)
+
     def advantages_and_step(
         self,
         micro_batches: list[TrainBatch],
@@ -111,9 +138,12 @@ class CriticTrainer:
         total_tokens: int,
         world: int = 1,
         fillers: int = 0,
+        plans: list[MicroBatchPlan] | None = None,
     ) -> tuple[list[torch.Tensor], dict[str, float]]:
         """Train the critic one step on the batch; return each micro batch's (b, l-1) advantages.
 
+        ``plans[i]``: how micro batch i's forward is laid out (packed or padded rows, ``values``);
+        None: all padded.
         ``log_rhos_per_micro[i]`` (log pi_prox - log mu) selects V-trace for that micro batch;
         None: GAE. The value loss is token-mean over the whole batch's ``total_tokens``; with
         ``world`` learner ranks each rank's share is scaled by it (DeepSpeed averages the ranks'
@@ -130,7 +160,7 @@ class CriticTrainer:
             micro = micro.to(self.device)
             mask = micro.response_mask
             self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
-            values = self.engine(micro.input_ids, micro.attention_mask)[:, :-1]  # (b, l-1)
+            values = self.values(micro, None if plans is None else plans[index])  # (b, l-1)
             old = values.detach()
             rewards = rewards.to(self.device)
             if log_rhos is None:
@@ -157,55 +187,56 @@ def critic_advantages(
     critic: CriticTrainer,
     algo: AlgorithmConfig,
     batch: TrainBatch,
-    bounds: list[tuple[int, int]],
+    plans: list[MicroBatchPlan],
     rewards: np.ndarray,
     ref_logprobs: list[torch.Tensor | None],
     weights,
     beta: float,
-    policy_logprobs: Callable[[TrainBatch], torch.Tensor],
+    policy_logprobs: Callable[[TrainBatch, MicroBatchPlan], torch.Tensor],
     fillers: int = 0,
     dp: DataParallel | None = None,
     version: int = 0,
 ) -> dict:
     """Per-token advantages from the critic (one critic step), written into ``batch.advantages``.
 
-    ``bounds``: the batch's micro batches (row ranges); ``rewards``: (B,) one shaped reward per
-    sequence; ``ref_logprobs``: the reference's logprobs per micro batch (None without one);
-    ``weights``: one importance weight per group, or None; ``policy_logprobs(micro)``: the
-    policy's (b, l-1) logprobs of a micro batch on the CPU, without gradient.
+    ``plans``: the batch's micro batches (rows ``lo:hi``, packed or padded: the policy's);
+    ``rewards``: (B,) one shaped reward per sequence; ``ref_logprobs``: the reference's logprobs
+    per micro batch (None without one); ``weights``: one importance weight per group, or None;
+    ``policy_logprobs(micro, plan)``: the policy's (b, l-1) logprobs of a micro batch on the
+    CPU, without gradient.
 
     Token rewards: the outcome reward on the last response token, minus beta * KL(mu, ref) on
     every token when ``kl.use_in`` is reward. V-trace targets use log(pi_prox / mu) from a
     no-grad forward pass of the policy. Then optional whitening over the batch's response
     tokens, and each group's importance weight. Returns the critic's stats.
 
-    With several learner ranks (``dp``) ``bounds`` are this rank's micro batches, the last
+    With several learner ranks (``dp``) ``plans`` are this rank's micro batches, the last
     ``fillers`` of them only there so that every rank runs as many critic passes (their loss is
     multiplied by 0, their advantages dropped); the advantages of every rank's rows are summed
     into every rank's batch before the whitening, and the stats summed over the ranks.
     """
     dp = dp if dp is not None else DataParallel()
-    micros = [batch.slice(lo, hi) for lo, hi in bounds]
+    micros = [batch.slice(plan.lo, plan.hi) for plan in plans]
     token_rewards_list, log_rhos = [], []
-    for (lo, hi), micro, ref in zip(bounds, micros, ref_logprobs):
-        r = token_rewards(micro, torch.from_numpy(rewards[lo:hi]))  # (b, l-1)
+    for plan, micro, ref in zip(plans, micros, ref_logprobs):
+        r = token_rewards(micro, torch.from_numpy(rewards[plan.lo : plan.hi]))  # (b, l-1)
         if ref is not None and algo.kl.use_in == "reward":
             r = r - beta * KL_ESTIMATORS[algo.kl.estimator](micro.behaviour_logprobs, ref.cpu()) * micro.response_mask
         token_rewards_list.append(r)
         if algo.critic.targets == "vtrace":
             with torch.no_grad():
-                lp = policy_logprobs(micro)
+                lp = policy_logprobs(micro, plan)
             log_rhos.append((lp - micro.behaviour_logprobs) * micro.response_mask)
         else:
             log_rhos.append(None)
     total_tokens = max(batch.num_tokens, 1)
     with dp.collective("critic step", version):
         advantages, stats = critic.advantages_and_step(
-            micros, token_rewards_list, log_rhos, total_tokens, dp.world, fillers
+            micros, token_rewards_list, log_rhos, total_tokens, dp.world, fillers, plans
         )
     batch.advantages.zero_()
-    for (lo, hi), adv in list(zip(bounds, advantages))[: len(bounds) - fillers]:
-        batch.advantages[lo:hi, : adv.shape[1]] = adv.cpu()
+    for plan, adv in list(zip(plans, advantages))[: len(plans) - fillers]:
+        batch.advantages[plan.lo : plan.hi, : adv.shape[1]] = adv.cpu()
     dp.all_sum(batch.advantages, "critic advantages", version)
     ranks = dp.all_gather(stats, "critic figures", version)
     stats = {key: sum(s[key] for s in ranks) for key in stats}

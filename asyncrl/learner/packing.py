@@ -8,7 +8,8 @@ by first fit into a row with room (a new row when none has room, a new micro bat
 are used up). A micro batch therefore computes at most ``micro_batch_tokens`` token slots (at
 least one row: a budget below the longest sequence gives one row per micro batch).
 
-The row length follows the attention kernel. Eager and SDPA attention compute a dense
+The row length follows the attention kernel (``learner.trainer.attn_implementation``,
+``asyncrl.learner.attention.varlen_attention``). Eager and SDPA attention compute a dense
 (row x row) score matrix under the block-diagonal mask, so rows are as long as the step's
 longest sequence: no row costs more attention than in the padded layout, and short answers
 share a row. Flash-attention's variable-length kernel costs only the sum of the sequences'
@@ -26,6 +27,9 @@ padded (b, l-1) layout, so the losses, their sequence-level aggregation and the 
 over the whole batch are exactly those of the padded computation. Which micro batch a sequence
 lands in does not matter for the loss (its normalisers are the whole batch's), so groups may be
 split across micro batches.
+
+The step's other forwards run the same micro batches, packed alike: the KL reference's
+(``asyncrl.learner.reference.micro_logprobs``) and the critic's (``CriticTrainer.values``).
 
 Without ``micro_batch_tokens`` a micro batch is ``micro_batch_size`` sequences, one per row.
 The step's ``padding_frac`` reports padded slots / computed slots either way.

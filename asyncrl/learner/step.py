@@ -3,7 +3,8 @@
 1. ``collate_step``: the groups' shaped rewards and the padded batch; under truncation mode
    ``mask`` the truncated rows' tokens are out of the loss, and so are the tokens the buffer
    found too stale (``Sample.trained_from``; a row with none left is not a sequence of the loss).
-2. ``reference_logprobs``: log pi_ref of every response token, when there is a KL reference.
+2. ``reference_logprobs``: log pi_ref of every response token, when there is a KL reference,
+   by the policy's micro batches (packed rows when the policy's are; so are the critic's passes).
 3. ``write_advantages``: the advantages into the batch (per sequence from the groups; per
    token from the critic for ``gae``), less the KL penalty when it is in the reward; then the
    teacher's per-token term of on-policy distillation (``asyncrl.learner.distill``).
@@ -54,6 +55,7 @@ from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.logprobs import TokenScores
 from asyncrl.learner.losses import aggregate, batch_weight_sums, compute_policy_loss, log_linear_proximal_logprobs
 from asyncrl.learner.packing import MicroBatchPlan, plan_micro_batches
+from asyncrl.learner.reference import micro_logprobs
 from asyncrl.learner.sharding import ShardPlan, shard_plan
 from asyncrl.learner.step_stats import add_micro_figures, merge_rank_figures, step_stats
 from asyncrl.learner.truncation import is_truncated
@@ -179,12 +181,6 @@ def micro_plans(trainer: TrainerParts, batch: TrainBatch, lo: int, hi: int) -> l
     return plans
 
 
-def micro_bounds(micro_batch_size: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Rows ``lo:hi`` cut into micro batches of ``micro_batch_size`` sequences (no packing:
-    the reference and the critic run on padded rows)."""
-    return [(a, min(a + micro_batch_size, hi)) for a in range(lo, hi, micro_batch_size)]
-
-
 def padded_plans(
     trainer: TrainerParts, batch: TrainBatch, ranges: list[list[tuple[int, int]]], filler_row: int
 ) -> list[tuple[MicroBatchPlan, bool]]:
@@ -202,19 +198,19 @@ def padded_plans(
 
 
 def reference_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor | None:
-    """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by
-    micro batches, each rank its own rows, summed into every rank's; None without a reference."""
+    """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by the
+    policy's micro batches (packed when its are: ``reference.micro_logprobs``), each rank its own
+    rows, summed into every rank's; None without a reference. No fillers: the reference's
+    forward is no DeepSpeed engine's, so it has no collective to keep in step."""
     if trainer.reference is None:
         return None
     out = torch.zeros_like(batch.behaviour_logprobs)
     with torch.no_grad():
         for start, stop in shards.own(trainer.dp.rank):
-            for lo, hi in micro_bounds(trainer.cfg.micro_batch_size, start, stop):
-                micro = batch.slice(lo, hi).to(trainer.device)
-                ref = trainer.reference.logprobs(  # (b, l-1)
-                    micro.input_ids, micro.attention_mask, micro.response_mask, trainer.distribution
-                )
-                out[lo:hi, : ref.shape[1]] = ref.cpu()
+            for plan in micro_plans(trainer, batch, start, stop):
+                micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
+                ref = micro_logprobs(trainer.reference, micro, plan, trainer.pad_id, trainer.distribution)  # (b, l-1)
+                out[plan.lo : plan.hi, : ref.shape[1]] = ref.cpu()
     return trainer.dp.all_sum(out, "reference logprobs", trainer.version)
 
 
@@ -235,25 +231,24 @@ def write_advantages(
         offsets = np.cumsum([0] + [len(g.samples) for g in groups])
         rewards = [r - beta * seq_kl[offsets[i] : offsets[i + 1]] for i, r in enumerate(rewards)]
     if algo.adv_estimator == "gae":
-        size, dp = trainer.cfg.micro_batch_size, trainer.dp
-        counts = [sum(len(micro_bounds(size, lo, hi)) for lo, hi in shards.own(r)) for r in range(dp.world)]
-        bounds = [b for lo, hi in shards.own(dp.rank) for b in micro_bounds(size, lo, hi)]
-        fillers = max(counts) - len(bounds)  # every rank runs as many critic passes
-        bounds += [(0, 1)] * fillers
+        dp = trainer.dp
+        # the policy's micro batches (packed when its are), fillers last: every rank runs as many critic passes
+        planned = padded_plans(trainer, batch, [shards.own(r) for r in range(dp.world)], filler_row=0)
+        plans = [plan for plan, _ in planned]
         micro_refs = [
-            None if ref is None else ref[lo:hi, : batch.slice(lo, hi).response_mask.shape[1]] for lo, hi in bounds
+            None if ref is None else ref[p.lo : p.hi, : batch.slice(p.lo, p.hi).response_mask.shape[1]] for p in plans
         ]
         return critic_advantages(
             trainer.critic,
             algo,
             batch,
-            bounds,
+            plans,
             np.concatenate(rewards),
             micro_refs,
             weights,
             beta,
-            policy_logprobs=lambda micro: trainer.score(micro.to(trainer.device), entropy=False).logprobs.cpu(),
-            fillers=fillers,
+            policy_logprobs=lambda micro, plan: trainer.score(micro.to(trainer.device), False, plan).logprobs.cpu(),
+            fillers=sum(filler for _, filler in planned),
             dp=dp,
             version=trainer.version,
         )

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from asyncrl.learner.adapter import AdapterOffReference, adapter_buckets, eval_mode, save_lora_final
+from asyncrl.learner.attention import varlen_attention
 from asyncrl.learner.batch import TrainBatch, collate
 from asyncrl.learner.checkpoint_io import load_policy_state, save_policy_state
 from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
@@ -151,7 +152,9 @@ class PolicyTrainer:
 
         # The full fp32 model is loaded on each rank, then DeepSpeed casts it (bf16) and, under
         # ZeRO-3, partitions it. Fine for models that fit in host memory once per rank.
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+        )
         model.config.use_cache = False
         if cfg.gradient_checkpointing:
             # Non-reentrant: works under ZeRO-3 and with inputs that need no gradient.
@@ -162,9 +165,10 @@ class PolicyTrainer:
         self.distribution = TokenDistribution(cfg.temperature, cfg.top_k, cfg.top_p)
         """The generators' sampling distribution, which every token is scored under."""
         # Packed rows: one per micro batch where attention is variable-length (flash-attention),
-        # else as long as the longest sequence (``asyncrl.learner.packing``).
-        self.row_tokens = cfg.micro_batch_tokens if "flash" in (model.config._attn_implementation or "") else None
-        """Token slots of a packed row (``micro_batch_tokens`` under flash-attention), else None."""
+        # else as long as the longest sequence (``asyncrl.learner.attention``, ``packing``).
+        self.row_tokens = cfg.micro_batch_tokens if varlen_attention(cfg.attn_implementation) else None
+        """Token slots of a packed row (``micro_batch_tokens`` under flash-attention), else None:
+        the policy's, the reference's and the critic's forwards share these micro batches."""
         optimizer = torch.optim.AdamW(
             trainable_parameters(model),  # all of them, or with LoRA the adapters alone
             lr=cfg.lr,
@@ -178,7 +182,7 @@ class PolicyTrainer:
         self.critic = None
         """The value model's trainer, for ``adv_estimator: gae``; None otherwise."""
         if self.algo.adv_estimator == "gae":
-            self.critic = CriticTrainer(self.model_dir, self.algo.critic, cfg)
+            self.critic = CriticTrainer(self.model_dir, self.algo.critic, cfg, self.pad_id)
         self.reference = None
         """Frozen reference policy (the starting weights) of the KL term or of online DPO; None when neither is used."""
         if self.algo.uses_reference:  # the KL term's, or online DPO's
@@ -190,7 +194,9 @@ class PolicyTrainer:
                 self.reference = AdapterOffReference(self.engine.module, cfg.logits_chunk_tokens)
             else:
                 dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-                self.reference = ColocatedReference(str(self.model_dir), self.device, dtype, cfg.logits_chunk_tokens)
+                self.reference = ColocatedReference(
+                    str(self.model_dir), self.device, dtype, cfg.logits_chunk_tokens, cfg.attn_implementation
+                )
 
     # -----------------------------------------------------------------------------------------
     # training

@@ -1,6 +1,8 @@
 """The policy trainer's section of the config (``learner.trainer``, ``TrainerConfig``): its
-optimiser, precision, ZeRO stage and batching. Declarations only, beside ``config.py`` (which
-imports it and is at its length limit); it imports only configbase, as ``config.py`` does.
+optimiser, precision, ZeRO stage, attention kernel and batching. Declarations only, beside
+``config.py`` (which imports it and is at its length limit); it imports only configbase, as
+``config.py`` does, and ``asyncrl.learner.attention`` (the standard library only) to check the
+attention implementation when the config is read.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.configbase import Config
+from asyncrl.learner.attention import check_attn_implementation
 
 
 class TrainerConfig(Config):
@@ -51,6 +54,12 @@ class TrainerConfig(Config):
     """The generators' top-p nucleus, applied likewise (``asyncrl.learner.logprobs``); 1: off (set from ``sampling.top_p``)."""
     logits_chunk_tokens: int = 512
     """Scored tokens per LM-head call: the learner never holds more than this many positions' logits (forward or backward)."""
+    attn_implementation: str = "sdpa"
+    """Hugging Face's attention kernel for every model the learner loads (the policy, the critic,
+    the KL reference, the offline learners): sdpa, eager, flex_attention, flash_attention_2/3/4
+    or a Hub kernel ``org/repo``; refused when the config is read if its package is not installed
+    (``asyncrl.learner.attention``). Packed rows (``micro_batch_tokens``) are one row per micro
+    batch under flash-attention, else as long as the step's longest sequence."""
     gradient_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward instead of keeping them (less memory, ~1/3 more compute)."""
     zero_bucket_elements: int | None = Field(None, ge=1)
@@ -73,6 +82,11 @@ class TrainerConfig(Config):
         if v not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage ({v}) must be 0, 1, 2 or 3")
         return v
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _check_attn_implementation(cls, v: str) -> str:
+        return check_attn_implementation(v)
 
     @field_validator("lr", "temperature")
     @classmethod

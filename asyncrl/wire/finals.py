@@ -143,7 +143,8 @@ class ReferenceFinal(FinalReport, kw_only=True, tag="reference_final"):
     """Requests the reference process served."""
 
     served: int
-    """Micro batches of reference logprobs served."""
+    """Rows of reference logprobs served: one per sequence, or per packed row of several
+    (``learner.trainer.micro_batch_tokens``)."""
 
 
 FINALS: dict[str, type[FinalReport]] = {

@@ -289,6 +289,15 @@ class WantRefLogprobs(Exchange, tag="want_ref_logprobs"):
     temperature: float
     top_k: int
     top_p: float
+    position_ids: np.ndarray | None = None
+    """(B, L) with packed rows (several sequences to a row, ``asyncrl.learner.packing``): each
+    sequence's positions from 0, attention kept within each; the mask is then ignored. None:
+    one right-padded sequence per row, positions from the mask."""
+
+    def check(self) -> None:
+        shape = np.shape(self.input_ids)
+        if self.position_ids is not None and np.shape(self.position_ids) != shape:
+            raise WireError("bad_fields", f"position_ids shape {np.shape(self.position_ids)} is not input_ids' {shape}")
 
 
 class RefLogprobs(Exchange, tag="ref_logprobs"):

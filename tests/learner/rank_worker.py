@@ -56,6 +56,9 @@ CASES |= {
 CASES |= {
     "z0-token-mean": (0, {}, {}, 1, 1),
     "z2-packed": (2, {"micro_batch_tokens": 40}, {}, 1, 1),
+    # the reference's and the critic's forwards on the policy's packed rows, the critic's fillers too
+    "z2-packed-critic-kl": (2, {"micro_batch_tokens": 40}, {**CRITIC, **KL_REWARD}, 1, 1),
+    "z3-packed-critic-kl": (3, {"micro_batch_tokens": 40}, {**CRITIC, **KL_LOSS}, 1, 1),
     "z2-reinforce-pp": (2, {}, {"adv_estimator": "reinforce_pp"}, 1, 1),
     "z2-token-sum-kl-entropy": (2, {}, {"loss_agg_mode": "token-sum", "entropy_coef": 0.01, **KL_LOSS}, 1, 1),
     # the importance weights' mean is the whole mini-batch's, gathered from both ranks

@@ -98,7 +98,9 @@ class OfflineLoop:
         self.task = cfg.eval.task or ("addition" if cfg.data.train == ADDITION else "gsm8k")
 
         self.hf_config = AutoConfig.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=torch.float32, attn_implementation=self.trainer_cfg.attn_implementation
+        )
         model.config.use_cache = False
         if self.trainer_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

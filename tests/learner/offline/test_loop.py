@@ -124,3 +124,25 @@ def test_lora_trains_adapters_only_resumes_and_exports_the_adapter(tmp_path, zer
     run("sft", tmp_path, "lora", "--resume", "training.steps=3")
     assert main(["export", str(tmp_path / "lora"), str(tmp_path / "exported")]) == 0
     assert (tmp_path / "exported" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_the_model_runs_the_configured_attention(tmp_path, monkeypatch):
+    """learner.trainer.attn_implementation reaches the offline learner's model (and packs with eager)."""
+    from transformers import AutoModelForCausalLM
+
+    loaded, original = [], AutoModelForCausalLM.from_pretrained
+
+    def recording(*args, **kwargs):
+        model = original(*args, **kwargs)
+        loaded.append(model.config._attn_implementation)
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recording)
+    overrides = (
+        "training.steps=1",
+        "learner.trainer.attn_implementation=eager",
+        "learner.trainer.micro_batch_tokens=40",
+    )
+    summary = run("sft", tmp_path, "eager", *overrides)
+    assert summary["steps"] == 1 and loaded == ["eager"]
