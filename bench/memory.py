@@ -23,7 +23,8 @@ import os
 import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+if "cuda" not in sys.argv:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -70,6 +71,9 @@ def main() -> None:
     m = sub.add_parser("measure", help="measured against predicted, here (CPU: device = host)")
     m.add_argument("--shape", default="bench-0.1b")
     m.add_argument("--steps", type=int, default=2, help="learner steps (the first allocates AdamW's moments)")
+    m.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, the CUDA allocator's peak"
+    )
     m.add_argument("--out", type=Path, default=RESULTS / "memory_measured.json")
     setup_arguments(m, quick_setup())
     t = sub.add_parser("table", help="7 B and 32 B on 8 GPUs of 80 and 141 GB")
@@ -96,10 +100,11 @@ def measure_command(args) -> None:
     from asyncrl.benchmarks.memory_measure import measure
     from asyncrl.benchmarks.provenance import measured_commit
 
-    result = measure(shape(args.shape), setup_of(args), steps=args.steps)
+    result = measure(shape(args.shape), setup_of(args), steps=args.steps, device=args.device)
     result["load_average"] = os.getloadavg()
     result["commit"] = measured_commit()
-    result["machine"] = "2-core CPU, 24 GiB, shared (device = host)"
+    if args.device == "cpu":
+        result["machine"] = "2-core CPU, 24 GiB, shared (device = host)"
     print(json.dumps({k: v for k, v in result.items() if k not in ("predicted", "ranks")}, indent=2))
     runs = json.loads(args.out.read_text())["runs"] if args.out.exists() else []
     runs = [r for r in runs if (r["shape"], r["setup"]) != (result["shape"], result["setup"])] + [result]

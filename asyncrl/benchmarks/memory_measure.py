@@ -7,9 +7,11 @@ runs in a fresh process (``python -m asyncrl.benchmarks.memory_measure``, starte
 - ``baseline``: its RSS once torch, transformers and DeepSpeed are imported, before any model;
 - ``load_peak``: the RSS high-water mark (``VmHWM``) through ``PolicyTrainer``'s construction
   (the fp32 model loaded whole, then DeepSpeed's engine), over the baseline;
-- ``train_peak``: the high-water mark through ``warmup + steps`` learner steps (reset through
-  ``/proc/self/clear_refs`` once the trainer is built), over the baseline: the number the model's
-  device peak predicts (``device`` + ``host`` components: one memory here).
+- ``train_peak``: the high-water mark through ``steps`` learner steps (reset through
+  ``/proc/self/clear_refs`` once the trainer is built; the first step allocates AdamW's moments),
+  over the baseline: the number the model's training peak predicts (``device`` + ``host``
+  components: one memory here). On a GPU (``device="cuda"``) the same figures come from the CUDA
+  allocator's statistics, against the device components alone.
 
 glibc keeps freed blocks below its mmap threshold in its heaps, so a resident set measures what
 the allocator once held rather than what the tensors hold; the ranks run with
@@ -93,14 +95,27 @@ def _groups(setup: LearnerSetup, vocab: int, rank_groups: int) -> list:
     return groups
 
 
+def trainer_extras(setup: LearnerSetup) -> dict:
+    """``TrainerConfig`` keys for the options main does not have yet: offload
+    (``learner.trainer.offload``) and the attention implementation; set only when asked for, so
+    that on a tree without them the config names the missing key."""
+    extras = {}
+    if setup.optimizer_offload != "none" or setup.param_offload != "none":
+        extras["offload"] = {"optimizer": setup.optimizer_offload, "params": setup.param_offload}
+    if setup.attention != "sdpa":
+        extras["attn_implementation"] = {"flash": "flash_attention_2"}.get(setup.attention, setup.attention)
+    if setup.sequence_parallel != 1:
+        raise ValueError(f"sequence_parallel ({setup.sequence_parallel}): the measurement runs one rank per sequence")
+    return extras
+
+
 def rank_main(model_dir: Path, setup: LearnerSetup, steps: int, out: Path) -> None:
     """One rank (RANK/WORLD_SIZE/MASTER_* from the environment): build, step, write its figures."""
+    import deepspeed.runtime.zero.stage3  # noqa: F401
+    import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
     import torch
     import torch._dynamo  # noqa: F401  (the trainer imports it: ~100 MB of code and tables)
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
-
-    import deepspeed.runtime.zero.stage3  # noqa: F401
-    import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from asyncrl.learner.config import TrainerConfig
@@ -108,7 +123,22 @@ def rank_main(model_dir: Path, setup: LearnerSetup, steps: int, out: Path) -> No
     from asyncrl.learner.trainer import PolicyTrainer
 
     init_learner_group(600.0)
-    baseline = _status_bytes("VmRSS")  # everything imported, the process group joined, no model
+    cuda = torch.cuda.is_available()
+
+    def held() -> int:  # the device's bytes: the CUDA allocator's, or the process's resident set
+        return torch.cuda.memory_allocated() if cuda else _status_bytes("VmRSS")
+
+    def peak() -> int:
+        return torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")
+
+    def reset_peak() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+    baseline = held()  # everything imported, the process group joined, no model
+    host_baseline = _status_bytes("VmRSS")
     cfg = TrainerConfig(
         zero_stage=setup.zero_stage,
         dtype=setup.dtype,
@@ -117,33 +147,45 @@ def rank_main(model_dir: Path, setup: LearnerSetup, steps: int, out: Path) -> No
         logits_chunk_tokens=setup.logits_chunk_tokens,
         gradient_checkpointing=setup.gradient_checkpointing,
         zero_bucket_elements=setup.bucket_elements,
+        **trainer_extras(setup),
     )
     started = time.perf_counter()
     trainer = PolicyTrainer(model_dir, cfg)
-    load_peak = _status_bytes("VmHWM") - baseline
-    built = _status_bytes("VmRSS") - baseline
+    load_peak = peak() - baseline
+    load_host_peak = _status_bytes("VmHWM") - host_baseline
+    built = held() - baseline
     groups = _groups(setup, trainer.hf_config.vocab_size, setup.ranks)
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    reset_peak()
     seconds = []
     for _ in range(steps):
         start = time.perf_counter()
         trainer.train_step(groups)
+        if cuda:
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     result = {
         "rank": trainer.dp.rank,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "baseline_bytes": baseline,
         "load_peak_bytes": load_peak,
+        "load_host_peak_bytes": load_host_peak,
         "built_bytes": built,
-        "train_peak_bytes": _status_bytes("VmHWM") - baseline,
-        "end_bytes": _status_bytes("VmRSS") - baseline,
+        "train_peak_bytes": peak() - baseline,
+        "train_host_peak_bytes": _status_bytes("VmHWM") - host_baseline,
+        "end_bytes": held() - baseline,
         "step_seconds": [round(s, 3) for s in seconds],
         "wall_s": round(time.perf_counter() - started, 1),
     }
     out.write_text(json.dumps(result))
 
 
-def measure(shape: ModelShape, setup: LearnerSetup, steps: int = 2, model_dir: Path | None = None) -> dict:
-    """Run ``setup.ranks`` ranks on a model of ``shape`` and return measured against predicted."""
+def measure(
+    shape: ModelShape, setup: LearnerSetup, steps: int = 2, model_dir: Path | None = None, device: str = "cpu"
+) -> dict:
+    """Run ``setup.ranks`` ranks on a model of ``shape`` and return measured against predicted.
+
+    ``device`` "cuda": one GPU per rank, the peak is ``torch.cuda.max_memory_allocated`` over the
+    allocated bytes before the model, against the prediction's device components alone."""
     from asyncrl.fleet.launcher import learner_rank_env
     from asyncrl.wire.endpoints import free_ports
 
@@ -160,7 +202,10 @@ def measure(shape: ModelShape, setup: LearnerSetup, steps: int = 2, model_dir: P
             str(tmp),
         ]
         root = Path(__file__).resolve().parents[2]
-        env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(root)}
+        env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+        if device == "cpu":
+            env["DS_ACCELERATOR"] = "cpu"
+            env["CUDA_VISIBLE_DEVICES"] = ""
         procs = [
             subprocess.Popen(argv, env={**env, **rank_env}, cwd=root)
             for rank_env in learner_rank_env(setup.ranks, free_ports(1)[0])
@@ -176,13 +221,14 @@ def measure(shape: ModelShape, setup: LearnerSetup, steps: int = 2, model_dir: P
             raise RuntimeError(f"{shape.name} {setup}: rank exit codes {codes}")
         ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(setup.ranks)]
     est = predict(shape, setup)
-    predicted_train = sum(est.device.values()) + sum(est.host.values())  # device = host here
+    predicted_train = sum(est.device.values()) + (sum(est.host.values()) if device == "cpu" else 0)
     measured_train = max(r["train_peak_bytes"] for r in ranks)
     return {
         "shape": shape.name,
         "parameters": shape.parameters(),
         "setup": asdict(setup),
         "steps": steps,
+        "device": ranks[0]["device"],
         "predicted": est.to_dict(),
         "predicted_train_bytes": round(predicted_train),
         "predicted_load_bytes": round(est.load_host),

@@ -44,8 +44,9 @@ tokens of a/P heads: the same bytes); ZeRO still partitions over all N ranks.
 Offload moves the optimizer state (master, moments, fp32 gradients) and, at ZeRO-3, the parameter
 partitions from the device to the host (``cpu``) or to NVMe (``nvme``: the host then holds the swap
 buffers). The host also holds, at start-up, the fp32 model each rank loads whole
-(``PolicyTrainer``: ``from_pretrained`` in fp32), unless ``partitioned_load`` (``zero.Init``):
-then a rank holds its share plus one block.
+(``PolicyTrainer``: ``from_pretrained`` in fp32), and the device the whole model in the training
+dtype before ZeRO-3 partitions it, unless ``partitioned_load`` (``zero.Init``, ZeRO-3 only): then
+a rank holds its share plus one block.
 
 Where this differs from a peer's estimate: DeepSpeed's ``estimate_zero3_model_states_mem_needs``
 counts model states only (no activations, logits or buckets); this adds the buffers DeepSpeed
@@ -104,7 +105,7 @@ class LearnerSetup:
     nvme_buffers: int = 5
     """Swap buffers on the host (DeepSpeed's ``buffer_count``: 4 for the optimizer, 5 for parameters)."""
     partitioned_load: bool = False
-    """The model built partitioned (``zero.Init``): a rank never holds the whole model."""
+    """The model built partitioned (``zero.Init``; ZeRO-3 only): a rank never holds the whole model."""
     fp32_master_when_fp32: bool = True
     """DeepSpeed's ZeRO-1/2/3 clone an fp32 master of fp32 weights (main's behaviour)."""
 
@@ -264,15 +265,17 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
     dev["activations"] = activations(shape, setup)
     dev["logits"] = logits(shape, setup)
 
-    # -- loading: every rank builds the whole fp32 model on the host, then moves it (cast) to the
-    # device; ZeRO-3 partitions it there. Partitioned (zero.Init): a share and one block.
+    # -- loading: every rank builds the whole fp32 model on the host, then the engine casts it and
+    # moves it whole to the device, where ZeRO-3 partitions it. ZeRO-1/2 flatten the parameters
+    # through host copies (DeepSpeed moves them to the host first to make room): 2bΨ on the host.
+    # Partitioned (zero.Init, ZeRO-3 only): a rank holds its share and one block.
     whole = shape.parameters()
-    if setup.partitioned_load:
+    if setup.partitioned_load and stage == 3:
         est.load_host = 4 * (whole / n + shape.block_parameters())
         est.load_device = b * (whole / n + shape.block_parameters())
     else:
-        est.load_host = 4 * whole
-        est.load_device = b * whole + (b * whole if stage in (1, 2) else 0)  # ZeRO-1/2 flatten: a copy
+        est.load_host = max(4 * whole, 2 * b * whole)
+        est.load_device = b * whole
     return est
 
 

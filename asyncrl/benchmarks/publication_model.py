@@ -12,7 +12,8 @@ generator's ``version`` events time them in a run, ``asyncrl.weights.timeline``)
 Each stage is t = t0 + bytes / rate. Here (``fit``) the rates are least-squares fits to the
 figures in ``bench/results``: the ZeroMQ stream and shared memory to one subscriber
 (``weights.json``, 100 MB to 1 GB), the ZeRO-3 gather of two CPU ranks over gloo
-(``learner_ranks.json``), vLLM's CPU reload of full weights (``lora_sync.json``: 0.54 and 1.98 GB).
+(``learner_ranks.json``), vLLM's CPU reload of full weights (``lora_sync.json``: 0.54 and 1.98 GB
+on an AVX2 host; ``rehearsal.json``: 1.98 GB on an AVX-512 host).
 For 7 B and 32 B on GPUs (``extrapolate``) the rates are the links' (``LINKS``): stated, not
 measured here, except the device-host copies and the ZeroMQ loopback rate, measured on an H200
 host (DESIGN.md). The CPU fit says what the stages cost per byte where the code ran; what a GPU
@@ -40,12 +41,15 @@ LINKS = {
     "h2d_pageable": (15 * GB, "host-to-device, pageable, measured on an H200 host (DESIGN.md)"),
     "zmq_tcp": (1.7 * GB, "one ZeroMQ stream, 64 MiB frames, 1.5-1.9 GB/s on an H200 host (DESIGN.md)"),
     "pcie5_nic_tcp": (12.5 * GB, "100 GbE host TCP, line rate (a single stream reaches ~zmq_tcp)"),
+    "d2d_copy": (1000 * GB, "a copy within HBM3 (3.3-4.8 TB/s read + write): vLLM's load_weights from device tensors"),
 }
 PATHS = {
-    # the stages of each way to publish on a GPU node: (gather link, [transport links], reload link)
-    "nccl, generators on the same node": ("nvlink_allgather", ["nvlink_broadcast"], None),
-    "nccl, generators on another node": ("nvlink_allgather", ["ib_broadcast"], None),
-    "shared memory, same host": ("nvlink_allgather", ["d2h_pinned", "shm_here"], "h2d_pageable"),
+    # the stages of each way to publish from a learner on one node of 8 GPUs:
+    # (gather link, [transport links], reload link)
+    "nccl, generators on the same node": ("nvlink_allgather", ["nvlink_broadcast"], "d2d_copy"),
+    "nccl, generators on another node": ("nvlink_allgather", ["ib_broadcast"], "d2d_copy"),
+    "nccl, learner across nodes (ZeRO-3 gather over InfiniBand)": ("ib_allgather", ["ib_broadcast"], "d2d_copy"),
+    "shared memory, same host (rate measured here)": ("nvlink_allgather", ["d2h_pinned", "shm_here"], "h2d_pageable"),
     "zmq stream, another host": ("nvlink_allgather", ["d2h_pinned", "zmq_tcp"], "h2d_pageable"),
 }
 
@@ -78,7 +82,20 @@ def fit(results: Path) -> dict:
     sync = json.loads((results / "lora_sync.json").read_text())
     points = [(m["full"]["bytes_per_version"], m["full"]["stages_median_s"]["reload_s"]) for m in sync["models"]]
     t0, rate = linear_fit(points)
-    out["reload_here"] = {"t0_s": t0, "rate_Bps": rate, "points": len(points), "source": "lora_sync.json (vLLM CPU)"}
+    out["reload_here"] = {
+        "t0_s": t0,
+        "rate_Bps": rate,
+        "points": len(points),
+        "source": "lora_sync.json (vLLM CPU, AVX2 host)",
+    }
+    rehearsal = json.loads((results / "rehearsal.json").read_text())["publication_to_served_stages_mean_s"]
+    t0, rate = linear_fit([(4 * SHAPES["qwen2.5-0.5b"].parameters(), rehearsal["reload_s"])])
+    out["reload_here_avx512"] = {
+        "t0_s": t0,
+        "rate_Bps": rate,
+        "points": 1,
+        "source": "rehearsal.json (vLLM CPU, AVX-512 host)",
+    }
     return out
 
 
@@ -98,7 +115,7 @@ def extrapolate(calibrated: dict, ranks: int = 8) -> dict:
             stages = {"gather_s": nbytes * (ranks - 1) / ranks / rates[gather]}
             for link in transport:
                 stages[f"{link}_s"] = nbytes / rates[link]
-            stages["reload_s"] = nbytes / rates[reload] if reload else 0.0
+            stages["reload_s"] = nbytes / rates[reload]
             model[path] = {**{k: round(v, 2) for k, v in stages.items()}, "total_s": round(sum(stages.values()), 2)}
         out[name] = model
     return out
@@ -119,7 +136,11 @@ def publication_report(results: Path) -> dict:
             nbytes, calibrated["reload_here"]["t0_s"], calibrated["reload_here"]["rate_Bps"]
         ),
         "measured_reload_s": rehearsal["publication_to_served_stages_mean_s"]["reload_s"],
-        "note": "rehearsal.json: the 0.5 B shape in fp32, one rank (no gather), shared memory, on an AVX-512 host of this kind",
+        "note": (
+            "rehearsal.json: the 0.5 B shape in fp32, one rank (no gather), shared memory, on an AVX-512 "
+            "host of this kind; the reload fit is lora_sync.json's, on an AVX2 host, where vLLM's CPU "
+            "backend repacks the weights ~4.8x slower: the reload is the host's, not the bytes'"
+        ),
     }
     return {
         "calibrated_here": calibrated,
