@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from asyncrl.benchmarks.memory_model import LearnerSetup, predict
+from asyncrl.benchmarks.memory_model import LearnerSetup, phase_peak, predict
 from asyncrl.benchmarks.model_shapes import ModelShape
 
 RANK_TIMEOUT_S = 1800
@@ -221,7 +221,8 @@ def measure(
             raise RuntimeError(f"{shape.name} {setup}: rank exit codes {codes}")
         ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(setup.ranks)]
     est = predict(shape, setup)
-    predicted_train = sum(est.device.values()) + (sum(est.host.values()) if device == "cpu" else 0)
+    # one memory on the CPU: the device's and the host's components together
+    predicted_train = phase_peak({**est.device, **est.host}) if device == "cpu" else est.device_train
     measured_train = max(r["train_peak_bytes"] for r in ranks)
     return {
         "shape": shape.name,

@@ -18,7 +18,12 @@ stage that partitions it), with DeepSpeed 0.19's own buffers beside them:
 - optimizer: AdamW's two fp32 moments 8Ψ/N (8Ψ at ZeRO-0 fp32, where the torch optimizer is
   not partitioned), the fp32 master 4Ψ/N (under bf16, and under fp32 at ZeRO-1/2/3 too: DeepSpeed
   clones one even when the weights are fp32; ``fp32_master_when_fp32`` = False is the change that
-  drops it), and the step's fp32 gradient partition 4Ψ/N.
+  drops it), and the step's fp32 gradient partition: 4Ψ/N at ZeRO-1/2, one ``sub_group_size``
+  at a time at ZeRO-3.
+
+The training peak is what stays through the step (parameters, gradients, optimizer state,
+buckets) plus the larger of the backward's own (activations, logits, ZeRO-3's gathered
+parameters) and the step's own (the fp32 gradient partition), as ``phase_peak`` adds them.
 
 Activations are counted per token and per block from the tensors autograd keeps for the backward,
 as Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
@@ -33,8 +38,9 @@ repeat k and v to every head, flash-attention does not), a SwiGLU MLP of width f
   probabilities, fp32 and cast (a·s·(4 + b) per token: the quadratic term, Korthikanti's 5as/h);
 - the MLP keeps gate, silu(gate), up and their product (4bf).
 
-With gradient checkpointing a block keeps only its input (bh per token) and one block's
-activations are rebuilt at a time in the backward. The logits (``asyncrl.learner.logprobs``) are
+The backward of a block holds the gradients of its saved tensors while it runs: one block's worth
+more. With gradient checkpointing a block keeps only its input (bh per token) and one block's
+activations are rebuilt at a time in the backward, with their gradients. The logits (``asyncrl.learner.logprobs``) are
 ``logits_chunk_tokens`` positions × V at a time: the chunk's logits in the model dtype, then in
 fp32, the softmax and the gradient, ``LOGIT_BUFFERS`` fp32 (n, V) buffers in all at the
 backward's recomputation. Sequence parallelism (DeepSpeed Ulysses, ``sequence_parallel`` = P)
@@ -67,6 +73,17 @@ LOGIT_BUFFERS = 4
 """fp32 (chunk, V) buffers alive at the backward's recomputation of a logits chunk: the logits,
 the softmax, the gradient and the gathered target's scatter (see the module docstring)."""
 GiB = 1 << 30
+BACKWARD_ONLY = ("activations", "logits", "parameters_gathered")
+"""Components alive in the forward and backward only, freed before the optimizer's step."""
+STEP_ONLY = ("fp32_gradient_partition",)
+"""Components alive in the optimizer's step only (after the backward has freed the activations)."""
+
+
+def phase_peak(parts: dict[str, float]) -> float:
+    """What stays through the step, plus the larger of the backward's and the step's own."""
+    backward = sum(v for k, v in parts.items() if k in BACKWARD_ONLY)
+    step = sum(v for k, v in parts.items() if k in STEP_ONLY)
+    return sum(parts.values()) - backward - step + max(backward, step)
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,9 @@ class LearnerSetup:
     optimizer_offload: Literal["none", "cpu", "nvme"] = "none"
     param_offload: Literal["none", "cpu", "nvme"] = "none"
     """ZeRO-3 only."""
+    sub_group_elements: int = 1_000_000_000
+    """ZeRO-3 ``sub_group_size``: the optimizer steps its partition this many elements at a time,
+    each with its own fp32 gradient (DeepSpeed's default 1e9)."""
     nvme_buffer_elements: int = 100_000_000
     """Elements of one NVMe swap buffer on the host (DeepSpeed's ``buffer_size``, 1e8)."""
     nvme_buffers: int = 5
@@ -146,12 +166,21 @@ class MemoryEstimate:
     """Host bytes while the model is loaded (the whole fp32 model unless partitioned)."""
 
     @property
+    def device_train(self) -> float:
+        """The training step's peak on the device (``phase_peak``)."""
+        return phase_peak(self.device)
+
+    @property
+    def host_train(self) -> float:
+        return phase_peak(self.host)
+
+    @property
     def device_peak(self) -> float:
-        return max(sum(self.device.values()), self.load_device)
+        return max(self.device_train, self.load_device)
 
     @property
     def host_peak(self) -> float:
-        return max(sum(self.host.values()), self.load_host)
+        return max(self.host_train, self.load_host)
 
     def dominant(self) -> str:
         """The largest device component."""
@@ -162,8 +191,8 @@ class MemoryEstimate:
             "device_bytes": {k: round(v) for k, v in self.device.items()},
             "host_bytes": {k: round(v) for k, v in self.host.items()},
             "nvme_bytes": {k: round(v) for k, v in self.nvme.items()},
-            "device_train_bytes": round(sum(self.device.values())),
-            "host_train_bytes": round(sum(self.host.values())),
+            "device_train_bytes": round(self.device_train),
+            "host_train_bytes": round(self.host_train),
             "load_device_bytes": round(self.load_device),
             "load_host_bytes": round(self.load_host),
             "device_peak_bytes": round(self.device_peak),
@@ -190,10 +219,11 @@ def activations(shape: ModelShape, setup: LearnerSetup) -> float:
     tokens = setup.micro_batch * setup.seq_len / setup.sequence_parallel
     per_block = activation_bytes_per_token(shape, setup)
     ends = 3 * setup.param_bytes * shape.hidden  # embedding output, final norm (input, output)
+    # The backward of a block holds the gradients of its saved tensors while it runs: one block's
+    # worth more at any moment (with checkpointing, the rebuilt block and its gradients).
     if setup.gradient_checkpointing:
-        # each block's input kept, one block rebuilt (and its gradients) in the backward
-        return tokens * (shape.layers * setup.param_bytes * shape.hidden + per_block + ends)
-    return tokens * (shape.layers * per_block + ends)
+        return tokens * (shape.layers * setup.param_bytes * shape.hidden + 2 * per_block + ends)
+    return tokens * ((shape.layers + 1) * per_block + ends)
 
 
 def logits(shape: ModelShape, setup: LearnerSetup) -> float:
@@ -251,8 +281,10 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
     states = {"adam_moments": 8 * psi / shards}
     if b < 4 or (stage >= 1 and setup.fp32_master_when_fp32):
         states["fp32_master"] = 4 * psi / n
-    if stage >= 1:
-        states["fp32_gradient_partition"] = 4 * psi / n
+    if stage in (1, 2):
+        states["fp32_gradient_partition"] = 4 * psi / n  # the whole partition cast at once
+    elif stage == 3:
+        states["fp32_gradient_partition"] = 4 * min(psi / n, setup.sub_group_elements)  # a sub-group at a time
     if setup.optimizer_offload == "none":
         dev.update(states)
     elif setup.optimizer_offload == "cpu":

@@ -151,3 +151,29 @@ def markdown(report: dict, checkpointing: tuple[bool, ...] = (False, True), sp: 
             f"| {r['dominant_at_4096']} / {r['dominant_at_max_seq'] or '-'} |"
         )
     return "\n".join(lines)
+
+
+def pivot(report: dict, checkpointing: bool, sp: int) -> str:
+    """One markdown table per (checkpointing, sequence parallel): configurations down, model x
+    nodes x GPU across; a cell is the longest row in tokens (micro batch 1) and the largest micro
+    batch of 4,096-token rows, "no" where a 4,096-token row does not fit, † where it fits only when
+    loaded partitioned (main loads whole)."""
+    rows = [r for r in report["rows"] if r["gradient_checkpointing"] == checkpointing and r["sequence_parallel"] == sp]
+    columns = list(dict.fromkeys((r["model"], r["nodes"], r["gpu"]) for r in rows))
+    head = [
+        f"{m.removeprefix('qwen2.5-').upper()} × {n} node{'s' if n > 1 else ''}, {g.split('-')[0]}"
+        for m, n, g in columns
+    ]
+    lines = ["| config | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(columns)]
+    for label, _ in CONFIGS:
+        cells = []
+        for column in columns:
+            (r,) = [x for x in rows if (x["model"], x["nodes"], x["gpu"]) == column and x["config"] == label]
+            if not r["fits_at_4096"]:
+                cells.append("no")
+                continue
+            longest = r["max_seq_len_micro_batch_1"]
+            text = "≥1M" if longest >= MAX_SEQ else f"{longest // 1000}K"
+            cells.append(f"{text} · {r['max_micro_batch_at_4096']}" + ("" if r["fits_at_4096_whole_load"] else " †"))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
