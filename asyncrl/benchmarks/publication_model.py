@@ -48,7 +48,7 @@ PATHS = {
     # (gather link, [transport links], reload link)
     "nccl, generators on the same node": ("nvlink_allgather", ["nvlink_broadcast"], "d2d_copy"),
     "nccl, generators on another node": ("nvlink_allgather", ["ib_broadcast"], "d2d_copy"),
-    "nccl, learner across nodes (ZeRO-3 gather over InfiniBand)": ("ib_allgather", ["ib_broadcast"], "d2d_copy"),
+    "nccl, learner on 4 nodes (32 ranks: ZeRO-3 gather over InfiniBand)": ("ib_allgather", ["ib_broadcast"], "d2d_copy"),
     "shared memory, same host (rate measured here)": ("nvlink_allgather", ["d2h_pinned", "shm_here"], "h2d_pageable"),
     "zmq stream, another host": ("nvlink_allgather", ["d2h_pinned", "zmq_tcp"], "h2d_pageable"),
 }
@@ -112,7 +112,8 @@ def extrapolate(calibrated: dict, ranks: int = 8) -> dict:
         nbytes = 2 * SHAPES[name].parameters()
         model = {"bytes": nbytes}
         for path, (gather, transport, reload) in PATHS.items():
-            stages = {"gather_s": nbytes * (ranks - 1) / ranks / rates[gather]}
+            n = 4 * ranks if gather == "ib_allgather" else ranks
+            stages = {"gather_s": nbytes * (n - 1) / n / rates[gather]}
             for link in transport:
                 stages[f"{link}_s"] = nbytes / rates[link]
             stages["reload_s"] = nbytes / rates[reload]
