@@ -6,7 +6,8 @@
     .venv/bin/python bench/memory.py table         # -> bench/results/memory_table.json
     .venv/bin/python bench/memory.py publication   # -> bench/results/memory_publication.json
 
-``predict`` prints ``asyncrl.benchmarks.memory_model.predict_dict`` for one shape and setup (a
+``measured`` redoes the stored runs' predictions with the model as it is now (the measured
+figures stay) and prints them as a markdown table. ``predict`` prints ``asyncrl.benchmarks.memory_model.predict_dict`` for one shape and setup (a
 named shape, ``NAME@vocabN``, or a path to a Hugging Face config.json). ``measure`` starts the
 ranks on a randomly initialised Qwen2 of the shape (``asyncrl.benchmarks.memory_measure``),
 takes learner steps and appends the measured peak beside the predicted one to ``--out`` (one
@@ -76,6 +77,8 @@ def main() -> None:
     )
     m.add_argument("--out", type=Path, default=RESULTS / "memory_measured.json")
     setup_arguments(m, quick_setup())
+    r = sub.add_parser("measured", help="the measured runs' predictions redone by the model as it is, as markdown")
+    r.add_argument("--out", type=Path, default=RESULTS / "memory_measured.json")
     t = sub.add_parser("table", help="7 B and 32 B on 8 GPUs of 80 and 141 GB")
     t.add_argument("--out", type=Path, default=RESULTS / "memory_table.json")
     u = sub.add_parser("publication", help="publication time: fit here, extrapolated")
@@ -86,6 +89,13 @@ def main() -> None:
         print(json.dumps(predict_dict(shape(args.shape), setup_of(args)), indent=2))
     elif args.command == "measure":
         measure_command(args)
+    elif args.command == "measured":
+        from asyncrl.benchmarks.memory_measure import measured_markdown, repredict
+
+        report = json.loads(args.out.read_text())
+        report["runs"] = [repredict(run) for run in report["runs"]]
+        write(args.out, report, quiet=True)
+        print(measured_markdown(report["runs"]))
     elif args.command == "table":
         from asyncrl.benchmarks.memory_table import table
 

@@ -222,7 +222,11 @@ def measure(
         ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(setup.ranks)]
     est = predict(shape, setup)
     # one memory on the CPU: the device's and the host's components together
-    predicted_train = phase_peak({**est.device, **est.host}) if device == "cpu" else est.device_train
+    predicted_train = (
+        phase_peak({**est.device, **est.host}, setup.zero_stage, setup.micro_batches)
+        if device == "cpu"
+        else est.device_train
+    )
     measured_train = max(r["train_peak_bytes"] for r in ranks)
     return {
         "shape": shape.name,
@@ -252,3 +256,41 @@ if __name__ == "__main__":
     model_dir, setup_json, steps, out_dir = sys.argv[1:5]
     setup = LearnerSetup(**json.loads(setup_json))
     rank_main(Path(model_dir), setup, int(steps), Path(out_dir) / f"rank{os.environ.get('RANK', '0')}.json")
+
+
+def repredict(run: dict) -> dict:
+    """``run`` (an entry of ``memory_measured.json``) with its prediction redone by the model as
+    it is now; the measured figures stay as they were."""
+    from asyncrl.benchmarks.model_shapes import shape as named_shape
+
+    setup = LearnerSetup(**run["setup"])
+    est = predict(named_shape(run["shape"]), setup)
+    cpu = run.get("device", "cpu") == "cpu"
+    predicted = (
+        phase_peak({**est.device, **est.host}, setup.zero_stage, setup.micro_batches) if cpu else est.device_train
+    )
+    return {
+        **run,
+        "predicted": est.to_dict(),
+        "predicted_train_bytes": round(predicted),
+        "train_ratio": run["measured_train_bytes"] / predicted,
+    }
+
+
+def measured_markdown(runs: list[dict]) -> str:
+    """The measured runs as a markdown table: predicted and measured training peaks per rank."""
+    mib = 1 << 20
+    lines = [
+        "| shape | parameters | ZeRO | ranks | dtype | tokens per rank | predicted MiB | measured MiB (max over ranks) | measured / predicted | load peak MiB | step s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in runs:
+        s = r["setup"]
+        steps = [t for rank in r["ranks"][:1] for t in rank["step_seconds"]]
+        lines.append(
+            f"| {r['shape']} | {r['parameters'] / 1e6:,.0f} M | {s['zero_stage']} | {s['ranks']} | {s['dtype']} "
+            f"| {s['micro_batch']} × {s['seq_len']} | {r['predicted_train_bytes'] / mib:,.0f} "
+            f"| {r['measured_train_bytes'] / mib:,.0f} | **{r['train_ratio']:.3f}** "
+            f"| {r['measured_load_bytes'] / mib:,.0f} | {' / '.join(f'{t:.1f}' for t in steps)} |"
+        )
+    return "\n".join(lines)

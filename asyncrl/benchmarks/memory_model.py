@@ -21,9 +21,12 @@ stage that partitions it), with DeepSpeed 0.19's own buffers beside them:
   drops it), and the step's fp32 gradient partition: 4Ψ/N at ZeRO-1/2, one ``sub_group_size``
   at a time at ZeRO-3.
 
-The training peak is what stays through the step (parameters, gradients, optimizer state,
-buckets) plus the larger of the backward's own (activations, logits, ZeRO-3's gathered
-parameters) and the step's own (the fp32 gradient partition), as ``phase_peak`` adds them.
+The training peak is what stays allocated through the step (parameters, optimizer state, buckets,
+ZeRO-3's gradient partition) plus the larger of what the start of the backward holds
+(activations, logits, ZeRO-3's gathered parameters) and what its end and the step hold (ZeRO-0/1/2's
+gradients, which the backward fills as it frees the activations and the step frees, and the fp32
+gradient partition), as ``phase_peak`` adds them; with several micro batches per update the
+gradients are there under every backward after the first.
 
 Activations are counted per token and per block from the tensors autograd keeps for the backward,
 as Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
@@ -38,12 +41,15 @@ repeat k and v to every head, flash-attention does not), a SwiGLU MLP of width f
   probabilities, fp32 and cast (a·s·(4 + b) per token: the quadratic term, Korthikanti's 5as/h);
 - the MLP keeps gate, silu(gate), up and their product (4bf).
 
-The backward of a block holds the gradients of its saved tensors while it runs: one block's worth
-more. With gradient checkpointing a block keeps only its input (bh per token) and one block's
-activations are rebuilt at a time in the backward, with their gradients. The logits (``asyncrl.learner.logprobs``) are
-``logits_chunk_tokens`` positions × V at a time: the chunk's logits in the model dtype, then in
-fp32, the softmax and the gradient, ``LOGIT_BUFFERS`` fp32 (n, V) buffers in all at the
-backward's recomputation. Sequence parallelism (DeepSpeed Ulysses, ``sequence_parallel`` = P)
+With gradient checkpointing a block keeps only its input (bh per token) and one block's
+activations are rebuilt at a time in the backward. The peak is at the start of the backward: the
+gradients of a block's saved tensors, made as its backward runs, are fewer bytes than the saved
+tensors it frees (measured here: the peak grows by ~0.95 of these bytes per added token).
+
+The logits (``asyncrl.learner.logprobs``) are ``logits_chunk_tokens`` positions × V at a time: the
+chunk's logits in the model dtype, then in fp32, the softmax and the gradient, ``LOGIT_BUFFERS``
+fp32 (n, V) buffers in all at the backward's recomputation (measured here: 4.0 buffers over a
+chunk's forward and backward at V = 151,936). Sequence parallelism (DeepSpeed Ulysses, ``sequence_parallel`` = P)
 divides each rank's activations by P (its all-to-all gives a rank s/P tokens of every head, or s
 tokens of a/P heads: the same bytes); ZeRO still partitions over all N ranks.
 
@@ -74,16 +80,25 @@ LOGIT_BUFFERS = 4
 the softmax, the gradient and the gathered target's scatter (see the module docstring)."""
 GiB = 1 << 30
 BACKWARD_ONLY = ("activations", "logits", "parameters_gathered")
-"""Components alive in the forward and backward only, freed before the optimizer's step."""
-STEP_ONLY = ("fp32_gradient_partition",)
-"""Components alive in the optimizer's step only (after the backward has freed the activations)."""
+"""Alive in the forward and backward only: full at the start of the backward, freed as it goes."""
+AFTER_BACKWARD = ("gradients", "fp32_gradient_partition")
+"""ZeRO-0/1/2's gradients (filled as the backward frees the activations, freed after the step)
+and the step's fp32 gradient partition; ZeRO-3's gradient partition stays allocated."""
 
 
-def phase_peak(parts: dict[str, float]) -> float:
-    """What stays through the step, plus the larger of the backward's and the step's own."""
+def phase_peak(parts: dict[str, float], zero_stage: int = 0, micro_batches: int = 1) -> float:
+    """What stays allocated through the step, plus the larger of the start of the backward
+    (activations, logits, gathered parameters) and its end and the step (the gradients, the fp32
+    gradient partition). ZeRO-3's gradient partition stays; with several micro batches per update
+    the earlier micro batches' gradients are there when a later backward starts."""
+    after = [k for k in AFTER_BACKWARD if not (k == "gradients" and zero_stage == 3)]
     backward = sum(v for k, v in parts.items() if k in BACKWARD_ONLY)
-    step = sum(v for k, v in parts.items() if k in STEP_ONLY)
-    return sum(parts.values()) - backward - step + max(backward, step)
+    end = sum(v for k, v in parts.items() if k in after)
+    if micro_batches > 1:
+        backward += parts.get("gradients", 0.0) if zero_stage < 3 else 0.0
+    return (
+        sum(parts.values()) - sum(v for k, v in parts.items() if k in BACKWARD_ONLY or k in after) + max(backward, end)
+    )
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,8 @@ class LearnerSetup:
     """s: tokens of one row (prompt + response, or a packed row)."""
     micro_batch: int = 1
     """Rows per forward/backward on one rank (per sequence-parallel group)."""
+    micro_batches: int = 1
+    """Micro batches per optimizer update: above 1 the gradients accumulate under the next backward."""
     scored_fraction: float = 0.75
     """Share of the tokens that are scored (response tokens): the logits chunk is the smaller of
     ``logits_chunk_tokens`` and those."""
@@ -155,6 +172,8 @@ class LearnerSetup:
 class MemoryEstimate:
     """Bytes per rank by component and where they live; the peaks."""
 
+    zero_stage: int = 0
+    micro_batches: int = 1
     device: dict[str, float] = field(default_factory=dict)
     """Held on the accelerator through the training step (or on the host where device = host)."""
     host: dict[str, float] = field(default_factory=dict)
@@ -168,11 +187,11 @@ class MemoryEstimate:
     @property
     def device_train(self) -> float:
         """The training step's peak on the device (``phase_peak``)."""
-        return phase_peak(self.device)
+        return phase_peak(self.device, self.zero_stage, self.micro_batches)
 
     @property
     def host_train(self) -> float:
-        return phase_peak(self.host)
+        return phase_peak(self.host, self.zero_stage, self.micro_batches)
 
     @property
     def device_peak(self) -> float:
@@ -219,11 +238,10 @@ def activations(shape: ModelShape, setup: LearnerSetup) -> float:
     tokens = setup.micro_batch * setup.seq_len / setup.sequence_parallel
     per_block = activation_bytes_per_token(shape, setup)
     ends = 3 * setup.param_bytes * shape.hidden  # embedding output, final norm (input, output)
-    # The backward of a block holds the gradients of its saved tensors while it runs: one block's
-    # worth more at any moment (with checkpointing, the rebuilt block and its gradients).
     if setup.gradient_checkpointing:
-        return tokens * (shape.layers * setup.param_bytes * shape.hidden + 2 * per_block + ends)
-    return tokens * ((shape.layers + 1) * per_block + ends)
+        # each block's input kept, one block rebuilt at a time in the backward
+        return tokens * (shape.layers * setup.param_bytes * shape.hidden + per_block + ends)
+    return tokens * (shape.layers * per_block + ends)
 
 
 def logits(shape: ModelShape, setup: LearnerSetup) -> float:
@@ -237,7 +255,7 @@ def logits(shape: ModelShape, setup: LearnerSetup) -> float:
 def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
     """The estimate of one rank (see the module docstring for each term)."""
     psi, n, b = shape.parameters(), setup.ranks, setup.param_bytes
-    stage, est = setup.zero_stage, MemoryEstimate()
+    stage, est = setup.zero_stage, MemoryEstimate(setup.zero_stage, setup.micro_batches)
     bucket = setup.bucket_elements or DEEPSPEED_BUCKET_ELEMENTS
     dev, host, nvme = est.device, est.host, est.nvme
 

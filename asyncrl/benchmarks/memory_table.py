@@ -100,6 +100,7 @@ def table() -> dict:
                             gradient_checkpointing=checkpointing,
                             sequence_parallel=sp,
                             partitioned_load=True,
+                            micro_batches=2,
                             **overrides,
                         )
                         whole = replace(setup, partitioned_load=False)
@@ -123,7 +124,7 @@ def table() -> dict:
     return {
         "note": (
             "Predicted by asyncrl.benchmarks.memory_model (checked against CPU measurements only); "
-            f"bf16, flash-attention, logits chunk 512, DeepSpeed's default buckets; fits: device peak "
+            f"bf16, flash-attention, logits chunk 512, DeepSpeed's default buckets, gradients accumulated over micro batches; fits: device peak "
             f"<= {USABLE_FRACTION} of the GPU's memory and 8 ranks' host peaks <= {USABLE_FRACTION} "
             f"of {HOST_BYTES_PER_NODE / GiB:.0f} GiB per node"
         ),

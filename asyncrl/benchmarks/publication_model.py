@@ -48,7 +48,11 @@ PATHS = {
     # (gather link, [transport links], reload link)
     "nccl, generators on the same node": ("nvlink_allgather", ["nvlink_broadcast"], "d2d_copy"),
     "nccl, generators on another node": ("nvlink_allgather", ["ib_broadcast"], "d2d_copy"),
-    "nccl, learner on 4 nodes (32 ranks: ZeRO-3 gather over InfiniBand)": ("ib_allgather", ["ib_broadcast"], "d2d_copy"),
+    "nccl, learner on 4 nodes (32 ranks: ZeRO-3 gather over InfiniBand)": (
+        "ib_allgather",
+        ["ib_broadcast"],
+        "d2d_copy",
+    ),
     "shared memory, same host (rate measured here)": ("nvlink_allgather", ["d2h_pinned", "shm_here"], "h2d_pageable"),
     "zmq stream, another host": ("nvlink_allgather", ["d2h_pinned", "zmq_tcp"], "h2d_pageable"),
 }

@@ -125,9 +125,9 @@ def test_checkpointing_and_sequence_parallel_shrink_activations():
     full = activations(TINY, base)
     assert activations(TINY, replace(base, micro_batch=4)) == pytest.approx(2 * full)
     checkpointed = activations(TINY, replace(base, gradient_checkpointing=True))
-    assert checkpointed < full * 3 / 4
+    assert checkpointed < full / 2
     deep = replace(TINY, layers=40)
-    assert activations(deep, replace(base, gradient_checkpointing=True)) < activations(deep, base) / 5
+    assert activations(deep, replace(base, gradient_checkpointing=True)) < activations(deep, base) / 10
     assert activations(TINY, replace(base, ranks=8, sequence_parallel=4)) == pytest.approx(full / 4)
 
 
