@@ -10,8 +10,10 @@ bΨ of gradients and KΨ of AdamW state, K = 12 with an fp32 master, each term d
 stage that partitions it), with DeepSpeed 0.19's own buffers beside them:
 
 - parameters: bΨ (ZeRO-0/1/2); bΨ/N at ZeRO-3, plus the tensors under the persistence threshold
-  (norms, biases) whole, plus the live gathered ones (the largest of one block and the embedding,
-  and the prefetch bucket, capped by ``max_live_parameters``);
+  (norms, biases) whole, plus the gathered ones in the backward (the larger of one block and the
+  embedding, the prefetch bucket, and the last ``max_reuse_distance``/2 elements of blocks, which
+  DeepSpeed keeps gathered from their forward to their backward; at most ``max_live_parameters``;
+  none on one rank);
 - gradients: bΨ at ZeRO-0/1 (and a 4Ψ fp32 accumulator in DeepSpeed's bf16 optimizer at ZeRO-0),
   bΨ/N at ZeRO-2/3 plus the reduce bucket (``zero_bucket_elements``, two of them where DeepSpeed
   overlaps communication: ZeRO-3 by default);
@@ -129,6 +131,8 @@ class LearnerSetup:
     """ZeRO-3 ``stage3_prefetch_bucket_size`` (DeepSpeed's default 5e7)."""
     max_live_parameters: int = 1_000_000_000
     """ZeRO-3 ``stage3_max_live_parameters`` (DeepSpeed's default 1e9)."""
+    max_reuse_distance: int = 1_000_000_000
+    """ZeRO-3 ``stage3_max_reuse_distance``: a parameter used again within this many elements stays gathered (DeepSpeed's default 1e9)."""
     persistence_threshold: int = 100_000
     """ZeRO-3 ``stage3_param_persistence_threshold``: smaller tensors stay whole on every rank."""
     optimizer_offload: Literal["none", "cpu", "nvme"] = "none"
@@ -265,11 +269,14 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
     else:
         partition = b * psi / n
         persistent = b * shape.small_parameters(setup.persistence_threshold)
-        live = min(
-            max(shape.block_parameters(), shape.vocab * shape.hidden) + setup.prefetch_elements,
-            setup.max_live_parameters,
-        )
-        dev["parameters_gathered"] = b * min(live, psi) + persistent
+        # Gathered copies: the module in use and the prefetch bucket, and every block that is used
+        # again within max_reuse_distance elements, which DeepSpeed keeps instead of releasing:
+        # between a block's forward and its backward lie twice the blocks after it, so the last
+        # reuse/2 elements of blocks stay through the turn; at most max_live_parameters. One rank
+        # gathers nothing: its partition is the whole tensor.
+        module = max(shape.block_parameters(), shape.vocab * shape.hidden)
+        live = min(psi, setup.max_live_parameters, module + setup.prefetch_elements + setup.max_reuse_distance / 2)
+        dev["parameters_gathered"] = (b * live if n > 1 else 0.0) + persistent
         if setup.param_offload == "none":
             dev["parameters"] = partition
         elif setup.param_offload == "cpu":
