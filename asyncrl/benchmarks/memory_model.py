@@ -14,7 +14,9 @@ stage that partitions it), with DeepSpeed 0.19's own buffers beside them:
   embedding, the prefetch bucket, and the last ``max_reuse_distance``/2 elements of blocks, which
   DeepSpeed keeps gathered from their forward to their backward; at most ``max_live_parameters``;
   none on one rank);
-- gradients: bΨ at ZeRO-0/1 (and a 4Ψ fp32 accumulator in DeepSpeed's bf16 optimizer at ZeRO-0),
+- gradients: bΨ at ZeRO-0/1 (and a 4Ψ fp32 accumulator in DeepSpeed's bf16 optimizer at ZeRO-0;
+  and at ZeRO-0 their flattened copy, up to 5e8 elements, which the engine all-reduces at the
+  boundary, one rank included),
   bΨ/N at ZeRO-2/3 plus the reduce bucket (``zero_bucket_elements``, two of them where DeepSpeed
   overlaps communication: ZeRO-3 by default);
 - optimizer: AdamW's two fp32 moments 8Ψ/N (8Ψ at ZeRO-0 fp32, where the torch optimizer is
@@ -26,8 +28,8 @@ stage that partitions it), with DeepSpeed 0.19's own buffers beside them:
 The training peak is what stays allocated through the step (parameters, optimizer state, buckets,
 ZeRO-3's gradient partition) plus the larger of what the start of the backward holds
 (activations, logits, ZeRO-3's gathered parameters) and what its end and the step hold (ZeRO-0/1/2's
-gradients, which the backward fills as it frees the activations and the step frees, and the fp32
-gradient partition), as ``phase_peak`` adds them; with several micro batches per update the
+gradients, which the backward fills as it frees the activations and the step frees, ZeRO-0's
+flattened all-reduce copy of them, and the fp32 gradient partition), as ``phase_peak`` adds them; with several micro batches per update the
 gradients are there under every backward after the first.
 
 Activations are counted per token and per block from the tensors autograd keeps for the backward,
@@ -77,13 +79,16 @@ from asyncrl.benchmarks.model_shapes import ModelShape
 
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's reduce_bucket_size and allgather_bucket_size when the config leaves them out."""
+DEEPSPEED_ALLREDUCE_ELEMENTS = 500_000_000
+"""Without ZeRO DeepSpeed's engine flattens the gradients into buffers of this many elements to
+all-reduce them at the accumulation boundary, on one rank too (``MEMORY_OPT_ALLREDUCE_SIZE``)."""
 LOGIT_BUFFERS = 4
 """fp32 (chunk, V) buffers alive at the backward's recomputation of a logits chunk: the logits,
 the softmax, the gradient and the gathered target's scatter (see the module docstring)."""
 GiB = 1 << 30
 BACKWARD_ONLY = ("activations", "logits", "parameters_gathered")
 """Alive in the forward and backward only: full at the start of the backward, freed as it goes."""
-AFTER_BACKWARD = ("gradients", "fp32_gradient_partition")
+AFTER_BACKWARD = ("gradients", "allreduce_buffer", "fp32_gradient_partition")
 """ZeRO-0/1/2's gradients (filled as the backward frees the activations, freed after the step)
 and the step's fp32 gradient partition; ZeRO-3's gradient partition stays allocated."""
 
@@ -290,8 +295,7 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
         dev["gradients"] = b * psi
         if b < 4:
             dev["gradients_fp32_accumulator"] = 4 * psi  # DeepSpeed's BF16_Optimizer
-        if n > 1:
-            dev["reduce_bucket"] = b * min(bucket, psi)
+        dev["allreduce_buffer"] = b * min(DEEPSPEED_ALLREDUCE_ELEMENTS, psi)
     elif stage == 1:
         dev["gradients"] = b * psi
         dev["reduce_bucket"] = b * min(bucket, psi)
