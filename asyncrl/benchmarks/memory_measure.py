@@ -271,6 +271,9 @@ def repredict(run: dict) -> dict:
     )
     return {
         **run,
+        # the prediction written when the run was measured, kept once: where it equals the one
+        # below, the model predicted this run before it was measured
+        "predicted_at_measurement_bytes": run.get("predicted_at_measurement_bytes", run["predicted_train_bytes"]),
         "predicted": est.to_dict(),
         "predicted_train_bytes": round(predicted),
         "train_ratio": run["measured_train_bytes"] / predicted,
@@ -281,8 +284,8 @@ def measured_markdown(runs: list[dict]) -> str:
     """The measured runs as a markdown table: predicted and measured training peaks per rank."""
     mib = 1 << 20
     lines = [
-        "| shape | parameters | ZeRO | ranks | dtype | tokens per rank | predicted MiB | measured MiB (max over ranks) | measured / predicted | load peak MiB | step s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | parameters | ZeRO | ranks | dtype | tokens per rank | predicted MiB | measured MiB (max over ranks) | measured / predicted | predicted before measured | load peak MiB | step s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in runs:
         s = r["setup"]
@@ -291,6 +294,7 @@ def measured_markdown(runs: list[dict]) -> str:
             f"| {r['shape']} | {r['parameters'] / 1e6:,.0f} M | {s['zero_stage']} | {s['ranks']} | {s['dtype']} "
             f"| {s['micro_batch']} × {s['seq_len']} | {r['predicted_train_bytes'] / mib:,.0f} "
             f"| {r['measured_train_bytes'] / mib:,.0f} | **{r['train_ratio']:.3f}** "
+            f"| {'yes' if abs(r.get('predicted_at_measurement_bytes', 0) - r['predicted_train_bytes']) < mib else 'no'} "
             f"| {r['measured_load_bytes'] / mib:,.0f} | {' / '.join(f'{t:.1f}' for t in steps)} |"
         )
     return "\n".join(lines)
