@@ -95,13 +95,16 @@ def _groups(setup: LearnerSetup, vocab: int, rank_groups: int) -> list:
     return groups
 
 
-def trainer_extras(setup: LearnerSetup) -> dict:
+def trainer_extras(setup: LearnerSetup, scratch: Path) -> dict:
     """``TrainerConfig`` keys for the options main does not have yet: offload
-    (``learner.trainer.offload``) and the attention implementation; set only when asked for, so
-    that on a tree without them the config names the missing key."""
+    (``learner.trainer.offload``, its NVMe files under ``scratch``) and the attention
+    implementation; set only when asked for, so that on a tree without them the config names the
+    missing key."""
     extras = {}
     if setup.optimizer_offload != "none" or setup.param_offload != "none":
         extras["offload"] = {"optimizer": setup.optimizer_offload, "params": setup.param_offload}
+        if "nvme" in (setup.optimizer_offload, setup.param_offload):
+            extras["offload"]["nvme_path"] = str(scratch / "nvme")
     if setup.attention != "sdpa":
         extras["attn_implementation"] = {"flash": "flash_attention_2"}.get(setup.attention, setup.attention)
     if setup.sequence_parallel != 1:
@@ -147,7 +150,7 @@ def rank_main(model_dir: Path, setup: LearnerSetup, steps: int, out: Path) -> No
         logits_chunk_tokens=setup.logits_chunk_tokens,
         gradient_checkpointing=setup.gradient_checkpointing,
         zero_bucket_elements=setup.bucket_elements,
-        **trainer_extras(setup),
+        **trainer_extras(setup, out.parent),
     )
     started = time.perf_counter()
     trainer = PolicyTrainer(model_dir, cfg)

@@ -59,9 +59,10 @@ tokens of a/P heads: the same bytes); ZeRO still partitions over all N ranks.
 
 Offload moves the optimizer state (master, moments, fp32 gradients) and, at ZeRO-3, the parameter
 partitions from the device to the host (``cpu``) or to NVMe (``nvme``: the host then holds the swap
-buffers). The host also holds, at start-up, the fp32 model each rank loads whole
-(``PolicyTrainer``: ``from_pretrained`` in fp32), and the device the whole model in the training
-dtype before ZeRO-3 partitions it, unless ``partitioned_load`` (``zero.Init``, ZeRO-3 only): then
+buffers and, for the optimizer, the ``sub_group_size`` elements being updated: 16 bytes each).
+The host also holds, at start-up, the fp32 model each rank loads whole (``PolicyTrainer``:
+``from_pretrained`` in fp32), and the device the whole model in the training dtype before ZeRO-3
+partitions it, unless ``partitioned_load`` (``zero.Init``, ZeRO-3 only): then
 a rank holds its share plus one block.
 
 Where this differs from a peer's estimate: DeepSpeed's ``estimate_zero3_model_states_mem_needs``
@@ -149,7 +150,7 @@ class LearnerSetup:
     nvme_buffer_elements: int = 100_000_000
     """Elements of one NVMe swap buffer on the host (DeepSpeed's ``buffer_size``, 1e8)."""
     nvme_buffers: int = 5
-    """Swap buffers on the host (DeepSpeed's ``buffer_count``: 4 for the optimizer, 5 for parameters)."""
+    """Parameter swap buffers on the host (DeepSpeed's ``offload_param.buffer_count``, 5; the optimizer's are 4)."""
     partitioned_load: bool = False
     """The model built partitioned (``zero.Init``; ZeRO-3 only): a rank never holds the whole model."""
     fp32_master_when_fp32: bool = True
@@ -320,7 +321,10 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
         host.update(states)
     else:
         nvme.update(states)
-        host["optimizer_swap_buffers"] = min(sum(states.values()), 4 * setup.nvme_buffer_elements * 4 * 4)
+        # DeepSpeed's optimizer swapper: 4 fp32 swap buffers, and the sub-group being updated
+        # (its master, two moments and gradient) read into host memory
+        sub_group = min(setup.sub_group_elements, psi / n)
+        host["optimizer_swap_buffers"] = 4 * setup.nvme_buffer_elements * 4 + 16 * sub_group
 
     # -- the step's activations and logits
     dev["activations"] = activations(shape, setup)
