@@ -16,7 +16,7 @@ figures in ``bench/results``: the ZeroMQ stream and shared memory to one subscri
 on an AVX2 host; ``rehearsal.json``: 1.98 GB on an AVX-512 host).
 For 7 B and 32 B on GPUs (``extrapolate``) the rates are the links' (``LINKS``): stated, not
 measured here, except the device-host copies and the ZeroMQ loopback rate, measured on an H200
-host (DESIGN.md). The CPU fit says what the stages cost per byte where the code ran; what a GPU
+host. The CPU fit says what the stages cost per byte where the code ran; what a GPU
 node will do is the link arithmetic, and is marked so.
 """
 
@@ -37,9 +37,9 @@ LINKS = {
     "ib_allgather": (45 * GB, "NCCL over InfiniBand NDR 400 Gb/s, one HCA per GPU"),
     "nvlink_broadcast": (360 * GB, "NCCL broadcast over NVLink 4 within a node"),
     "ib_broadcast": (45 * GB, "NCCL broadcast over InfiniBand NDR 400 Gb/s"),
-    "d2h_pinned": (55 * GB, "device-to-host, pinned, measured on an H200 host (DESIGN.md)"),
-    "h2d_pageable": (15 * GB, "host-to-device, pageable, measured on an H200 host (DESIGN.md)"),
-    "zmq_tcp": (1.7 * GB, "one ZeroMQ stream, 64 MiB frames, 1.5-1.9 GB/s on an H200 host (DESIGN.md)"),
+    "d2h_pinned": (55 * GB, "device-to-host, pinned, measured on an H200 host"),
+    "h2d_pageable": (15 * GB, "host-to-device, pageable, measured on an H200 host"),
+    "zmq_tcp": (1.7 * GB, "one ZeroMQ stream, 64 MiB frames, 1.5-1.9 GB/s on an H200 host"),
     "pcie5_nic_tcp": (12.5 * GB, "100 GbE host TCP, line rate (a single stream reaches ~zmq_tcp)"),
     "d2d_copy": (1000 * GB, "a copy within HBM3 (3.3-4.8 TB/s read + write): vLLM's load_weights from device tensors"),
 }
