@@ -16,7 +16,8 @@ stage that partitions it), with DeepSpeed 0.19's own buffers beside them:
   none on one rank);
 - gradients: bΨ at ZeRO-0/1 (and a 4Ψ fp32 accumulator in DeepSpeed's bf16 optimizer at ZeRO-0;
   and at ZeRO-0 their flattened copy, up to 5e8 elements, which the engine all-reduces at the
-  boundary, one rank included),
+  boundary, one rank included: in fp32 either way, as the bf16 optimizer hands over its fp32
+  accumulator),
   bΨ/N at ZeRO-2/3 plus the reduce bucket (``zero_bucket_elements``, two of them where DeepSpeed
   overlaps communication: ZeRO-3 by default);
 - optimizer: AdamW's two fp32 moments 8Ψ/N (8Ψ at ZeRO-0 fp32, where the torch optimizer is
@@ -296,7 +297,8 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
         dev["gradients"] = b * psi
         if b < 4:
             dev["gradients_fp32_accumulator"] = 4 * psi  # DeepSpeed's BF16_Optimizer
-        dev["allreduce_buffer"] = b * min(DEEPSPEED_ALLREDUCE_ELEMENTS, psi)
+        # fp32 under bf16: DeepSpeed's BF16_Optimizer hands the engine its fp32 accumulated gradients
+        dev["allreduce_buffer"] = 4 * min(DEEPSPEED_ALLREDUCE_ELEMENTS, psi)
     elif stage == 1:
         dev["gradients"] = b * psi
         dev["reduce_bucket"] = b * min(bucket, psi)
