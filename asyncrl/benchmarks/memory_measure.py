@@ -295,7 +295,8 @@ def measured_markdown(runs: list[dict]) -> str:
         steps = [t for rank in r["ranks"][:1] for t in rank["step_seconds"]]
         lines.append(
             f"| {r['shape']} | {r['parameters'] / 1e6:,.0f} M | {s['zero_stage']} | {s['ranks']} | {s['dtype']} "
-            f"| {s['micro_batch']} × {s['seq_len']} | {r['predicted_train_bytes'] / mib:,.0f} "
+            f"| {s['micro_batch']} × {s['seq_len']}{', checkpointed' if s['gradient_checkpointing'] else ''} "
+            f"| {r['predicted_train_bytes'] / mib:,.0f} "
             f"| {r['measured_train_bytes'] / mib:,.0f} | **{r['train_ratio']:.3f}** "
             f"| {'yes' if abs(r.get('predicted_at_measurement_bytes', 0) - r['predicted_train_bytes']) < mib else 'no'} "
             f"| {r['measured_load_bytes'] / mib:,.0f} | {' / '.join(f'{t:.1f}' for t in steps)} |"

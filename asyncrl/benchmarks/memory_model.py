@@ -15,16 +15,15 @@ stage that partitions it), with DeepSpeed 0.19's own buffers beside them:
   DeepSpeed keeps gathered from their forward to their backward; at most ``max_live_parameters``;
   none on one rank);
 - gradients: bΨ at ZeRO-0/1 (and a 4Ψ fp32 accumulator in DeepSpeed's bf16 optimizer at ZeRO-0;
-  and at ZeRO-0 their flattened copy, up to 5e8 elements, which the engine all-reduces at the
-  boundary, one rank included: in fp32 either way, as the bf16 optimizer hands over its fp32
-  accumulator),
+  and at ZeRO-0 in fp32 their flattened copy, up to 5e8 elements, which the engine all-reduces at
+  the boundary, one rank included),
   bΨ/N at ZeRO-2/3 plus the reduce bucket (``zero_bucket_elements``, two of them where DeepSpeed
   overlaps communication: ZeRO-3 by default);
 - optimizer: AdamW's two fp32 moments 8Ψ/N (8Ψ at ZeRO-0 fp32, where the torch optimizer is
   not partitioned), the fp32 master 4Ψ/N (under bf16, and under fp32 at ZeRO-1/2/3 too: DeepSpeed
   clones one even when the weights are fp32; ``fp32_master_when_fp32`` = False is the change that
-  drops it), and the step's fp32 gradient partition: 4Ψ/N at ZeRO-1/2, one ``sub_group_size``
-  at a time at ZeRO-3.
+  drops it), and the step's fp32 gradient partition: 4Ψ/N at ZeRO-1/2 (plus, under bf16, the
+  flattened bf16 partition it is cast from, bΨ/N), one ``sub_group_size`` at a time at ZeRO-3.
 
 The training peak is what stays allocated through the step (parameters, optimizer state, buckets,
 ZeRO-3's gradient partition) plus the larger of what the start of the backward holds
@@ -90,7 +89,7 @@ the softmax, the gradient and the gathered target's scatter (see the module docs
 GiB = 1 << 30
 BACKWARD_ONLY = ("activations", "logits", "parameters_gathered")
 """Alive in the forward and backward only: full at the start of the backward, freed as it goes."""
-AFTER_BACKWARD = ("gradients", "allreduce_buffer", "fp32_gradient_partition")
+AFTER_BACKWARD = ("gradients", "gradients_fp32_accumulator", "allreduce_buffer", "fp32_gradient_partition")
 """ZeRO-0/1/2's gradients (filled as the backward frees the activations, freed after the step)
 and the step's fp32 gradient partition; ZeRO-3's gradient partition stays allocated."""
 
@@ -295,10 +294,15 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
     # -- gradients
     if stage == 0:
         dev["gradients"] = b * psi
-        if b < 4:
-            dev["gradients_fp32_accumulator"] = 4 * psi  # DeepSpeed's BF16_Optimizer
-        # fp32 under bf16: DeepSpeed's BF16_Optimizer hands the engine its fp32 accumulated gradients
-        dev["allreduce_buffer"] = 4 * min(DEEPSPEED_ALLREDUCE_ELEMENTS, psi)
+        if b == 4:
+            dev["allreduce_buffer"] = 4 * min(DEEPSPEED_ALLREDUCE_ELEMENTS, psi)
+        else:
+            # DeepSpeed's BF16_Optimizer accumulates into fp32 gradients, allocated in the backward
+            # and freed after the step; measured on one rank, no flattened copy beside them (with
+            # several ranks one is assumed, as without bf16: not measured)
+            dev["gradients_fp32_accumulator"] = 4 * psi
+            if n > 1:
+                dev["allreduce_buffer"] = 4 * min(DEEPSPEED_ALLREDUCE_ELEMENTS, psi)
     elif stage == 1:
         dev["gradients"] = b * psi
         dev["reduce_bucket"] = b * min(bucket, psi)
@@ -314,7 +318,9 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
     if b < 4 or (stage >= 1 and setup.fp32_master_when_fp32):
         states["fp32_master"] = 4 * psi / n
     if stage in (1, 2):
-        states["fp32_gradient_partition"] = 4 * psi / n  # the whole partition cast at once
+        # the partition flattened (a copy in the training dtype), then cast to fp32: both at once
+        # under bf16, one buffer under fp32
+        states["fp32_gradient_partition"] = (4 + (b if b < 4 else 0)) * psi / n
     elif stage == 3:
         states["fp32_gradient_partition"] = 4 * min(psi / n, setup.sub_group_elements)  # a sub-group at a time
     if setup.optimizer_offload == "none":
