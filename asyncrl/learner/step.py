@@ -203,17 +203,26 @@ def padded_plans(
 
 def reference_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor | None:
     """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by
-    micro batches, each rank its own rows, summed into every rank's; None without a reference."""
+    micro batches, each rank its own rows, summed into every rank's; None without a reference.
+
+    A ``collective`` reference (partitioned under ZeRO-3) gathers in every forward pass: a rank
+    with fewer micro batches than another runs filler passes on row 0, whose results it drops."""
     if trainer.reference is None:
         return None
+    size, dp = trainer.cfg.micro_batch_size, trainer.dp
+    bounds = [b for lo, hi in shards.own(dp.rank) for b in micro_bounds(size, lo, hi)]
+    fillers = 0
+    if getattr(trainer.reference, "collective", False):
+        fillers = max(sum(len(micro_bounds(size, lo, hi)) for lo, hi in shards.own(r)) for r in range(dp.world))
+        fillers -= len(bounds)
     out = torch.zeros_like(batch.behaviour_logprobs)
     with torch.no_grad():
-        for start, stop in shards.own(trainer.dp.rank):
-            for lo, hi in micro_bounds(trainer.cfg.micro_batch_size, start, stop):
-                micro = batch.slice(lo, hi).to(trainer.device)
-                ref = trainer.reference.logprobs(  # (b, l-1)
-                    micro.input_ids, micro.attention_mask, micro.response_mask, trainer.distribution
-                )
+        for index, (lo, hi) in enumerate(bounds + [(0, 1)] * fillers):
+            micro = batch.slice(lo, hi).to(trainer.device)
+            ref = trainer.reference.logprobs(  # (b, l-1)
+                micro.input_ids, micro.attention_mask, micro.response_mask, trainer.distribution
+            )
+            if index < len(bounds):
                 out[lo:hi, : ref.shape[1]] = ref.cpu()
     return trainer.dp.all_sum(out, "reference logprobs", trainer.version)
 
