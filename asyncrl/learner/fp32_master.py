@@ -29,9 +29,11 @@ tensor's ``torch.device`` with the accelerator's device *name*, a string, which 
 (``torch.device("cpu") == "cpu"`` is False in torch 2.13), so it clones there too. The same
 view is made there (``fp32_partitioned_groups_flat`` onto ``fp16_partitioned_groups_flat``).
 
-It runs after the engine is built, so the clone exists for a moment: by then the flattening
-has already held the weights twice (the parameters and the flat buffer being filled), so the
-construction's peak does not rise; the steady state holds the weights once. DeepSpeed has no
+It runs after the engine is built, so the clone exists for a moment: by then building the
+flat buffer has already held the weights (ZeRO-3: the rank's share) twice, the parameters and
+the buffer being filled, so the construction's peak does not rise; the steady state holds the
+weights once. A checkpoint saves a copy of the partition, not the buffer it views
+(``_save_masters_alone``). DeepSpeed has no
 setting for this (its ``bf16_master_weights_and_grads`` is the other case, low-precision
 masters). Where the master lives elsewhere (CPU offload, NVMe) or in another dtype (bf16
 weights), nothing changes.
@@ -58,9 +60,36 @@ def share_fp32_master(optimizer) -> int:
             raise RuntimeError(f"ZeRO group {i}: the fp32 master partition differs from the model's")
         freed += master.numel() * master.element_size()
         master.data = own.detach()  # the same tensor object (the inner optimizer's param), new storage
-    if freed and hasattr(optimizer, "single_partition_of_fp32_groups"):
-        optimizer._link_all_hp_params()  # ZeRO-1/2: its fragments were views of the freed clone
+    if freed:
+        if hasattr(optimizer, "single_partition_of_fp32_groups"):
+            optimizer._link_all_hp_params()  # ZeRO-1/2: its fragments were views of the freed clone
+        _save_masters_alone(optimizer)
     return freed
+
+
+MASTER_KEYS = ("single_partition_of_fp32_groups", "fp32_flat_groups")
+"""The keys under which DeepSpeed's ZeRO-1/2 and ZeRO-3 optimizers put the master partitions
+in their checkpoint (``deepspeed.checkpoint.constants``)."""
+
+
+def _save_masters_alone(optimizer) -> None:
+    """Make the optimizer's ``state_dict`` hand out copies of its master partitions.
+
+    ``torch.save`` writes a view's whole storage: the master partition, now a view of the
+    model's flat buffer (the whole model under ZeRO-1/2), would write that buffer into every
+    rank's optimizer file. DeepSpeed saves the ZeRO state dict without its
+    ``clone_tensors_for_torch_save``; the copies (the rank's partitions, while a checkpoint is
+    written) keep each file what it was."""
+    original = optimizer.state_dict
+
+    def state_dict(*args, **kwargs):
+        state = original(*args, **kwargs)
+        for key in MASTER_KEYS:
+            if key in state:
+                state[key] = [t.clone() if torch.is_tensor(t) else t for t in state[key]]
+        return state
+
+    optimizer.state_dict = state_dict
 
 
 def master_pairs(optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -83,6 +83,9 @@ def test_the_fp32_master_partition_is_the_models_own_storage(stage, model_dir):
     for master, own in pairs:
         assert master.data_ptr() == own.data_ptr() and master.numel() == own.numel()
         assert master.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()
+    saved = trainer.engine.optimizer.state_dict()  # a checkpoint's: the partitions alone, not the buffer they view
+    masters = saved.get("single_partition_of_fp32_groups") or saved["fp32_flat_groups"]
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in masters)
     if stage < 3:  # and the model's parameters are views of that flat buffer
         flat = trainer.engine.optimizer.bit16_groups_flat[0]
         start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
