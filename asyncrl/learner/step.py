@@ -212,7 +212,7 @@ def reference_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPl
     size, dp = trainer.cfg.micro_batch_size, trainer.dp
     bounds = [b for lo, hi in shards.own(dp.rank) for b in micro_bounds(size, lo, hi)]
     fillers = 0
-    if getattr(trainer.reference, "collective", False):
+    if trainer.reference.collective:
         fillers = max(sum(len(micro_bounds(size, lo, hi)) for lo, hi in shards.own(r)) for r in range(dp.world))
         fillers -= len(bounds)
     out = torch.zeros_like(batch.behaviour_logprobs)
