@@ -1,18 +1,22 @@
 """One learner rank of the ZeRO-3 construction memory test (``test_zero_init.py``).
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p \\
-        python -m tests.learner.zero_init_worker MODEL_DIR OUT_DIR
+        python -m tests.learner.zero_init_worker MODEL_DIR OUT_DIR MODE WARM_MODEL_DIR
 
-In a fresh process (imports and the process group already paid for), it measures the peak of
-the process's resident memory above where it stood, over each construction in turn:
+In a fresh process (imports and the process group already paid for, and DeepSpeed's own
+ZeRO-3 state built once on WARM_MODEL_DIR, a model of a few kB), it measures the peak of the process's
+resident memory above where it stood over one construction, MODE:
 
 - ``partitioned``: the policy at ``zero_stage: 3`` (``partitioned_load.build_causal_lm``);
 - ``value_model``: the critic's value model at ZeRO-3 (``critic.build_value_model``);
 - ``full``: the old way, the whole fp32 model on the rank (``from_pretrained``);
 
-and writes them, with the rank's share of the parameters and the largest module's bytes, to
-``OUT_DIR/rank{r}.json``. The peak is the kernel's high-water mark of the resident set
-(``VmHWM``), reset before each construction by writing 5 to ``/proc/self/clear_refs``.
+and writes it, with the rank's share of the parameters and the largest module's bytes, to
+``OUT_DIR/MODE.rank{r}.json``. The peak is the kernel's high-water mark of the resident set
+(``VmHWM``), reset before the construction by writing 5 to ``/proc/self/clear_refs``. The
+test runs it with a fixed ``MALLOC_MMAP_THRESHOLD_``: glibc otherwise raises its threshold
+after the first large free and serves later blocks of a few MB from its heap, where freed
+memory stays resident, and the peak would measure the allocator's history, not the model.
 """
 
 from __future__ import annotations
@@ -65,36 +69,26 @@ def main(argv: list[str]) -> int:
     from asyncrl.learner.deepspeed_setup import init_learner_group
     from asyncrl.learner.partitioned_load import build_causal_lm
 
-    model_dir, out_dir = Path(argv[0]), Path(argv[1])
+    model_dir, out_dir, mode, warm = Path(argv[0]), Path(argv[1]), argv[2], Path(argv[3])
     init_learner_group(120.0)
-    cfg = TrainerConfig(zero_stage=3)
-    # Once, unmeasured: the first zero.Init and gather build DeepSpeed's own state (the comm
-    # groups, the parameter registry), which are the process's, not the model's.
-    del_me = build_causal_lm(model_dir, cfg)
-    del del_me
-    model, partitioned = peak_above_now(lambda: build_causal_lm(model_dir, cfg))
-    share = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in model.parameters())
-    total = sum(p.ds_numel * 4 for p in model.parameters())
-    largest = largest_module_bytes(model)
-    del model
-    value, value_model = peak_above_now(lambda: build_value_model(model_dir, cfg))
-    value_share = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in value.parameters())
-    del value
-    full_model, full = peak_above_now(lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
-    del full_model
     rank = torch.distributed.get_rank()
-    figures = {
-        "rank": rank,
-        "world": torch.distributed.get_world_size(),
-        "partitioned": partitioned,
-        "value_model": value_model,
-        "full": full,
-        "share": share,
-        "value_share": value_share,
-        "total": total,
-        "largest_module": largest,
-    }
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(figures))
+    cfg = TrainerConfig(zero_stage=3)
+    # Once, unmeasured, on a model of a few kB (``warm``): the first zero.Init and gather build
+    # DeepSpeed's own state (its groups, its parameter registry), the process's, not the model's.
+    build_causal_lm(warm, cfg)
+    build_value_model(warm, cfg)
+    figures = {"rank": rank, "world": torch.distributed.get_world_size(), "mode": mode}
+    if mode == "full":
+        _, figures["peak"] = peak_above_now(
+            lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        )
+    else:
+        build = build_causal_lm if mode == "partitioned" else build_value_model
+        model, figures["peak"] = peak_above_now(lambda: build(model_dir, cfg))
+        figures["share"] = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in model.parameters())
+        figures["total"] = sum(p.ds_numel * 4 for p in model.parameters())
+        figures["largest_module"] = largest_module_bytes(model)
+    (out_dir / f"{mode}.rank{rank}.json").write_text(json.dumps(figures))
     torch.distributed.barrier()
     return 0
 
