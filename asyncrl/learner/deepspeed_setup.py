@@ -93,12 +93,12 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
     import deepspeed
 
     from asyncrl.learner.fp32_master import share_fp32_master
-    from asyncrl.learner.partitioned_load import release_freed_memory
+    from asyncrl.learner.heap import release_freed_memory
 
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
     share_fp32_master(engine.optimizer)
     # DeepSpeed's flattening copies every parameter (or partition) into one buffer and frees
-    # them: holes in the C heap that would otherwise stay resident (partitioned_load explains).
+    # them: holes in the C heap that would otherwise stay resident (``heap``).
     release_freed_memory()
     return engine
 

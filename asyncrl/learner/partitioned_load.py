@@ -39,7 +39,6 @@ it, and the tied parameter is loaded once, from the name the checkpoint stores i
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +46,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.learner.config import TrainerConfig
+from asyncrl.learner.heap import release_freed_memory
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -213,21 +213,6 @@ def load_partitioned(module: torch.nn.Module, model_dir: str | Path, prefix: str
                 with torch.no_grad():
                     buf.copy_(reader.get(key))
     return [name for name, p in module.named_parameters() if id(p) not in done]
-
-
-def release_freed_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
-
-    A module's parameters are gathered whole, copied and freed, next to the partitions that
-    stay; below glibc's mmap threshold (which rises to 32 MB after the first large free) these
-    blocks live on the heap, and the holes they leave between partitions stay resident. Without
-    it a 0.36 B model built at ZeRO-3 over two ranks left each rank holding well over its share;
-    with it the resident set follows the live tensors."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.malloc_trim(0)
 
 
 def zero_partitioned(params: list[torch.nn.Parameter]) -> None:
