@@ -12,8 +12,9 @@ parameter and nothing more, from the start, so it is built in two steps:
 2. **loading module by module** (``load_partitioned``): for each module in turn its own
    parameters are gathered (``deepspeed.zero.GatheredParameters(..., modifier_rank=0)``),
    rank 0 copies the checkpoint's tensors into them, read one at a time from the safetensors
-   file(s) (``safe_open``: nothing else of the file is read), and on leaving the block rank 0's
-   values are broadcast and every rank keeps its partition. Extra memory: the largest module
+   file(s) (``CheckpointReader``: the headers, then each tensor's bytes, nothing else), and on
+   leaving the block rank 0's values are broadcast and every rank keeps its partition; the
+   freed blocks are handed back to the system (``heap``). Extra memory: the largest module
    whole (the embedding or the LM head), and on rank 0 one checkpoint tensor beside it.
 
 So a rank holds its share plus about one module, whatever the model's size
@@ -23,8 +24,8 @@ Where this differs from transformers (which OpenRLHF and verl use for the same j
 ``from_pretrained`` under a live ``HfDeepSpeedConfig``), and why:
 
 - transformers 5.19 reads every checkpoint file into one state dict on every rank before it
-  loads any of it, so every rank maps (and, for a non-safetensors checkpoint, holds) the whole
-  model; here only rank 0 reads, one tensor at a time;
+  loads any of it, so every rank maps (and, for a checkpoint in another dtype or format, holds)
+  the whole model; here only rank 0 reads, one tensor at a time;
 - it switches ZeRO-3 on through a process-wide setting (a weak reference to the
   ``HfDeepSpeedConfig``) that changes every later ``from_pretrained`` in the process while the
   object lives; here the context is explicit and ends with the construction;
