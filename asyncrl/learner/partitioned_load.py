@@ -24,7 +24,7 @@ Where this differs from transformers (which OpenRLHF and verl use for the same j
 ``from_pretrained`` under a live ``HfDeepSpeedConfig``), and why:
 
 - transformers 5.19 reads every checkpoint file into one state dict on every rank before it
-  loads any of it, so every rank maps (and, for a checkpoint in another dtype or format, holds)
+  loads any of it, so every rank maps (and, for a pickled ``.bin`` checkpoint, holds)
   the whole model; here only rank 0 reads, one tensor at a time;
 - it switches ZeRO-3 on through a process-wide setting (a weak reference to the
   ``HfDeepSpeedConfig``) that changes every later ``from_pretrained`` in the process while the
