@@ -121,5 +121,6 @@ def test_the_whole_model_on_each_rank_exceeds_that_bound(measured):
 
 def test_the_critics_value_model_is_built_partitioned_too(measured):
     for value, policy in zip(measured["value_model"], measured["partitioned"]):
-        assert value["share"] <= policy["share"]  # the backbone without the LM head
+        # the backbone (the LM head, tied here, is the embedding) and a head of hidden + 1 values
+        assert value["share"] <= policy["share"] * 1.01
         assert value["peak"] <= bound(value), value
