@@ -6,7 +6,7 @@ stays in the process's resident set. Building a model partitioned gathers each m
 copies it and frees it beside the partitions that stay, and DeepSpeed's flattening copies
 every parameter (or partition) into one buffer and frees the originals: at 0.1-1 B parameters
 those blocks are a few MB each, and the holes they leave add up to a large part of the model
-(a 0.36 B model at ZeRO-3 over two ranks: ~1.3 GiB per rank held by holes after construction).
+(a 0.36 B model at ZeRO-3 over two ranks: 1.0-1.3 GiB per rank held by holes after construction).
 ``release_freed_memory`` (glibc's ``malloc_trim``) returns them; with another C library it does
 nothing.
 """
