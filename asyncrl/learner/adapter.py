@@ -11,10 +11,10 @@ rest of the learner is here:
   load them. The contract with the generators is written in ``asyncrl.models.lora``.
 - **the KL reference** (``AdapterOffReference``): the base model is the starting policy, and it
   is already in the engine: the reference is the same weights run with the adapter disabled
-  (peft's ``disable_adapter()``), so no second copy of the model is loaded. That is under ZeRO
-  0-2, where a forward pass is local to the rank; under ZeRO-3 every forward gathers parameters
-  collectively while the step asks the reference for each rank's own rows only (uneven counts),
-  so there the reference is its own copy of the base (``ColocatedReference``, as without LoRA).
+  (peft's ``disable_adapter()``), so no second copy of the model is loaded, at any ZeRO stage.
+  Under ZeRO-3 its forward passes gather the partitioned base collectively, so it is
+  ``collective`` and the step gives every rank as many reference calls (filler rows,
+  ``step.reference_logprobs``).
 - **the final model** (``save_lora_final``): ``RUN_DIR/final`` holds the merged model (base +
   alpha/r B A, a plain Hugging Face model dir, which the evaluation after RL and vLLM load like a
   full run's), and the adapter itself in peft's format in ``RUN_DIR/final/adapter``
@@ -81,13 +81,16 @@ def adapter_state_dict(module: torch.nn.Module, rank0_only: bool = False) -> dic
 
 
 class AdapterOffReference:
-    """The KL reference of a LoRA policy under ZeRO 0-2: the engine's own weights with the adapter
-    disabled, i.e. the starting model (same interface as ``ColocatedReference``)."""
+    """The KL reference of a LoRA policy: the engine's own weights with the adapter disabled,
+    i.e. the starting model (same interface as ``ColocatedReference``)."""
 
-    def __init__(self, module: torch.nn.Module, chunk_tokens: int = 512):
+    def __init__(self, module: torch.nn.Module, chunk_tokens: int = 512, collective: bool = False):
         self.module = module
         """The engine's PeftModel (its ``disable_adapter()`` runs the base alone)."""
         self.chunk_tokens = chunk_tokens
+        self.collective = collective
+        """Whether a forward pass is collective (ZeRO-3 gathers the partitioned base): every rank
+        must then call ``logprobs`` as often as the others."""
 
     @torch.no_grad()
     def logprobs(

@@ -45,7 +45,7 @@ class KLConfig(Config):
     horizon: int = Field(10000, ge=1)
     """Adaptive controller: samples over which a 20% KL error changes beta by 20%."""
     reference: Literal["colocated", "process"] = "colocated"
-    """Where the reference model runs: a frozen copy inside each learner rank (no optimizer), or
+    """Where the reference model runs: a frozen copy inside each learner rank (no optimizer; under ZeRO-3 partitioned over the ranks like the policy; with LoRA the base with the adapter off), or
     its own process that the learner asks over ZeroMQ (no second model in the learner's memory)."""
 
     @field_validator("coef", "target")

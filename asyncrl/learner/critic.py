@@ -40,19 +40,15 @@ from asyncrl.learner.deepspeed_setup import deepspeed_engine, init_learner_group
 from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.losses import value_loss
 from asyncrl.learner.packing import MicroBatchPlan, pack
+from asyncrl.learner.partitioned_load import build_partitioned, load_partitioned, zero_partitioned
 
 
 class ValueModel(torch.nn.Module):
     """A causal LM backbone and a linear head to one value per position: (B, L) ids -> (B, L)."""
 
-    def __init__(self, model_dir: str | Path, attn_implementation: str = "sdpa"):
+    def __init__(self, backbone: torch.nn.Module):
         super().__init__()
-        from transformers import AutoModelForCausalLM
-
-        # The causal LM's own backbone (its ``base_model``), without the LM head it is saved with.
-        self.backbone = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation=attn_implementation
-        ).base_model
+        self.backbone = backbone
         self.backbone.config.use_cache = False
         hidden = self.backbone.config.hidden_size
         self.v_head = torch.nn.Linear(hidden, 1)
@@ -68,6 +64,30 @@ class ValueModel(torch.nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
         return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1).float()  # (B, L)
+
+
+def build_value_model(model_dir: str | Path, cfg: TrainerConfig) -> ValueModel:
+    """The value model of ``model_dir``: the causal LM's own backbone (its ``base_model``,
+    without the LM head it is saved with) and a zero head. Under ZeRO-3 built partitioned and
+    loaded module by module (``partitioned_load``), the head zeroed across the ranks."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    attn = cfg.attn_implementation
+    if cfg.zero_stage < 3:
+        causal_lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+        return ValueModel(causal_lm.base_model)
+    config = AutoConfig.from_pretrained(model_dir)
+    model = build_partitioned(
+        lambda: ValueModel(AutoModel.from_config(config, dtype=torch.float32, attn_implementation=attn)), cfg
+    )
+    # The checkpoint names the backbone's parameters under the causal LM's prefix ("model.").
+    missing = load_partitioned(model.backbone, model_dir, prefix=model.backbone.base_model_prefix + ".")
+    if missing:
+        raise ValueError(
+            f"{model_dir}: the checkpoint lacks {missing[:5]} ({len(missing)} tensors) of the value model's backbone"
+        )
+    zero_partitioned(list(model.v_head.parameters()))  # its init was skipped with the backbone's
+    return model
 
 
 def whiten_tokens(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = False, eps: float = 1e-6) -> torch.Tensor:
@@ -106,7 +126,7 @@ class CriticTrainer:
         self.cfg = cfg
         self.pad_id = pad_id
         """The token id after the last sequence of a packed row."""
-        model = ValueModel(model_dir, trainer_cfg.attn_implementation)
+        model = build_value_model(model_dir, trainer_cfg)
         if trainer_cfg.gradient_checkpointing:
             model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()

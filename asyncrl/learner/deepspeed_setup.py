@@ -86,12 +86,20 @@ def deepspeed_config(cfg: TrainerConfig) -> dict:
     }
 
 
-def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig):
+def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, cfg: TrainerConfig):
     """A DeepSpeed engine around ``model`` and ``optimizer`` with ``deepspeed_config(cfg)`` (policy
-    and critic alike)."""
+    and critic alike; without optimizer, the ZeRO-3 reference). Under ZeRO-1/2 in fp32 the
+    optimizer's master partition is the model's own storage (``fp32_master.share_fp32_master``)."""
     import deepspeed
 
+    from asyncrl.learner.fp32_master import share_fp32_master
+    from asyncrl.learner.heap import release_freed_memory
+
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
+    share_fp32_master(engine.optimizer)
+    # DeepSpeed's flattening copies every parameter (or partition) into one buffer and frees
+    # them: holes in the C heap that would otherwise stay resident (``heap``).
+    release_freed_memory()
     return engine
 
 

@@ -8,6 +8,11 @@ elsewhere — so the trainer does not care where it runs:
 
 - ``ColocatedReference``: a frozen copy of the starting weights inside the learner rank (no
   optimizer state), the cheapest choice when memory allows;
+- ``PartitionedReference``: under ZeRO-3, the same frozen weights partitioned over the learner's
+  ranks like the policy (a DeepSpeed ZeRO-3 engine without optimizer, as OpenRLHF and verl
+  hold theirs), so a rank holds 1/N of the reference instead of all of it; a forward pass then
+  gathers collectively, so every rank must make as many calls (``collective``; the step pads
+  with filler rows, ``step.reference_logprobs``);
 - ``RemoteReference``: asks a reference process (``run_reference``, role ``reference``, started
   by the controller when ``algorithm.kl.reference: process``) over ZeroMQ; the learner's memory
   then holds no second model, and the reference can sit on another device or node.
@@ -33,6 +38,7 @@ import numpy as np
 import torch
 
 from asyncrl.learner.batch import TrainBatch
+from asyncrl.learner.config import TrainerConfig
 from asyncrl.learner.logprobs import TokenDistribution, token_scores
 from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.wire.messages import ReadyEvent, ReferenceFinal, RefLogprobs, WantRefLogprobs
@@ -57,6 +63,9 @@ def load_frozen_model(model_dir: str, device, dtype: torch.dtype, attn_implement
 
 class ColocatedReference:
     """A frozen copy of the starting weights in this process."""
+
+    collective = False
+    """A forward pass is local to the rank."""
 
     def __init__(
         self,
@@ -93,8 +102,54 @@ class ColocatedReference:
         return scores.logprobs  # (B, L-1)
 
 
+class PartitionedReference:
+    """The frozen starting weights partitioned over the learner's ranks (ZeRO-3).
+
+    Built partitioned and loaded module by module (``partitioned_load.build_causal_lm``: never
+    whole on a rank), in a DeepSpeed engine with the policy's config and no optimizer, which
+    gathers each module's parameters for its forward and frees them after."""
+
+    collective = True
+    """A forward pass is collective: every rank must call ``logprobs`` as often as the others."""
+
+    def __init__(self, model_dir: str, cfg: TrainerConfig):
+        from asyncrl.learner.deepspeed_setup import deepspeed_engine
+        from asyncrl.learner.partitioned_load import build_causal_lm
+
+        model = build_causal_lm(model_dir, cfg)
+        model.config.use_cache = False
+        model.eval().requires_grad_(False)
+        self.engine = deepspeed_engine(model, None, cfg)
+        self.chunk_tokens = cfg.logits_chunk_tokens
+
+    @torch.no_grad()
+    def logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        score_mask: torch.Tensor,
+        dist: TokenDistribution,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """As ``ColocatedReference.logprobs``; collective (every rank calls it equally often)."""
+        scores = token_scores(
+            self.engine,
+            input_ids,
+            None if position_ids is not None else attention_mask,
+            score_mask,
+            dist,
+            position_ids=position_ids,
+            chunk_tokens=self.chunk_tokens,
+            entropy=False,
+        )
+        return scores.logprobs  # (B, L-1)
+
+
 class RemoteReference:
     """The reference policy in another process, asked per micro batch."""
+
+    collective = False
+    """Each rank asks for its own rows only."""
 
     def __init__(self, address: str, timeout_s: float = 60.0):
         self.client = RequestClient(address, name="learner.reference")
@@ -129,7 +184,7 @@ class RemoteReference:
 
 
 def micro_logprobs(
-    reference: ColocatedReference | RemoteReference | AdapterOffReference,
+    reference: ColocatedReference | PartitionedReference | RemoteReference | AdapterOffReference,
     micro: TrainBatch,
     plan: MicroBatchPlan,
     pad_id: int,

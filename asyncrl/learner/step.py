@@ -200,16 +200,25 @@ def padded_plans(
 def reference_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPlan) -> torch.Tensor | None:
     """log pi_ref of every response token, (B, L-1) on the CPU (0 off the response), by the
     policy's micro batches (packed when its are: ``reference.micro_logprobs``), each rank its own
-    rows, summed into every rank's; None without a reference. No fillers: the reference's
-    forward is no DeepSpeed engine's, so it has no collective to keep in step."""
+    rows, summed into every rank's; None without a reference.
+
+    A ``collective`` reference (partitioned under ZeRO-3) gathers in every forward pass: a rank
+    with fewer micro batches than another runs filler passes (``padded_plans``), whose results it
+    drops. Any other reference's forward is local: no fillers."""
     if trainer.reference is None:
         return None
+    dp = trainer.dp
+    if trainer.reference.collective:
+        ranges = [shards.own(r) for r in range(dp.world)]
+        plans = padded_plans(trainer, batch, ranges, filler_row=0)
+    else:
+        plans = [(plan, False) for lo, hi in shards.own(dp.rank) for plan in micro_plans(trainer, batch, lo, hi)]
     out = torch.zeros_like(batch.behaviour_logprobs)
     with torch.no_grad():
-        for start, stop in shards.own(trainer.dp.rank):
-            for plan in micro_plans(trainer, batch, start, stop):
-                micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
-                ref = micro_logprobs(trainer.reference, micro, plan, trainer.pad_id, trainer.distribution)  # (b, l-1)
+        for plan, filler in plans:
+            micro = batch.slice(plan.lo, plan.hi).to(trainer.device)
+            ref = micro_logprobs(trainer.reference, micro, plan, trainer.pad_id, trainer.distribution)  # (b, l-1)
+            if not filler:
                 out[plan.lo : plan.hi, : ref.shape[1]] = ref.cpu()
     return trainer.dp.all_sum(out, "reference logprobs", trainer.version)
 

@@ -28,9 +28,10 @@ in batch order, the same each epoch, as verl cuts them (OpenRLHF reshuffles each
 group is never split, so group statistics stay within one update. The critic (``gae``) takes
 one update per step.
 
-The KL reference is a frozen copy of the starting weights, run without gradient and without a
-DeepSpeed engine, in each rank (``kl.reference: colocated``) or in its own process
-(``kl.reference: process``, see ``asyncrl.learner.reference``); it is used only when
+The KL reference is a frozen copy of the starting weights, run without gradient, in each rank
+(``kl.reference: colocated``: whole and without a DeepSpeed engine under ZeRO 0-2, partitioned
+in an engine without optimizer under ZeRO-3) or in its own process (``kl.reference: process``,
+see ``asyncrl.learner.reference``); it is used only when
 ``algorithm.kl.coef > 0`` or by online DPO. As a reward penalty the per-token KL is taken between the behaviour
 logprobs mu and the reference (the policy that sampled the answer, as OpenRLHF does at
 experience time), so it needs no extra policy forward pass.
@@ -75,7 +76,8 @@ from asyncrl.learner.kl import make_kl_controller
 from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_scores
 from asyncrl.learner.online_dpo import online_dpo_step
 from asyncrl.learner.packing import MicroBatchPlan, pack
-from asyncrl.learner.reference import ColocatedReference, RemoteReference
+from asyncrl.learner.partitioned_load import build_causal_lm
+from asyncrl.learner.reference import ColocatedReference, PartitionedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
 from asyncrl.models.lora import (
     LoraConfig,
@@ -110,7 +112,7 @@ class PolicyTrainer:
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
         import torch._dynamo  # noqa: F401
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         # bf16_if_native is decided here, on the hardware that trains (asyncrl.models.precision).
         cfg = cfg.model_copy(update={"dtype": resolve_trainer_dtype(cfg.dtype)})
@@ -150,11 +152,9 @@ class PolicyTrainer:
         self.hf_config = AutoConfig.from_pretrained(self.model_dir)
         self.pad_id = _pad_id(self.hf_config)
 
-        # The full fp32 model is loaded on each rank, then DeepSpeed casts it (bf16) and, under
-        # ZeRO-3, partitions it. Fine for models that fit in host memory once per rank.
-        model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch.float32, attn_implementation=cfg.attn_implementation
-        )
+        # ZeRO 0-2: the full fp32 model on each rank, which DeepSpeed casts (bf16). ZeRO-3: built
+        # partitioned and loaded module by module, never whole on a rank (``partitioned_load``).
+        model = build_causal_lm(self.model_dir, cfg)
         model.config.use_cache = False
         if cfg.gradient_checkpointing:
             # Non-reentrant: works under ZeRO-3 and with inputs that need no gradient.
@@ -190,8 +190,10 @@ class PolicyTrainer:
                 if reference_address is None:
                     raise ValueError("algorithm.kl.reference (process) needs the reference process's address")
                 self.reference = RemoteReference(reference_address)
-            elif lora is not None and cfg.zero_stage < 3:  # the base is in the engine: run it with the adapter off
-                self.reference = AdapterOffReference(self.engine.module, cfg.logits_chunk_tokens)
+            elif lora is not None:  # the base is in the engine: run it with the adapter off
+                self.reference = AdapterOffReference(self.engine.module, cfg.logits_chunk_tokens, cfg.zero_stage == 3)
+            elif cfg.zero_stage == 3:  # partitioned like the policy: a share of it on each rank
+                self.reference = PartitionedReference(str(self.model_dir), cfg)
             else:
                 dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
                 self.reference = ColocatedReference(

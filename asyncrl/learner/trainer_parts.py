@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from asyncrl.learner.kl import AdaptiveKLController, FixedKLController
     from asyncrl.learner.logprobs import TokenDistribution, TokenScores
     from asyncrl.learner.packing import MicroBatchPlan
-    from asyncrl.learner.reference import ColocatedReference, RemoteReference
+    from asyncrl.learner.reference import ColocatedReference, PartitionedReference, RemoteReference
     from asyncrl.models.lora import LoraConfig
 
 
@@ -60,7 +60,7 @@ class TrainerParts(Protocol):
     """The KL coefficient beta and its update."""
     critic: CriticTrainer | None
     """The value model's trainer (``gae``), else None."""
-    reference: ColocatedReference | RemoteReference | AdapterOffReference | None
+    reference: ColocatedReference | PartitionedReference | RemoteReference | AdapterOffReference | None
     """The frozen KL reference, else None."""
     lora: LoraConfig | None
     """The LoRA adapters' config; None: full fine-tuning."""

@@ -40,9 +40,9 @@ PER_STAGE = {
 }
 """What the ZeRO stage changes: how gradients, optimizer states and parameters are split over the
 ranks, for each DeepSpeed engine (policy, critic) and across optimizer steps. These run at every
-stage. The losses (aggregations, KL to the frozen reference, which is a plain module outside
-DeepSpeed) are computed before the backward and do not depend on it: they run at stage 2, the
-default, only."""
+stage. The losses (aggregations, KL to the frozen reference, a plain module outside DeepSpeed
+below ZeRO-3) are computed before the backward and do not depend on it: they run at stage 2, the
+default, only; and the KL once at stage 3, where the reference is partitioned too."""
 for _stage in (1, 2, 3):
     for _name, (_algo, _epochs, _minis) in PER_STAGE.items():
         CASES[f"z{_stage}-{_name}"] = (_stage, {}, _algo, _epochs, _minis)
@@ -54,6 +54,9 @@ CASES |= {
     "z2-kl-reward": (2, {}, KL_REWARD, 1, 1),
 }
 CASES |= {
+    # the reference partitioned over the ranks (ZeRO-3): its forwards are collective, the ranks'
+    # row counts differ, so the smaller share runs filler passes
+    "z3-kl-loss": (3, {}, KL_LOSS, 1, 1),
     "z0-token-mean": (0, {}, {}, 1, 1),
     "z2-packed": (2, {"micro_batch_tokens": 40}, {}, 1, 1),
     # the reference's and the critic's forwards on the policy's packed rows, the critic's fillers too

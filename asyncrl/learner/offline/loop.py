@@ -45,6 +45,7 @@ from asyncrl.learner.offline.objective import DPOObjective, make_objective
 from asyncrl.learner.offline.reference import cached_reference, fingerprint
 from asyncrl.learner.offline.report import OfflineReport
 from asyncrl.learner.offline.state import load_checkpoint, save_checkpoint
+from asyncrl.learner.partitioned_load import build_causal_lm
 from asyncrl.models.lora import apply_lora, trainable_parameters
 from asyncrl.models.precision import resolve_trainer_dtype
 from asyncrl.tasks.formatting import load_tokenizer
@@ -73,7 +74,7 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
 class OfflineLoop:
     def __init__(self, cfg: OfflineConfig, run_dir: Path, model_dir: Path):
         import torch._dynamo  # noqa: F401  (before DeepSpeed's ZeRO-3 patches module construction)
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         self.cfg, self.run_dir, self.model_dir = cfg, Path(run_dir), Path(model_dir)
         self.trainer_cfg = cfg.trainer_config()
@@ -98,9 +99,7 @@ class OfflineLoop:
         self.task = cfg.eval.task or ("addition" if cfg.data.train == ADDITION else "gsm8k")
 
         self.hf_config = AutoConfig.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch.float32, attn_implementation=self.trainer_cfg.attn_implementation
-        )
+        model = build_causal_lm(self.model_dir, self.trainer_cfg)  # ZeRO-3: partitioned from the start
         model.config.use_cache = False
         if self.trainer_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -107,15 +107,14 @@ def test_probe_scores_the_adapted_policy_and_the_reference_is_the_base(model_dir
     assert (adapted - ref).abs().max() > 1e-4  # the reference is not the policy
 
 
-def test_zero3_reference_is_a_copy_of_the_base(model_dir, groups):
-    # Under ZeRO-3 a forward pass gathers collectively, and the step asks the reference for each
-    # rank's own rows: the reference is its own (local) copy of the base, not the adapter turned off.
+def test_zero3_reference_is_the_partitioned_base_with_the_adapter_off(model_dir, groups):
+    # Under ZeRO-3 too the reference is the engine's own base with the adapter off (no second
+    # copy); its forward passes gather collectively, so the step gives every rank as many.
     from transformers import AutoModelForCausalLM
 
-    from asyncrl.learner.reference import ColocatedReference
-
     trainer = lora_trainer(model_dir, 3, algo=AlgorithmConfig(kl={"coef": 0.1}))
-    assert isinstance(trainer.reference, ColocatedReference)
+    assert isinstance(trainer.reference, AdapterOffReference) and trainer.reference.collective
+    trainer.train_step(groups)
     trainer.train_step(groups)
     mask = torch.ones(1, IDS.shape[1] - 1)
     ref = trainer.reference.logprobs(IDS, torch.ones_like(IDS), mask, trainer.distribution)

@@ -5,7 +5,8 @@ engines on it). Each stage trains with micro batches of 5 sequences (16 per batc
 and must land on the same weights as a plain-torch AdamW step on the whole batch at once; so do
 the learning-rate schedule, small logit chunks with gradient checkpointing and small ZeRO buckets.
 bf16 trains close to fp32, and a checkpoint round trip, ``load_state`` and ``asyncrl export``
-keep the trainer's weights exactly.
+keep the trainer's weights exactly. In fp32 the optimizer's master partition is the model's own
+storage at ZeRO 1-3 (``asyncrl.learner.fp32_master``), through training and a resume.
 """
 
 import math
@@ -16,6 +17,7 @@ import torch
 
 from asyncrl.learner.advantages import grpo_advantages
 from asyncrl.learner.batch import collate, token_logprobs
+from asyncrl.learner.fp32_master import fp32_master_shares_storage
 from asyncrl.learner.losses import decoupled_ppo_loss
 from asyncrl.learner.trainer import PolicyTrainer, TrainerConfig
 from tests.learner.trainer.steps import GRAD_CLIP, LR, config, make_groups
@@ -27,6 +29,8 @@ pytestmark = pytest.mark.slow  # DeepSpeed engines at every ZeRO stage
 def test_two_steps_at_each_zero_stage(stage, model_dir, hf_state, groups, reference_weights):
     trainer = PolicyTrainer(model_dir, config(stage))
     assert trainer.version == 0
+    # fp32 weights are held once: the optimizer's master partition is the model's own storage
+    assert fp32_master_shares_storage(trainer.engine.optimizer) is (None if stage == 0 else True)
     before = trainer.full_state_dict()
     hf_model, hf_weights = hf_state
     assert list(before) == list(hf_weights)  # same HF names, same order
@@ -64,6 +68,31 @@ def test_two_steps_at_each_zero_stage(stage, model_dir, hf_state, groups, refere
     for name, tensor in after_two.items():
         torch.testing.assert_close(tensor, weights[name], atol=1e-4, rtol=0)
     assert trainer.engine.global_steps == 2
+    assert fp32_master_shares_storage(trainer.engine.optimizer) is (None if stage == 0 else True)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_fp32_master_partition_is_the_models_own_storage(stage, model_dir):
+    """ZeRO-1/2: each group's master partition is a view of the model's flat buffer, so the
+    weights are held once; ZeRO-3: the same, for its flat partition. bf16 keeps its fp32 master."""
+    from asyncrl.learner.fp32_master import master_pairs
+
+    trainer = PolicyTrainer(model_dir, config(stage))
+    pairs = master_pairs(trainer.engine.optimizer)
+    assert pairs
+    for master, own in pairs:
+        assert master.data_ptr() == own.data_ptr() and master.numel() == own.numel()
+        assert master.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()
+    saved = trainer.engine.optimizer.state_dict()  # a checkpoint's: the partitions alone, not the buffer they view
+    masters = saved.get("single_partition_of_fp32_groups") or saved["fp32_flat_groups"]
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in masters)
+    if stage < 3:  # and the model's parameters are views of that flat buffer
+        flat = trainer.engine.optimizer.bit16_groups_flat[0]
+        start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+        assert all(start <= p.data_ptr() < end for p in trainer.engine.module.parameters())
+    bf16 = PolicyTrainer(model_dir, config(stage, dtype="bf16"))
+    assert fp32_master_shares_storage(bf16.engine.optimizer) is False
+    assert all(master.dtype == torch.float32 for master, _ in master_pairs(bf16.engine.optimizer))
 
 
 def test_lr_schedule_sets_each_updates_rate_and_reports_it(model_dir, groups):
@@ -211,6 +240,7 @@ def test_checkpoint_round_trip_continues_bit_for_bit(stage, model_dir, groups, t
     assert resumed_lrs == uninterrupted_lrs == [LR, pytest.approx(LR * (0.1 + 0.9 * 0.5))]
     for name, tensor in resumed.full_state_dict().items():
         assert torch.equal(tensor, uninterrupted[name]), name
+    assert fp32_master_shares_storage(resumed.engine.optimizer) is True  # a resume keeps the weights once
 
 
 def test_load_state_names_a_missing_checkpoint(model_dir, tmp_path):
