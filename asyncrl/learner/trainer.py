@@ -184,7 +184,9 @@ class PolicyTrainer:
         self.sequence = None
         """This rank's sequence-parallel group (``learner.sequence_parallel``); None: off."""
         if sequence_parallel > 1:
-            self.sequence = SequenceParallel(self.dp.seq_group, sequence_parallel, self.dp.seq_rank, kv_repeat, self.pad_id)
+            self.sequence = SequenceParallel(
+                self.dp.seq_group, sequence_parallel, self.dp.seq_rank, kv_repeat, self.pad_id
+            )
         self.critic = None
         """The value model's trainer, for ``adv_estimator: gae``; None otherwise."""
         if self.algo.adv_estimator == "gae":

@@ -137,10 +137,10 @@ class _AllToAll(torch.autograd.Function):
 
 def _heads_to_positions(x: torch.Tensor, n: int, group) -> torch.Tensor:
     """(b, h, l, d) this shard, every head -> (b, h/n, n*l, d) every position, this rank's heads."""
-    b, h, l, d = x.shape
-    x = x.reshape(b, n, h // n, l, d).transpose(0, 1)  # (n, b, h/n, l, d): block j for rank j
+    b, h, s, d = x.shape  # s: the shard's positions
+    x = x.reshape(b, n, h // n, s, d).transpose(0, 1)  # (n, b, h/n, s, d): block j for rank j
     x = _AllToAll.apply(x, group)  # block j: rank j's shard of this rank's heads
-    return x.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * l, d)
+    return x.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
 
 
 def _positions_to_heads(x: torch.Tensor, n: int, group) -> torch.Tensor:
@@ -163,16 +163,16 @@ def ulysses_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if kwargs.get("sliding_window") is not None:
         raise ValueError("learner.sequence_parallel does not support sliding-window attention layers")
     n, group = state.world, state.group
-    b, h, l, d = query.shape
+    b, h, s, d = query.shape  # s: the shard's positions
     if state.kv_repeat > 1:
         key = key.repeat_interleave(state.kv_repeat, dim=1)
         value = value.repeat_interleave(state.kv_repeat, dim=1)
     kv = key.shape[1]
     # One exchange for q, k and v: each rank's block holds its query heads, then its key and value heads.
     qkv = torch.cat(
-        [query.reshape(b, n, h // n, l, d), key.reshape(b, n, kv // n, l, d), value.reshape(b, n, kv // n, l, d)],
+        [query.reshape(b, n, h // n, s, d), key.reshape(b, n, kv // n, s, d), value.reshape(b, n, kv // n, s, d)],
         dim=2,
-    ).reshape(b, h + 2 * kv, l, d)
+    ).reshape(b, h + 2 * kv, s, d)
     qkv = _heads_to_positions(qkv, n, group)  # (b, (h + 2 kv)/n, L, d)
     q, k, v = qkv.split([h // n, kv // n, kv // n], dim=1)
     if h != kv:  # each rank's query heads share its KV heads in groups of h / kv, as repeat_kv lays them out
@@ -281,14 +281,14 @@ class SequenceParallel:
             tail = position_ids[:, -1:] + torch.arange(1, pad + 1, device=position_ids.device)
             position_ids = torch.cat([position_ids, tail], dim=1)
         full = L + pad
-        l = full // n
-        lo, hi = self.rank * l, (self.rank + 1) * l
+        shard = full // n
+        lo, hi = self.rank * shard, (self.rank + 1) * shard
         targets = torch.cat([input_ids[:, 1:], input_ids.new_full((b, 1), self.pad_id)], dim=1)  # (b, full)
         mask = torch.cat([score_mask, score_mask.new_zeros(b, full - (L - 1))], dim=1)  # (b, full)
         with self.scope(position_ids):
-            hidden = final_hidden_states(model, input_ids[:, lo:hi], None, position_ids[:, lo:hi])  # (b, l, H)
+            hidden = final_hidden_states(model, input_ids[:, lo:hi], None, position_ids[:, lo:hi])  # (b, shard, H)
         own = hidden_scores(
             model, hidden, targets[:, lo:hi], mask[:, lo:hi], dist, chunk_tokens, entropy, entropy_grad
-        )  # (b, l) each
+        )  # (b, shard) each
         stacked = gather_shards(torch.stack(list(own)), self.group, n, self.rank)  # (3, b, full)
         return TokenScores(*(x[:, : L - 1] for x in stacked.unbind(0)))
