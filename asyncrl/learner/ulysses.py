@@ -124,14 +124,16 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
+        x = x.contiguous()  # the exchange reads and writes flat memory: empty_like must not keep a permutation
         out = torch.empty_like(x)
-        torch.distributed.all_to_all_single(out, x.contiguous(), group=group)
+        torch.distributed.all_to_all_single(out, x, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
         out = torch.empty_like(grad)
-        torch.distributed.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        torch.distributed.all_to_all_single(out, grad, group=ctx.group)
         return out, None
 
 
@@ -217,8 +219,9 @@ class _GatherShards(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group, n: int, rank: int) -> torch.Tensor:
         ctx.rank, ctx.l = rank, x.shape[-1]
+        x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(n)]
-        torch.distributed.all_gather(parts, x.contiguous(), group=group)
+        torch.distributed.all_gather(parts, x, group=group)
         return torch.cat(parts, dim=-1)
 
     @staticmethod

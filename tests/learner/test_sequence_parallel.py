@@ -4,7 +4,8 @@ Each case (``sequence_worker.CASES``: padded and packed micro batches, ZeRO stag
 reference, per-sequence aggregation, GSPO's sequence-level ratio over several updates, gradient
 checkpointing) scores a ragged batch of 5 groups (rows of 4 to 17 tokens: odd lengths are padded
 to the shards) and trains two steps on it, once in a group of one process and once in a
-sequence-parallel group of two whose ranks each run half of every row's positions. The model has
+sequence-parallel group of two whose ranks each run half of every row's positions (two of them
+also on four ranks: two data-parallel groups of two). The model has
 4 query heads and 1 KV head, so the KV head is repeated for the two ranks. The scores before
 training, the step's figures and the weights after both steps must agree to float32 rounding, as
 the data-parallel equality tests (``test_ranks.py``) demand: rtol 1e-4 on the values, and on the
@@ -42,13 +43,13 @@ def model_dir(tmp_path_factory):
     return build_tiny_model(shape, out)
 
 
-def run_world(ranks: int, sequence_parallel: int, model_dir: Path, out_dir: Path) -> None:
-    """Every case in a learner group of ``ranks`` processes, as the launcher starts them."""
+def run_world(ranks: int, sequence_parallel: int, model_dir: Path, out_dir: Path, cases: list[str]) -> None:
+    """``cases`` in a learner group of ``ranks`` processes, as the launcher starts them."""
     out_dir.mkdir()
     procs = []
     for env in learner_rank_env(ranks, free_ports(1)[0]):
         cmd = [sys.executable, "-m", "tests.learner.sequence_worker", str(model_dir), str(out_dir)]
-        cmd += [str(sequence_parallel), *sorted(CASES)]
+        cmd += [str(sequence_parallel), *cases]
         procs.append(subprocess.Popen(cmd, env={**os.environ, **env, "OMP_NUM_THREADS": "1"}))
     try:
         codes = [p.wait(timeout=WORKER_TIMEOUT_S) for p in procs]
@@ -63,16 +64,24 @@ def run_world(ranks: int, sequence_parallel: int, model_dir: Path, out_dir: Path
 @pytest.fixture(scope="module")
 def results(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("worlds")
-    run_world(1, 1, model_dir, root / "one")
-    run_world(2, 2, model_dir, root / "two")
+    run_world(1, 1, model_dir, root / "one", sorted(CASES))
+    run_world(2, 2, model_dir, root / "two", sorted(CASES))
+    run_world(4, 2, model_dir, root / "four", DATA_AND_SEQUENCE)
     return root
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_sequence_parallel_trains_as_one_rank(case, results):
+DATA_AND_SEQUENCE = ["z2-packed-entropy", "z3-seq-mean-token-mean-kl"]
+"""Cases also run on four ranks: two data-parallel ranks of two sequence-parallel ranks each
+(uneven shares of the batch, fillers, the reference's rows summed over both groups)."""
+
+
+@pytest.mark.parametrize(
+    "case, world", [(case, "two") for case in sorted(CASES)] + [(case, "four") for case in DATA_AND_SEQUENCE]
+)
+def test_sequence_parallel_trains_as_one_rank(case, world, results):
     one = torch.load(results / "one" / f"{case}.pt", weights_only=False)
-    two = torch.load(results / "two" / f"{case}.pt", weights_only=False)
-    assert (one["world"], two["world"], two["sequence_parallel"]) == (1, 2, 2)
+    two = torch.load(results / world / f"{case}.pt", weights_only=False)
+    assert (one["world"], two["world"], two["sequence_parallel"]) == (1, {"two": 2, "four": 4}[world], 2)
     mask = one["mask"].bool()
     assert mask.sum() > 0
     for name in ("logprobs", "entropy"):
