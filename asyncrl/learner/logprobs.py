@@ -170,10 +170,14 @@ def hidden_scores(
     chunk_tokens: int,
     entropy: bool,
     entropy_grad: bool,
+    chunks: int = 0,
 ) -> TokenScores:
     """``token_scores`` from the final hidden states on: (B, T, H) ``hidden``, (B, T') ``targets``
     (the token each position predicts) and ``score_mask``, T' <= T. Each returned tensor is
-    (B, T'). A sequence-parallel rank calls it on its own positions (``asyncrl.learner.ulysses``)."""
+    (B, T'). A sequence-parallel rank calls it on its own positions (``asyncrl.learner.ulysses``),
+    with ``chunks``: call the LM head at least that many times, the last ones on no position, so
+    that every rank of the group calls it equally often (ZeRO-3 gathers a partitioned head for
+    each call, a collective)."""
     B, T = score_mask.shape
     rows, cols = score_mask.nonzero(as_tuple=True)  # (N,), (N,)
     h = hidden[rows, cols]  # (N, H) the predicting positions
@@ -182,7 +186,9 @@ def hidden_scores(
     head = _frozen_partitioned_head(lm_head) or lm_head
     grad = torch.is_grad_enabled() and h.requires_grad
     parts = []
-    for start in range(0, h.shape[0], chunk_tokens):
+    starts = list(range(0, h.shape[0], chunk_tokens))
+    starts += [h.shape[0]] * (chunks - len(starts))  # empty chunks: h[N:N]
+    for start in starts:
         args = (head, h[start : start + chunk_tokens], targets[start : start + chunk_tokens], dist, entropy)
         if grad:
             parts.append(checkpoint(_score_chunk, *args, entropy_grad, use_reentrant=False, preserve_rng_state=False))

@@ -290,8 +290,10 @@ class SequenceParallel:
         mask = torch.cat([score_mask, score_mask.new_zeros(b, full - (L - 1))], dim=1)  # (b, full)
         with self.scope(position_ids):
             hidden = final_hidden_states(model, input_ids[:, lo:hi], None, position_ids[:, lo:hi])  # (b, shard, H)
+        counts = mask.reshape(b, n, shard).count_nonzero(dim=(0, 2))  # (n,) scored positions per shard
+        chunks = int((counts + chunk_tokens - 1).div(chunk_tokens, rounding_mode="floor").max())
         own = hidden_scores(
-            model, hidden, targets[:, lo:hi], mask[:, lo:hi], dist, chunk_tokens, entropy, entropy_grad
+            model, hidden, targets[:, lo:hi], mask[:, lo:hi], dist, chunk_tokens, entropy, entropy_grad, chunks
         )  # (b, shard) each
         stacked = gather_shards(torch.stack(list(own)), self.group, n, self.rank)  # (3, b, full)
         return TokenScores(*(x[:, : L - 1] for x in stacked.unbind(0)))
