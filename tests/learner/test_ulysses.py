@@ -50,3 +50,12 @@ def test_config_names_the_rule():
     with pytest.raises(ValueError, match=r"\(4\) must be <= learner.batch_groups \(2\)"):
         LearnerConfig(ranks=4, batch_groups=2)
     LearnerConfig(ranks=4, sequence_parallel=4, batch_groups=1)  # one data-parallel rank: one group is enough
+
+
+def test_the_run_config_refuses_what_sequence_parallelism_does_not_run():
+    from asyncrl.config import load_config
+
+    sp = ["learner.ranks=2", "learner.sequence_parallel=2"]
+    assert load_config("configs/demo.yaml", sp).learner.data_parallel == 1
+    with pytest.raises(ValueError, match=r"sequence_parallel \(2\) .* 'gae' .* needs learner.sequence_parallel 1"):
+        load_config("configs/demo.yaml", [*sp, "algorithm.adv_estimator=gae", "algorithm.critic.lr=1e-4"])
