@@ -1,7 +1,7 @@
 """One learner rank of the sequence-parallel equality test (``test_sequence_parallel.py``).
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p \\
-        python -m tests.learner.sequence_worker MODEL_DIR OUT_DIR SEQUENCE_PARALLEL CASE [CASE ...]
+        python -m tests.learner.sequence_worker MODEL_ROOT OUT_DIR SEQUENCE_PARALLEL CASE [CASE ...]
 
 For each case it builds a ``PolicyTrainer`` with the case's ZeRO stage, algorithm and
 ``sequence_parallel``, scores the whole ragged batch once (log-probabilities and entropies,
@@ -36,17 +36,25 @@ CASES: dict[str, tuple[int, dict, dict, int, int]] = {
     "z1-gspo-epochs-minis": (1, {}, {"policy_loss": "gspo"}, 2, 2),
     # the backward recomputes the attention, exchanging shards again
     "z0-checkpointing": (0, {"gradient_checkpointing": True}, {}, 1, 1),
+    # ZeRO-3 partitions the wide model's LM head (131,072 elements, above DeepSpeed's persistence
+    # threshold of 1e5) and gathers it per call: with 4 tokens per call the shards need different
+    # numbers of calls, which the ranks must still make equally often
+    "z3-partitioned-head": (3, {"logits_chunk_tokens": 4}, {}, 1, 1),
 }
 """Case name -> (ZeRO stage, trainer overrides, algorithm overrides, ppo_epochs, mini_batches)."""
 
+WIDE_VOCAB = {"z3-partitioned-head"}
+"""Cases run on the model with a 4,096-token vocabulary (``MODEL_ROOT/wide``), the others on ``MODEL_ROOT/tiny``."""
 
-def run_case(model_dir: Path, out_dir: Path, sequence_parallel: int, case: str) -> None:
+
+def run_case(model_root: Path, out_dir: Path, sequence_parallel: int, case: str) -> None:
     from asyncrl.learner.config import AlgorithmConfig, TrainerConfig
     from asyncrl.learner.trainer import PolicyTrainer
 
     stage, trainer_overrides, algo_overrides, epochs, minis = CASES[case]
     cfg = TrainerConfig(zero_stage=stage, lr=1e-3, grad_clip=0.5, micro_batch_size=3, **trainer_overrides)
     algo = AlgorithmConfig(clip_low=0.05, clip_high=0.05, **algo_overrides)  # narrow: some tokens clip
+    model_dir = model_root / ("wide" if case in WIDE_VOCAB else "tiny")
     trainer = PolicyTrainer(
         model_dir, cfg, algo, ppo_epochs=epochs, mini_batches=minis, sequence_parallel=sequence_parallel
     )
@@ -74,9 +82,9 @@ def run_case(model_dir: Path, out_dir: Path, sequence_parallel: int, case: str) 
 
 
 def main(argv: list[str]) -> int:
-    model_dir, out_dir, sequence_parallel, *cases = argv
+    model_root, out_dir, sequence_parallel, *cases = argv
     for case in cases:
-        run_case(Path(model_dir), Path(out_dir), int(sequence_parallel), case)
+        run_case(Path(model_root), Path(out_dir), int(sequence_parallel), case)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Each case (``sequence_worker.CASES``: padded and packed micro batches, ZeRO stages 0 to 3, a KL
 reference, per-sequence aggregation, GSPO's sequence-level ratio over several updates, gradient
-checkpointing) scores a ragged batch of 5 groups (rows of 4 to 17 tokens: odd lengths are padded
+checkpointing, ZeRO-3 with a partitioned LM head) scores a ragged batch of 5 groups (rows of 4 to 17 tokens: odd lengths are padded
 to the shards) and trains two steps on it, once in a group of one process and once in a
 sequence-parallel group of two whose ranks each run half of every row's positions (two of them
 also on four ranks: two data-parallel groups of two). The model has
@@ -38,9 +38,11 @@ WORKER_TIMEOUT_S = 600
 def model_dir(tmp_path_factory):
     from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
 
-    out = tmp_path_factory.mktemp("tiny")
+    root = tmp_path_factory.mktemp("models")
     shape = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=1, intermediate_size=64)
-    return build_tiny_model(shape, out)
+    build_tiny_model(shape, root / "tiny")
+    build_tiny_model(shape.model_copy(update={"vocab_size": 4096}), root / "wide")
+    return root
 
 
 def run_world(ranks: int, sequence_parallel: int, model_dir: Path, out_dir: Path, cases: list[str]) -> None:
