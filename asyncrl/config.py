@@ -338,6 +338,13 @@ class RunConfig(Config):
                 f"learner.ranks ({self.learner.ranks}) must be 1 with simulation.learner: a simulated learner "
                 "has no data-parallel group"
             )
+        sp = self.learner.sequence_parallel
+        if sp > 1 and (self.algorithm.adv_estimator == "gae" or self.algorithm.objective == "online_dpo"):
+            raise ValueError(
+                f"learner.sequence_parallel ({sp}) runs the policy-gradient step without a critic: "
+                f"algorithm.adv_estimator '{self.algorithm.adv_estimator}' with algorithm.objective "
+                f"'{self.algorithm.objective}' needs learner.sequence_parallel 1"
+            )
         return self
 
     @model_validator(mode="after")

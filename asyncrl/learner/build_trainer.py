@@ -50,4 +50,5 @@ def build_trainer(cfg: RunConfig, model_dir: str, reference_address: str | None)
         ppo_epochs=cfg.learner.ppo_epochs,
         mini_batches=cfg.learner.mini_batches,
         lora=cfg.model.lora,
+        sequence_parallel=cfg.learner.sequence_parallel,
     )

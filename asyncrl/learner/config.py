@@ -322,6 +322,11 @@ class LearnerConfig(Config):
     """Learner processes forming one DeepSpeed data-parallel group (gloo on CPUs, NCCL on GPUs).
     Every step each rank trains on its share of the same batch, whole groups each; the loss and
     gradient equal one rank's on the whole batch (``asyncrl.learner.sharding``)."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Ranks that share each sequence (DeepSpeed-Ulysses sequence parallelism, for answers too long
+    for one device's activations): each holds a contiguous 1/N of every row's positions and attends
+    over the whole row for 1/N of the heads (``asyncrl.learner.ulysses``). Divides ``ranks``; the
+    data-parallel size is ranks / sequence_parallel. 1: off."""
     batch_groups: int = Field(16, ge=1)
     """Groups (prompts) per learner step; samples per step = batch_groups × sampling.n."""
     ppo_epochs: int = Field(1, ge=1)
@@ -337,10 +342,15 @@ class LearnerConfig(Config):
 
     @model_validator(mode="after")
     def _check_ranks(self) -> LearnerConfig:
-        if self.ranks > self.batch_groups:
+        if self.ranks % self.sequence_parallel:
             raise ValueError(
-                f"learner.ranks ({self.ranks}) must be <= learner.batch_groups ({self.batch_groups}): "
-                "each rank trains whole groups of the batch"
+                f"learner.sequence_parallel ({self.sequence_parallel}) must divide learner.ranks ({self.ranks}): "
+                "each sequence-parallel group is that many ranks"
+            )
+        if self.data_parallel > self.batch_groups:
+            raise ValueError(
+                f"learner.ranks / learner.sequence_parallel ({self.data_parallel}) must be <= learner.batch_groups "
+                f"({self.batch_groups}): each data-parallel rank trains whole groups of the batch"
             )
         return self
 
@@ -352,6 +362,11 @@ class LearnerConfig(Config):
                 "a mini-batch holds whole groups"
             )
         return self
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel ranks: groups of ``sequence_parallel`` ranks that train different rows."""
+        return self.ranks // self.sequence_parallel
 
     @property
     def updates_per_step(self) -> int:

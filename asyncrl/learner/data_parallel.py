@@ -10,6 +10,15 @@ gloo group so that they carry CPU tensors and Python objects whatever the backen
 - ``all_gather``: the step's figures, so that every figure is the whole batch's;
 - ``barrier``: every rank wrote its part of a checkpoint.
 
+With sequence parallelism (``learner.sequence_parallel: N``) the ranks form groups of N
+consecutive ranks (``seq_group``, on the default backend: the attention's all-to-alls carry
+device tensors) that share every row of their data-parallel share (``asyncrl.learner.ulysses``):
+the batch is cut over the ``data_world = world / N`` data-parallel ranks (``data_rank``), and
+a per-row result that every rank of a sequence-parallel group holds is filled in by its first
+rank only (``seq_lead``) before ``all_sum``. DeepSpeed still averages gradients over all
+``world`` ranks: the N shards' gradients of one row sum to that row's (each rank backpropagates
+its own positions), so a loss scaled by ``world`` gives the one-rank gradient as before.
+
 Every collective, DeepSpeed's included, runs inside ``collective(name, version)``, which writes
 where this rank is into the group's rendezvous store before it waits. A collective that does not
 complete within ``learner.trainer.collective_timeout_s`` (a rank died, hangs, or is stuck on
@@ -48,31 +57,70 @@ class DataParallel:
     """Seconds a collective may wait for the other ranks (``learner.trainer.collective_timeout_s``)."""
     control: Any = None
     """The gloo process group of the learner's own collectives (None with one rank)."""
+    seq_world: int = 1
+    """Ranks per sequence-parallel group (``learner.sequence_parallel``); 1: none."""
+    seq_group: Any = None
+    """This rank's sequence-parallel process group (None when ``seq_world`` is 1)."""
     _store: Any = field(default=None, repr=False)
 
     @classmethod
-    def of_process(cls, timeout_s: float) -> DataParallel:
+    def of_process(cls, timeout_s: float, sequence_parallel: int = 1) -> DataParallel:
         """The group of this process, once ``torch.distributed`` is initialised (DeepSpeed's
-        ``init_distributed``); a gloo group for the learner's collectives is made here, so every
-        rank must call it, in the same order relative to other group creations."""
+        ``init_distributed``); a gloo group for the learner's collectives and the
+        sequence-parallel groups are made here, so every rank must call it, in the same order
+        relative to other group creations."""
         import torch
 
         if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+            if sequence_parallel != 1:
+                raise ValueError(f"learner.sequence_parallel ({sequence_parallel}) needs as many ranks, got 1")
             return cls(timeout_s=timeout_s)
         world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        if world % sequence_parallel:
+            raise ValueError(
+                f"learner.sequence_parallel ({sequence_parallel}) must divide the learner's ranks ({world})"
+            )
+        timeout = datetime.timedelta(seconds=timeout_s)
         if torch.distributed.get_backend() == "gloo":
             control = torch.distributed.group.WORLD
         else:  # NCCL carries device tensors only: objects and CPU rows go over gloo
-            control = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            control = torch.distributed.new_group(backend="gloo", timeout=timeout)
+        seq_group = None
+        if sequence_parallel > 1:  # every rank makes every group (new_group is collective), keeps its own
+            for first in range(0, world, sequence_parallel):
+                members = list(range(first, first + sequence_parallel))
+                group = torch.distributed.new_group(members, timeout=timeout)
+                if rank in members:
+                    seq_group = group
         store = None
         with contextlib.suppress(Exception):  # the markers are diagnostics: without a store, none
             store = torch.distributed.distributed_c10d._get_default_store()
-        return cls(rank=rank, world=world, timeout_s=timeout_s, control=control, _store=store)
+        return cls(rank, world, timeout_s, control, sequence_parallel, seq_group, _store=store)
 
     @property
     def lead(self) -> bool:
         """Rank 0: the rank that talks to the buffer, the generators and the controller."""
         return self.rank == 0
+
+    @property
+    def seq_rank(self) -> int:
+        """This rank's place in its sequence-parallel group: which 1/N of the positions it holds."""
+        return self.rank % self.seq_world
+
+    @property
+    def seq_lead(self) -> bool:
+        """The first rank of its sequence-parallel group: the one that fills in per-row results."""
+        return self.seq_rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's data-parallel index: which share of the batch's groups it trains."""
+        return self.rank // self.seq_world
+
+    @property
+    def data_world(self) -> int:
+        """Data-parallel ranks: groups of ``seq_world`` ranks that train different rows."""
+        return self.world // self.seq_world
 
     @contextlib.contextmanager
     def collective(self, name: str, version: int) -> Iterator[None]:

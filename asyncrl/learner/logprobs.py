@@ -158,14 +158,37 @@ def token_scores(
     if score_mask.shape != (B, L - 1):
         raise ValueError(f"score_mask shape {tuple(score_mask.shape)} must be (B, L-1) = {(B, L - 1)}")
     hidden = final_hidden_states(model, input_ids, attention_mask, position_ids)  # (B, L, H)
+    return hidden_scores(model, hidden, input_ids[:, 1:], score_mask, dist, chunk_tokens, entropy, entropy_grad)
+
+
+def hidden_scores(
+    model,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    score_mask: torch.Tensor,
+    dist: TokenDistribution,
+    chunk_tokens: int,
+    entropy: bool,
+    entropy_grad: bool,
+    chunks: int = 0,
+) -> TokenScores:
+    """``token_scores`` from the final hidden states on: (B, T, H) ``hidden``, (B, T') ``targets``
+    (the token each position predicts) and ``score_mask``, T' <= T. Each returned tensor is
+    (B, T'). A sequence-parallel rank calls it on its own positions (``asyncrl.learner.ulysses``),
+    with ``chunks``: call the LM head at least that many times, the last ones on no position, so
+    that every rank of the group calls it equally often (ZeRO-3 gathers a partitioned head for
+    each call, a collective)."""
+    B, T = score_mask.shape
     rows, cols = score_mask.nonzero(as_tuple=True)  # (N,), (N,)
     h = hidden[rows, cols]  # (N, H) the predicting positions
-    targets = input_ids[rows, cols + 1]  # (N,)
+    targets = targets[rows, cols]  # (N,)
     lm_head = _unwrap(model).get_output_embeddings()
     head = _frozen_partitioned_head(lm_head) or lm_head
     grad = torch.is_grad_enabled() and h.requires_grad
     parts = []
-    for start in range(0, h.shape[0], chunk_tokens):
+    starts = list(range(0, h.shape[0], chunk_tokens))
+    starts += [h.shape[0]] * (chunks - len(starts))  # empty chunks: h[N:N]
+    for start in starts:
         args = (head, h[start : start + chunk_tokens], targets[start : start + chunk_tokens], dist, entropy)
         if grad:
             parts.append(checkpoint(_score_chunk, *args, entropy_grad, use_reentrant=False, preserve_rng_state=False))
@@ -177,7 +200,7 @@ def token_scores(
         # h keeps the outputs in the graph, so the backward still runs (ZeRO's hooks, the
         # accumulation boundary) and gives zero gradients.
         flat = torch.cat([p[index] for p in parts]) if parts else h.sum(dim=-1).float()  # (N,)
-        out.append(hidden.new_zeros(B, L - 1, dtype=torch.float32).index_put((rows, cols), flat))  # (B, L-1)
+        out.append(hidden.new_zeros(B, T, dtype=torch.float32).index_put((rows, cols), flat))  # (B, T)
     return TokenScores(*out)
 
 

@@ -18,6 +18,10 @@ one contiguous run of rows. The reorder changes nothing a loss sees (the group e
 per group, the batch estimators and the normalisers are sums over the batch); with one rank it is
 the identity.
 
+Under sequence parallelism (``learner.sequence_parallel: S``) the shares are the data-parallel
+ranks' (N = ranks / S of them): the S ranks of a sequence-parallel group train the same share,
+each on its own positions of every row (``asyncrl.learner.ulysses``).
+
 Why every rank gets the whole batch rather than only its slice: the batch is token ids and a few
 floats per token (kilobytes to a few megabytes), against the model's gigabytes per step, and
 with the whole batch at hand the batch statistics need no collective of their own and cannot

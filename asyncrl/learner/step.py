@@ -33,6 +33,13 @@ summed into every rank's batch, and the step's figures are gathered from every r
 collectives run once per forward and backward pass, so a rank with fewer micro batches in an
 update than another runs empty ones (``fillers``: a real row whose loss is multiplied by 0, so
 its gradient is exactly 0) until the counts agree.
+
+With sequence parallelism (``learner.sequence_parallel: N``) the batch is cut over the
+data-parallel ranks (``dp.data_world``), and the N ranks of a sequence-parallel group run the same
+micro batches, each on its shard of the positions (``asyncrl.learner.ulysses``): each computes
+the whole micro batch's loss from the group's gathered scores, the loss is still scaled by the
+number of all ranks (the shards' gradients sum to the rows'), and per-row results and figures are
+counted once, from the group's first rank.
 """
 
 from __future__ import annotations
@@ -97,7 +104,7 @@ def train_step(trainer: TrainerParts, groups: list[Group], weights=None) -> Step
     algo, dp = trainer.algo, trainer.dp
     version_before = trainer.version
     beta = trainer.kl_controller.value
-    shards = shard_plan(groups, trainer.mini_batches, dp.world)
+    shards = shard_plan(groups, trainer.mini_batches, dp.data_world)
     groups = [groups[i] for i in shards.order]  # each rank's share of a mini-batch: one run of rows
     if weights is not None and len(weights) == len(groups):  # a wrong count: weighted_advantages names it
         weights = [weights[i] for i in shards.order]
@@ -122,7 +129,9 @@ def train_step(trainer: TrainerParts, groups: list[Group], weights=None) -> Step
             for index in range(len(shards.minis)):
                 update(trainer, step, index, sums)
             epochs.append(sums)
-    epochs = merge_rank_figures(dp.all_gather(epochs, "step figures", version_before))
+    # a sequence-parallel group's ranks hold the same figures: its first rank's count once
+    own = epochs if dp.seq_lead else [Counter() for _ in epochs]
+    epochs = merge_rank_figures(dp.all_gather(own, "step figures", version_before))
     trainer.version += 1
     stats = step_stats(
         batch,
@@ -190,7 +199,7 @@ def padded_plans(
     the real row's forward (every module and parameter takes part, as ZeRO's hooks expect) and its
     loss is multiplied by 0. Every rank computes every rank's plans: they are functions of the
     whole batch, which every rank has."""
-    rank = trainer.dp.rank
+    rank = trainer.dp.data_rank
     counts = [sum(len(micro_plans(trainer, batch, lo, hi)) for lo, hi in rank_ranges) for rank_ranges in ranges]
     own = [(plan, False) for lo, hi in ranges[rank] for plan in micro_plans(trainer, batch, lo, hi)]
     filler = micro_plans(trainer, batch, filler_row, filler_row + 1)[0]
@@ -208,11 +217,14 @@ def reference_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPl
     if trainer.reference is None:
         return None
     dp = trainer.dp
+    ranges = [shards.own(r) for r in range(dp.data_world)]
     if trainer.reference.collective:
-        ranges = [shards.own(r) for r in range(dp.world)]
         plans = padded_plans(trainer, batch, ranges, filler_row=0)
-    else:
-        plans = [(plan, False) for lo, hi in shards.own(dp.rank) for plan in micro_plans(trainer, batch, lo, hi)]
+        if not dp.seq_lead:  # under sequence parallelism the group's first rank fills in its rows
+            plans = [(plan, True) for plan, _ in plans]
+    else:  # under sequence parallelism the group's first rank scores its rows whole (not sharded)
+        own = ranges[dp.data_rank] if dp.seq_lead else []
+        plans = [(plan, False) for lo, hi in own for plan in micro_plans(trainer, batch, lo, hi)]
     out = torch.zeros_like(batch.behaviour_logprobs)
     with torch.no_grad():
         for plan, filler in plans:
@@ -301,7 +313,7 @@ def proximal_logprobs(trainer: TrainerParts, batch: TrainBatch, shards: ShardPla
     published version to interpolate towards.
     """
     out = torch.zeros_like(batch.behaviour_logprobs)
-    ranges = [shards.own(r) for r in range(trainer.dp.world)]
+    ranges = [shards.own(r) for r in range(trainer.dp.data_world)]
     trainer.engine.train()  # the mode of the updates' forward passes (dropout, if any)
     with torch.no_grad(), trainer.dp.collective("proximal logprobs", trainer.version):
         for plan, filler in padded_plans(trainer, batch, ranges, filler_row=0):
@@ -321,8 +333,8 @@ def importance_weight_totals(
     the whole mini-batch, as one rank on the whole mini-batch would."""
     own = torch.zeros(len(shards.minis), 2, dtype=torch.float64)  # (M, 2)
     for mini, share in enumerate(shards.shares):
-        lo, hi = share[trainer.dp.rank]
-        if hi > lo:
+        lo, hi = share[trainer.dp.data_rank]
+        if hi > lo and trainer.dp.seq_lead:  # a sequence-parallel group's rows counted once
             rows = (proximal[lo:hi], batch.behaviour_logprobs[lo:hi], batch.response_mask[lo:hi])
             own[mini] = torch.stack(batch_weight_sums(*rows, trainer.algo)).double()
     totals = trainer.dp.all_sum(own, "importance weight sums", trainer.version)
@@ -356,9 +368,9 @@ def update(trainer: TrainerParts, step: StepInputs, mini: int, sums: Counter) ->
             trainer.algo, step, plan, micro, scores, total_tokens, num_seqs
         )
         if filler:  # its forward and backward keep the collectives in step; it trains nothing
-            trainer.engine.backward(loss * 0.0, scale_wrt_gas=False)
+            backward(trainer, loss * 0.0)
             continue
-        trainer.engine.backward(loss * world if world > 1 else loss, scale_wrt_gas=False)
+        backward(trainer, loss * world if world > 1 else loss)
         if kl_sum is not None:
             sums["ref_kl_sum"] += float(kl_sum.detach())
         update_loss += add_micro_figures(
@@ -368,6 +380,16 @@ def update(trainer: TrainerParts, step: StepInputs, mini: int, sums: Counter) ->
     sums["lr"] = lr
     sums.setdefault("grad_norms", []).append(grad_norm)
     sums.setdefault("update_losses", []).append(update_loss)
+
+
+def backward(trainer: TrainerParts, loss: torch.Tensor) -> None:
+    """The micro batch's backward (its scaling is the caller's); under sequence parallelism
+    inside the attention's exchange scope, which gradient checkpointing's recomputation needs."""
+    if trainer.sequence is None:
+        trainer.engine.backward(loss, scale_wrt_gas=False)
+        return
+    with trainer.sequence.backward_scope():
+        trainer.engine.backward(loss, scale_wrt_gas=False)
 
 
 def micro_loss(

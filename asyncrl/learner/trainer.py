@@ -79,6 +79,7 @@ from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.partitioned_load import build_causal_lm
 from asyncrl.learner.reference import ColocatedReference, PartitionedReference, RemoteReference
 from asyncrl.learner.step import mini_batch_bounds, train_step
+from asyncrl.learner.ulysses import SequenceParallel, check_heads, register_attention
 from asyncrl.models.lora import (
     LoraConfig,
     adapter_meta,
@@ -108,6 +109,7 @@ class PolicyTrainer:
         ppo_epochs: int = 1,
         mini_batches: int = 1,
         lora: LoraConfig | None = None,
+        sequence_parallel: int = 1,
     ):
         # Imported before DeepSpeed's ZeRO-3 machinery runs: their first import must not happen
         # while zero.Init has patched module construction.
@@ -145,7 +147,7 @@ class PolicyTrainer:
 
         if not torch.distributed.is_initialized():
             init_learner_group(cfg.collective_timeout_s)
-        self.dp = DataParallel.of_process(cfg.collective_timeout_s)
+        self.dp = DataParallel.of_process(cfg.collective_timeout_s, sequence_parallel)
         """This rank's place in the learner's data-parallel group (one rank: a group of one)."""
         torch.manual_seed(cfg.seed)
 
@@ -154,7 +156,12 @@ class PolicyTrainer:
 
         # ZeRO 0-2: the full fp32 model on each rank, which DeepSpeed casts (bf16). ZeRO-3: built
         # partitioned and loaded module by module, never whole on a rank (``partitioned_load``).
-        model = build_causal_lm(self.model_dir, cfg)
+        build_cfg, kv_repeat = cfg, 1
+        if sequence_parallel > 1:
+            kv_repeat = self._check_sequence_parallel(sequence_parallel)
+            # the exchanging attention (plain sdpa outside the step's passes), for the policy alone
+            build_cfg = cfg.model_copy(update={"attn_implementation": register_attention()})
+        model = build_causal_lm(self.model_dir, build_cfg)
         model.config.use_cache = False
         if cfg.gradient_checkpointing:
             # Non-reentrant: works under ZeRO-3 and with inputs that need no gradient.
@@ -179,6 +186,12 @@ class PolicyTrainer:
         self.engine = deepspeed_engine(model, optimizer, cfg)
         set_scheduled_lr(self.engine, cfg, self.updates)  # the first update's rate (warm-up starts below lr)
         self.device = self.engine.device
+        self.sequence = None
+        """This rank's sequence-parallel group (``learner.sequence_parallel``); None: off."""
+        if sequence_parallel > 1:
+            self.sequence = SequenceParallel(
+                self.dp.seq_group, sequence_parallel, self.dp.seq_rank, kv_repeat, self.pad_id
+            )
         self.critic = None
         """The value model's trainer, for ``adv_estimator: gae``; None otherwise."""
         if self.algo.adv_estimator == "gae":
@@ -199,6 +212,23 @@ class PolicyTrainer:
                 self.reference = ColocatedReference(
                     str(self.model_dir), self.device, dtype, cfg.logits_chunk_tokens, cfg.attn_implementation
                 )
+
+    def _check_sequence_parallel(self, n: int) -> int:
+        """Refuse what sequence parallelism does not run (naming the rule); the KV heads'
+        repetition factor (``ulysses.check_heads``)."""
+        if self.algo.adv_estimator == "gae":
+            raise ValueError(
+                f"learner.sequence_parallel ({n}) does not run the critic: algorithm.adv_estimator 'gae' needs "
+                "learner.sequence_parallel 1"
+            )
+        if self.algo.objective == "online_dpo":
+            raise ValueError(
+                f"learner.sequence_parallel ({n}) runs the policy-gradient step only: algorithm.objective "
+                "'online_dpo' needs learner.sequence_parallel 1"
+            )
+        text = self.hf_config.get_text_config()
+        heads = text.num_attention_heads
+        return check_heads(heads, getattr(text, "num_key_value_heads", None) or heads, n)
 
     # -----------------------------------------------------------------------------------------
     # training
@@ -240,7 +270,10 @@ class PolicyTrainer:
         each, under the sampling distribution, in memory bounded per token (``token_scores``).
 
         With a packed ``plan`` the forward pass runs on the sequences packed into rows, and the
-        results come back in the micro batch's padded layout (``asyncrl.learner.packing``)."""
+        results come back in the micro batch's padded layout (``asyncrl.learner.packing``).
+        Under sequence parallelism this rank runs its shard of the rows (``asyncrl.learner.ulysses``)."""
+        if self.sequence is not None:
+            return self._sequence_parallel_score(micro, entropy, plan)
         if plan is None or plan.placement is None:
             return token_scores(
                 self.engine,
@@ -263,6 +296,25 @@ class PolicyTrainer:
             chunk_tokens=self.cfg.logits_chunk_tokens,
             entropy=entropy,
             entropy_grad=self.algo.entropy_coef > 0,  # else kept out of the backward
+        )
+        return TokenScores(*(packed.unpack(x, micro.response_mask) for x in scores))
+
+    def _sequence_parallel_score(self, micro: TrainBatch, entropy: bool, plan: MicroBatchPlan | None) -> TokenScores:
+        """``score`` under sequence parallelism: right-padded rows get positions 0, 1, ...
+        (causal attention keeps the padding out of every real token's view), packed rows theirs."""
+        kwargs = dict(
+            dist=self.distribution,
+            chunk_tokens=self.cfg.logits_chunk_tokens,
+            entropy=entropy,
+            entropy_grad=self.algo.entropy_coef > 0,
+        )
+        if plan is None or plan.placement is None:
+            b, L = micro.input_ids.shape
+            positions = torch.arange(L, device=micro.input_ids.device).expand(b, L)
+            return self.sequence.token_scores(self.engine, micro.input_ids, positions, micro.response_mask, **kwargs)
+        packed = pack(micro.input_ids, micro.attention_mask, micro.response_mask, plan, self.pad_id)
+        scores = self.sequence.token_scores(
+            self.engine, packed.input_ids, packed.position_ids, packed.score_mask, **kwargs
         )
         return TokenScores(*(packed.unpack(x, micro.response_mask) for x in scores))
 

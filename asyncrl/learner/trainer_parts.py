@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from asyncrl.learner.logprobs import TokenDistribution, TokenScores
     from asyncrl.learner.packing import MicroBatchPlan
     from asyncrl.learner.reference import ColocatedReference, PartitionedReference, RemoteReference
+    from asyncrl.learner.ulysses import SequenceParallel
     from asyncrl.models.lora import LoraConfig
 
 
@@ -64,6 +65,8 @@ class TrainerParts(Protocol):
     """The frozen KL reference, else None."""
     lora: LoraConfig | None
     """The LoRA adapters' config; None: full fine-tuning."""
+    sequence: SequenceParallel | None
+    """This rank's sequence-parallel group (``asyncrl.learner.ulysses``); None: off."""
 
     def score(self, micro: TrainBatch, entropy: bool, plan: MicroBatchPlan | None = None) -> TokenScores:
         """pi_theta's log-probabilities (and entropy) of one micro batch's response tokens."""
