@@ -20,6 +20,20 @@ if [ ! -x .tools/prometheus/usr/bin/promtool ] && command -v apt-get >/dev/null 
       dpkg-deb -x prometheus_*.deb prometheus && rm -f prometheus_*.deb
   ) || echo "setup: could not fetch promtool (Debian's prometheus package); the exposition test will fail"
 fi
+# libaio (header and library) for DeepSpeed's async_io op, which NVMe offload needs
+# (learner.trainer.offload): Debian's packages unpacked into .tools/libaio, not installed
+# (asyncrl.learner.offload points the op's compile there). libaio1t64 is the library's name from
+# Debian 13 and Ubuntu 24.04 on, libaio1 before.
+if [ ! -e /usr/include/libaio.h ] && [ ! -f .tools/libaio/usr/include/libaio.h ] && command -v apt-get >/dev/null 2>&1; then
+  mkdir -p .tools
+  (
+    cd .tools &&
+      { apt-get download libaio-dev libaio1t64 >/dev/null 2>&1 || apt-get download libaio-dev libaio1 >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 &&
+          { apt-get download libaio-dev libaio1t64 >/dev/null 2>&1 || apt-get download libaio-dev libaio1 >/dev/null 2>&1; }; }; } &&
+      for deb in libaio*.deb; do dpkg-deb -x "$deb" libaio; done && rm -f libaio*.deb
+  ) || echo "setup: could not fetch libaio (Debian's libaio-dev); NVMe offload (learner.trainer.offload nvme) will not work"
+fi
 stamp="$VENV/.asyncrl-stamp"
 want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRA"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -39,4 +53,10 @@ $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The numba kernels (the buffer's sum tree, the weights' checksum) compile once per install into
 # numba's cache (~10 s), here rather than in the first run or test that uses them.
 "$VENV/bin/python" -c "from asyncrl.buffer.compiled_tree import compile_kernels; from asyncrl.weights import fletcher; compile_kernels(); fletcher.warm()"
+# DeepSpeed's async_io op (NVMe offload) compiles once into torch's extension cache (1-3 min), here
+# rather than in the first run or test that offloads to NVMe; skipped without libaio.
+if [ -f .tools/libaio/usr/include/libaio.h ] || [ -e /usr/include/libaio.h ]; then
+  "$VENV/bin/python" -c "from asyncrl.learner.offload import load_async_io; load_async_io()" >/dev/null ||
+    echo "setup: DeepSpeed's async_io op did not build; NVMe offload will not work"
+fi
 echo "$want" > "$stamp"
