@@ -11,7 +11,7 @@ def test_show_config_prints_every_field_with_its_doc(capsys):
     out = capsys.readouterr().out
     assert "training.steps=70  # Optimizer steps (one per batch)." in out
     assert "learner.trainer.zero_stage=0  # DeepSpeed ZeRO stage" in out
-    assert 'objective.kind="sft"' in out
+    assert "objective.kind=\"sft\"" in out
 
 
 @pytest.mark.parametrize(
