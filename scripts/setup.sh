@@ -53,8 +53,11 @@ $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The numba kernels (the buffer's sum tree, the weights' checksum) compile once per install into
 # numba's cache (~10 s), here rather than in the first run or test that uses them.
 "$VENV/bin/python" -c "from asyncrl.buffer.compiled_tree import compile_kernels; from asyncrl.weights import fletcher; compile_kernels(); fletcher.warm()"
-# DeepSpeed's async_io op (NVMe offload) compiles once into torch's extension cache (1-3 min), here
-# rather than in the first run or test that offloads to NVMe; skipped without libaio.
+# DeepSpeed's cpu_adam op (learner.trainer.offload.optimizer_impl: deepspeed_cpu_adam) and async_io
+# op (NVMe offload) compile once into torch's extension cache (minutes each on 2 cores), here
+# rather than in the first run or test that uses them; async_io only where libaio is.
+"$VENV/bin/python" -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(verbose=False)" >/dev/null ||
+  echo "setup: DeepSpeed's cpu_adam op did not build; learner.trainer.offload.optimizer_impl deepspeed_cpu_adam will not work"
 if [ -f .tools/libaio/usr/include/libaio.h ] || [ -e /usr/include/libaio.h ]; then
   "$VENV/bin/python" -c "from asyncrl.learner.offload import load_async_io; load_async_io()" >/dev/null ||
     echo "setup: DeepSpeed's async_io op did not build; NVMe offload will not work"

@@ -130,3 +130,72 @@ def _prepend(key: str, value: str, sep: str) -> None:
     old = os.environ.get(key, "")
     if value not in old.split(sep):
         os.environ[key] = value + (sep + old if old else "")
+
+
+def restore_swapped_optimizer(engine, load_dir: str | Path, tag: str) -> None:
+    """Finish ``engine.load_checkpoint`` under NVMe optimizer offload (ZeRO-3). DeepSpeed 0.19.8
+    then copies the swapped files (fp32 weights and moments) back into the swap folder and skips
+    the rest of the optimizer's checkpoint, restoring neither the optimizer's per-parameter state
+    (a fresh torch or CPU Adam has none until its first step, which would start new moments at
+    step 0; a sub-group too small to swap keeps its moments and fp32 weights only in the
+    checkpoint file) nor the training-dtype weights (the model would run its start-up weights).
+
+    For each ZeRO sub-group: the optimizer's state from the rank's checkpoint file (the step
+    count; the moments themselves, or, where they are swapped, full-size placeholders that the
+    swap-in fills from the copied files), the fp32 weights likewise, then the model's partition
+    (or its NVMe swap) set from them, as after an update. A no-op without NVMe optimizer offload."""
+    if not engine.zero_nvme_offload_optimizer():
+        return
+    zero = engine.optimizer
+    swapped_groups = [i for i in range(len(zero.fp32_partitioned_groups_flat)) if zero._swappable_optimizer_subgroup(i)]
+    saved_files = Path(load_dir) / tag / "offloaded_tensors" / f"rank{engine.global_rank:02d}"
+    _rename_swap_files(
+        Path(zero.optimizer_swapper.swap_folder),
+        saved_files,
+        [zero.fp32_partitioned_groups_flat[i].ds_id for i in swapped_groups],
+    )
+    saved = torch.load(engine._get_zero_ckpt_name(str(load_dir), tag), map_location="cpu", weights_only=False)
+    states = saved["optimizer_state_dict"]["optimizer_state_dict"]["state"]
+    fp32_saved = saved["optimizer_state_dict"]["fp32_flat_groups"]
+    for i, flat in enumerate(zero.fp32_partitioned_groups_flat):
+        numel = int(zero.fp16_partitioned_groups_flat_numel[i])
+        swapped = zero._swappable_optimizer_subgroup(i)
+        state = {}
+        for key, value in states[i].items():
+            moment = torch.is_tensor(value) and value.numel() in (0, numel) and value.dim() == 1
+            state[key] = torch.zeros(numel, dtype=flat.dtype) if swapped and moment else value
+        zero.optimizer.state[flat] = state
+        if swapped:
+            zero._optimizer_states_and_gradient_swap_in(i)  # the weights and moments from their files
+        else:
+            flat.data.copy_(fp32_saved[i].data)
+        zero._reassign_or_swap_out_partitioned_parameters(i)
+        if swapped:
+            zero._optimizer_states_and_gradient_swap_out(i)
+
+
+def _rename_swap_files(swap_dir: Path, saved_files: Path, new_ids: list[str]) -> None:
+    """Give the swap files copied from a checkpoint the ids of this engine's sub-groups.
+
+    DeepSpeed names a sub-group's files by its id, the first and last ids of its parameters
+    ("27_53.tensor.swp", "exp_avg-27_53.tensor.swp"), and ids count the parameters every engine
+    of the process has built: an engine built after another (a second trainer in one process)
+    has other ids than the one that saved. The saved ids, in order, are matched to ``new_ids``."""
+    old_ids = sorted(
+        {p.name.split(".")[0] for p in saved_files.glob("*.tensor.swp") if "-" not in p.name},
+        key=lambda ds_id: int(ds_id.split("_")[0]),
+    )
+    if len(old_ids) != len(new_ids):
+        raise RuntimeError(
+            f"{saved_files} holds {len(old_ids)} swapped sub-groups, this engine has {len(new_ids)}: "
+            "resume with the same model, ZeRO config and ranks"
+        )
+    moves = []
+    for old, new in zip(old_ids, new_ids):
+        if old != new:
+            for path in swap_dir.glob(f"*{old}.tensor.swp"):
+                if path.name == f"{old}.tensor.swp" or path.name.endswith(f"-{old}.tensor.swp"):
+                    moves.append((path, swap_dir / path.name.replace(old, new)))
+    staged = [(path.rename(path.with_suffix(".moving")), target) for path, target in moves]  # ids may overlap
+    for path, target in staged:
+        path.replace(target)
