@@ -77,6 +77,8 @@ def offload_sections(cfg: TrainerConfig, role: str) -> tuple[dict, dict]:
             zero["offload_param"].update(
                 nvme_path=nvme_path, max_in_cpu=off.max_in_cpu_params, buffer_size=off.nvme_buffer_elements
             )
+    if cfg.zero_stage == 3:
+        zero["sub_group_size"] = off.sub_group_elements
     top = {"zero_force_ds_cpu_optimizer": off.optimizer_impl == "deepspeed_cpu_adam"}
     return zero, top
 

@@ -59,6 +59,12 @@ class OffloadConfig(Config):
     """params: nvme: elements per swap buffer (DeepSpeed's ``offload_param.buffer_size``); the
     largest parameter must fit in one."""
 
+    sub_group_elements: int = Field(1_000_000_000, ge=1)
+    """Elements per optimizer sub-group (DeepSpeed's ``zero_optimization.sub_group_size``, ZeRO-3):
+    the update runs one sub-group at a time, and under nvme each is swapped in through host
+    buffers of its size (4 of them: weights, gradients, two moments), so this bounds the host
+    memory the NVMe update takes (4 x 4 bytes x this); smaller means more, smaller file reads."""
+
     @property
     def enabled(self) -> bool:
         """Whether anything is offloaded."""

@@ -45,6 +45,7 @@ def test_deepspeed_keys_of_each_offload(tmp_path):
     ds = deepspeed_config(cfg)
     assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
     assert ds["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": False}
+    assert ds["zero_optimization"]["sub_group_size"] == 1_000_000_000
     assert ds["zero_force_ds_cpu_optimizer"] is False  # torch's AdamW runs the offloaded update
 
     cpu_adam = TrainerConfig(zero_stage=2, offload=dict(optimizer="cpu", optimizer_impl="deepspeed_cpu_adam"))
