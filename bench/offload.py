@@ -32,6 +32,7 @@ VARIANTS = {
     "zero3_optimizer_cpu": (3, {"optimizer": "cpu"}),
     "zero3_optimizer_params_cpu": (3, {"optimizer": "cpu", "params": "cpu"}),
     "zero3_optimizer_params_nvme": (3, {"optimizer": "nvme", "params": "nvme"}),
+    "zero3_optimizer_nvme_subgroups_1e8": (3, {"optimizer": "nvme", "sub_group_elements": 100_000_000}),
 }
 
 
