@@ -36,19 +36,31 @@ def main() -> None:
     args = parser.parse_intermixed_args()
     name, recipes = SUITES[args.suite]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     result = {"suite": args.suite, "commit": commit, "machine": f"{platform.node()} {os.cpu_count()} CPUs", "runs": []}
     result["load_at_start"] = os.getloadavg()
     for kind, recipe in recipes:
         started = time.time()
-        command = [sys.executable, "-m", "asyncrl.cli", kind, str(REPO / recipe), f"run.root={args.root}", *args.overrides]
+        command = [
+            sys.executable,
+            "-m",
+            "asyncrl.cli",
+            kind,
+            str(REPO / recipe),
+            f"run.root={args.root}",
+            *args.overrides,
+        ]
         if recipe == "configs/dpo_addition.yaml":  # from the SFT run just made, wherever --root puts it
             command.append(f"model.path={Path(args.root).resolve() / 'sft_addition' / 'final'}")
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         summary = json.loads(done.stdout.strip().splitlines()[-1])
-        result["runs"].append({"command": f"asyncrl {kind} {recipe}", "wall_s": round(time.time() - started, 1), **summary})
+        result["runs"].append(
+            {"command": f"asyncrl {kind} {recipe}", "wall_s": round(time.time() - started, 1), **summary}
+        )
         print(json.dumps(result["runs"][-1]), flush=True)
     result["load_at_end"] = os.getloadavg()
     out = Path(args.out) if args.out else REPO / "bench" / "results" / name

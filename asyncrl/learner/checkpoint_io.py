@@ -134,6 +134,7 @@ def load_policy_state(trainer: TrainerParts, in_dir: str | Path) -> None:
     import torch
 
     from asyncrl.learner.deepspeed_setup import set_scheduled_lr
+    from asyncrl.learner.offload import restore_swapped_optimizer
 
     src = Path(in_dir)
     if not (src / "policy").is_dir():
@@ -142,12 +143,14 @@ def load_policy_state(trainer: TrainerParts, in_dir: str | Path) -> None:
     _, state = trainer.engine.load_checkpoint(str(src), tag="policy", load_module_strict=not lora)
     if state is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint 'policy' in {src}")
+    restore_swapped_optimizer(trainer.engine, src, "policy")  # NVMe offload: what DeepSpeed leaves out
     trainer.version = int(state["version"])
     trainer.updates = int(state.get("updates", trainer.version))  # older checkpoints: one update per step
     set_scheduled_lr(trainer.engine, trainer.cfg, trainer.updates)
     trainer.kl_controller.value = float(state["kl_coef"])
     if trainer.critic is not None:
         trainer.critic.engine.load_checkpoint(str(src), tag="critic")
+        restore_swapped_optimizer(trainer.critic.engine, src, "critic")
     rng = src / _rng_file(torch.distributed.get_rank())
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))

@@ -39,6 +39,7 @@ from asyncrl.learner.data_parallel import DataParallel
 from asyncrl.learner.deepspeed_setup import deepspeed_engine, init_learner_group
 from asyncrl.learner.kl import KL_ESTIMATORS
 from asyncrl.learner.losses import value_loss
+from asyncrl.learner.offload import adamw_optimizer
 from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.partitioned_load import build_partitioned, load_partitioned, zero_partitioned
 
@@ -130,14 +131,9 @@ class CriticTrainer:
         if trainer_cfg.gradient_checkpointing:
             model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,  # torch's own default is 0.01
-            betas=tuple(trainer_cfg.betas),
-            fused=trainer_cfg.fused_adamw or None,
-        )
-        self.engine = deepspeed_engine(model, optimizer, trainer_cfg)
+        # the critic's own rate and decay (torch's default decay is 0.01), the policy's betas and offload
+        optimizer = adamw_optimizer(model.parameters(), trainer_cfg, cfg.lr, cfg.weight_decay)
+        self.engine = deepspeed_engine(model, optimizer, trainer_cfg, role="critic")
         self.device = self.engine.device
 
     def values(self, micro: TrainBatch, plan: MicroBatchPlan | None = None) -> torch.Tensor:

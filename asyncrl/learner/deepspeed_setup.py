@@ -23,6 +23,7 @@ import torch
 
 from asyncrl.learner.config import TrainerConfig
 from asyncrl.learner.lr_schedule import lr_factor
+from asyncrl.learner.offload import offload_sections
 from asyncrl.wire.endpoints import free_ports
 
 
@@ -66,36 +67,42 @@ def init_learner_group(timeout_s: float, backend: str | None = None) -> None:
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
-def deepspeed_config(cfg: TrainerConfig) -> dict:
-    """The DeepSpeed config of the run's ZeRO stage, precision and clipping: one micro batch per
-    "DeepSpeed step" (the caller owns the accumulation boundary)."""
+def deepspeed_config(cfg: TrainerConfig, role: str = "policy") -> dict:
+    """The DeepSpeed config of the run's ZeRO stage, offload, precision and clipping for the
+    engine of ``role`` ("policy", "critic": an NVMe offload swaps into a folder of its own): one
+    micro batch per "DeepSpeed step" (the caller owns the accumulation boundary)."""
     zero_buckets = {}
     if cfg.zero_bucket_elements is not None:
         zero_buckets = {
             "reduce_bucket_size": cfg.zero_bucket_elements,
             "allgather_bucket_size": cfg.zero_bucket_elements,
         }
+    zero_offload, top_offload = offload_sections(cfg, role)
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": {"stage": cfg.zero_stage, **zero_buckets},
+        "zero_optimization": {"stage": cfg.zero_stage, **zero_buckets, **zero_offload},
         "bf16": {"enabled": cfg.dtype == "bf16"},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
+        **top_offload,
     }
 
 
-def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, cfg: TrainerConfig):
-    """A DeepSpeed engine around ``model`` and ``optimizer`` with ``deepspeed_config(cfg)`` (policy
-    and critic alike; without optimizer, the ZeRO-3 reference). Under ZeRO-1/2 in fp32 the
-    optimizer's master partition is the model's own storage (``fp32_master.share_fp32_master``)."""
+def deepspeed_engine(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, cfg: TrainerConfig, role: str = "policy"
+):
+    """A DeepSpeed engine around ``model`` and ``optimizer`` (``offload.adamw_optimizer``) with
+    ``deepspeed_config(cfg, role)`` (policy and critic alike; without optimizer, the ZeRO-3
+    reference). Under ZeRO-1/2/3 in fp32 without offload the optimizer's master partition is the
+    model's own storage (``fp32_master.share_fp32_master``)."""
     import deepspeed
 
     from asyncrl.learner.fp32_master import share_fp32_master
     from asyncrl.learner.heap import release_freed_memory
 
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg, role))
     share_fp32_master(engine.optimizer)
     # DeepSpeed's flattening copies every parameter (or partition) into one buffer and frees
     # them: holes in the C heap that would otherwise stay resident (``heap``).

@@ -119,7 +119,7 @@ class PartitionedReference:
         model = build_causal_lm(model_dir, cfg)
         model.config.use_cache = False
         model.eval().requires_grad_(False)
-        self.engine = deepspeed_engine(model, None, cfg)
+        self.engine = deepspeed_engine(model, None, cfg, role="reference")
         self.chunk_tokens = cfg.logits_chunk_tokens
 
     @torch.no_grad()

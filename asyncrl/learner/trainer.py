@@ -74,6 +74,7 @@ from asyncrl.learner.group_advantages import group_advantages, weighted_advantag
 from asyncrl.learner.hf_export import full_state_dict, save_pretrained
 from asyncrl.learner.kl import make_kl_controller
 from asyncrl.learner.logprobs import TokenDistribution, TokenScores, token_scores
+from asyncrl.learner.offload import adamw_optimizer
 from asyncrl.learner.online_dpo import online_dpo_step
 from asyncrl.learner.packing import MicroBatchPlan, pack
 from asyncrl.learner.partitioned_load import build_causal_lm
@@ -176,13 +177,8 @@ class PolicyTrainer:
         self.row_tokens = cfg.micro_batch_tokens if varlen_attention(cfg.attn_implementation) else None
         """Token slots of a packed row (``micro_batch_tokens`` under flash-attention), else None:
         the policy's, the reference's and the critic's forwards share these micro batches."""
-        optimizer = torch.optim.AdamW(
-            trainable_parameters(model),  # all of them, or with LoRA the adapters alone
-            lr=cfg.lr,
-            betas=tuple(cfg.betas),
-            weight_decay=cfg.weight_decay,
-            fused=cfg.fused_adamw or None,
-        )
+        # all of them, or with LoRA the adapters alone
+        optimizer = adamw_optimizer(trainable_parameters(model), cfg, cfg.lr, cfg.weight_decay)
         self.engine = deepspeed_engine(model, optimizer, cfg)
         set_scheduled_lr(self.engine, cfg, self.updates)  # the first update's rate (warm-up starts below lr)
         self.device = self.engine.device

@@ -45,6 +45,7 @@ from asyncrl.learner.offline.objective import DPOObjective, make_objective
 from asyncrl.learner.offline.reference import cached_reference, fingerprint
 from asyncrl.learner.offline.report import OfflineReport
 from asyncrl.learner.offline.state import load_checkpoint, save_checkpoint
+from asyncrl.learner.offload import adamw_optimizer
 from asyncrl.learner.partitioned_load import build_causal_lm
 from asyncrl.models.lora import apply_lora, trainable_parameters
 from asyncrl.models.precision import resolve_trainer_dtype
@@ -108,13 +109,7 @@ class OfflineLoop:
             model = apply_lora(model, self.lora)  # base frozen, adapters trainable
         model.train()
         params = trainable_parameters(model)  # all of them, or with LoRA the adapters alone
-        optimizer = torch.optim.AdamW(
-            params,
-            lr=self.trainer_cfg.lr,
-            betas=tuple(self.trainer_cfg.betas),
-            weight_decay=self.trainer_cfg.weight_decay,
-            fused=self.trainer_cfg.fused_adamw or None,
-        )
+        optimizer = adamw_optimizer(params, self.trainer_cfg, self.trainer_cfg.lr, self.trainer_cfg.weight_decay)
         self.engine = deepspeed_engine(model, optimizer, self.trainer_cfg)
         self.step, self.updates = 0, 0
         set_scheduled_lr(self.engine, self.trainer_cfg, 0)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from asyncrl.learner.data_parallel import DataParallel
+from asyncrl.learner.offload import restore_swapped_optimizer
 from asyncrl.rundir.checkpoints import commit, latest_checkpoint, staging_dir
 
 TAG = "policy"
@@ -65,6 +66,7 @@ def load_checkpoint(engine, run_dir: Path, dp: DataParallel, lora: bool = False)
     _, state = engine.load_checkpoint(str(path / "learner"), tag=TAG, load_module_strict=not lora)
     if state is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint {TAG!r} in {path / 'learner'}")
+    restore_swapped_optimizer(engine, path / "learner", TAG)  # NVMe offload: what DeepSpeed leaves out
     rng = path / "learner" / _rng_file(dp.rank)
     if rng.exists():
         saved = torch.load(rng, weights_only=False)
