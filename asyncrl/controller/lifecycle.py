@@ -100,7 +100,8 @@ class Lifecycle:
         self.go = GoCommand()
         """The go sent (again every ``GO_EVERY_S``): while the round before RL runs beside
         training, one that holds the generators' starting weights (``eval.overlap_before``)."""
-        evaluations.on_before = self._before_answered
+        if evaluations is not None:  # a lifecycle driven without evaluations (tests) has none to hear
+            evaluations.on_before = self._before_answered
 
     def start_all(self, checkpoint: Path | None, evaluate_first: bool = False) -> None:
         """Start every component (from ``checkpoint`` when given) and say go once all are ready;

@@ -36,8 +36,9 @@ def test_ranks_bench_reports_throughput_memory_and_publication(tmp_path):
         assert len(group["peak_rss_bytes_per_rank"]) == len(group["held_bytes_per_rank"]) == count
         for held in group["held_bytes_per_rank"]:
             assert held["total"] == held["params"] + held["master"] + held["moments"]
-            assert min(held["params"], held["master"], held["moments"]) > 0
-    # ZeRO-3 partitions parameters, master copies and moments: each of two ranks holds about half
+            assert min(held["params"], held["moments"]) > 0
+            assert held["master"] == 0  # fp32: the master partition is the parameters' own storage
+    # ZeRO-3 partitions parameters and moments: each of two ranks holds about half
     assert zero3["held_ratio"] <= 0.6
     assert report["claim"] == {"zero3_held_ratio": zero3["held_ratio"], "bound": 0.6, "pass": True}
     publication = zero3["publication"]

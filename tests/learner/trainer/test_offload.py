@@ -103,4 +103,7 @@ def test_nvme_offload_trains_like_no_offload_and_resumes_bit_for_bit(tmp_path):
     assert resumed.train_step(groups).grad_norm == offloaded_norms[1]
     for name, tensor in resumed.full_state_dict().items():
         assert torch.equal(tensor, uninterrupted[name]), name
-    assert len(list(swap.iterdir())) == 2  # one folder per engine: the original and the resumed one
+    # a folder of its own for each DeepSpeed config made: the partitioned build's (zero.Init) and the
+    # engine's, of the original and of the resumed trainer
+    folders = list(swap.iterdir())
+    assert len(folders) == 4 and all(f.name.startswith("asyncrl-policy-") for f in folders)
