@@ -120,29 +120,10 @@ class PartitionedReference:
         model.config.use_cache = False
         model.eval().requires_grad_(False)
         self.engine = deepspeed_engine(model, None, cfg, role="reference")
+        self.model = self.engine  # what ColocatedReference.logprobs runs: the engine gathers each module
         self.chunk_tokens = cfg.logits_chunk_tokens
 
-    @torch.no_grad()
-    def logprobs(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        score_mask: torch.Tensor,
-        dist: TokenDistribution,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """As ``ColocatedReference.logprobs``; collective (every rank calls it equally often)."""
-        scores = token_scores(
-            self.engine,
-            input_ids,
-            None if position_ids is not None else attention_mask,
-            score_mask,
-            dist,
-            position_ids=position_ids,
-            chunk_tokens=self.chunk_tokens,
-            entropy=False,
-        )
-        return scores.logprobs  # (B, L-1)
+    logprobs = ColocatedReference.logprobs  # the same scoring, collective here (every rank calls it equally)
 
 
 class RemoteReference:
