@@ -1,7 +1,10 @@
 """Held-out evaluation as the controller runs it: rounds by the generators' engines
 (``asyncrl.tasks.heldout``) at start, every ``eval.every_versions`` versions and at the end, and
 the record of each in ``evals.jsonl``. A round before or after RL blocks the run (its seconds
-are kept apart from the RL wall time); a periodic one runs beside training.
+are kept apart from the RL wall time); a periodic one runs beside training. A periodic round that
+falls due while another round runs (the overlapped round before RL, or a slow periodic one) waits
+for it; only the latest such round waits, so a slow round delays the curve's points but cannot
+pile them up, and the round after RL supersedes one still waiting.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Evaluations:
         """Seconds the RL phase stood still for ``before`` / ``after``."""
         self.on_before: Callable[[dict], None] | None = None
         """Called with the ``before`` round's record when it ends (scored or failed)."""
+        self.waiting: tuple[str, int] | None = None
+        """(label, version) of the periodic round that fell due while another ran."""
 
     def poll(self, num_generators: int) -> None:
         """Offer requests and time out late ones (a duty of the event loop)."""
@@ -61,9 +66,14 @@ class Evaluations:
     def on_step(self, version: int) -> None:
         """Start the periodic round a learner step makes due (the last step's is ``after``)."""
         every = self.cfg.every_versions
-        if self.heldout is not None and every and version % every == 0:
-            if version < self.total_steps:
+        if self.heldout is not None and every and version % every == 0 and version < self.total_steps:
+            if self.heldout.current is None:
                 self.heldout.start(f"v{version}", version)
+                return
+            if self.waiting is not None:
+                log.warning("eval %s skipped: eval v%d falls due while it waits", self.waiting[0], version)
+            log.info("eval v%d waits for eval %s to finish", version, self.heldout.current.label)
+            self.waiting = (f"v{version}", version)
 
     def start_before(self, num_generators: int) -> float:
         """Open the ``before`` round without waiting for it (``eval.overlap_before``); returns its
@@ -76,6 +86,9 @@ class Evaluations:
         """Run an evaluation round to its end (each request bounded by its timeout, so the wait
         is too) and return its record; a periodic round still running is let finish first."""
         start = time.monotonic()
+        if self.waiting is not None:
+            log.info("eval %s skipped: eval %s supersedes it", self.waiting[0], label)
+            self.waiting = None
         while self.heldout.current is not None:
             next_event(None, f"eval {self.heldout.current.label} to finish before eval {label}")
         self.heldout.start(label, version)
@@ -115,6 +128,9 @@ class Evaluations:
                         figures["num_prompts"],
                         describe(figures),
                     )
+        if self.waiting is not None:  # the round it waited for has ended
+            self.heldout.start(*self.waiting)
+            self.waiting = None
 
 
 def describe(figures: dict) -> str:
