@@ -15,6 +15,7 @@ beside each other (markers ``alone`` and ``serial``).
 Fixtures every test folder shares sit here too (``smollm2_dir``: a real pretrained model)."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,17 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def released_engines():
+    """After each module, release the DeepSpeed engines its tests built in this worker
+    (``deepspeed_setup.release_engines``): an engine is never collected, and a worker holding a
+    dozen of them (2-4 GB of mapped buckets each at ZeRO-3) can no longer fork a vLLM engine."""
+    yield
+    setup = sys.modules.get("asyncrl.learner.deepspeed_setup")  # not imported: nothing was built
+    if setup is not None:
+        setup.release_engines()
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 
 import torch
 
@@ -103,11 +104,42 @@ def deepspeed_engine(
     from asyncrl.learner.heap import release_freed_memory
 
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg, role))
+    _ENGINES.add(engine)
     share_fp32_master(engine.optimizer)
     # DeepSpeed's flattening copies every parameter (or partition) into one buffer and frees
     # them: holes in the C heap that would otherwise stay resident (``heap``).
     release_freed_memory()
     return engine
+
+
+_ENGINES: weakref.WeakSet = weakref.WeakSet()
+"""The engines ``deepspeed_engine`` built in this process that are not released yet."""
+
+
+def release_engine(engine) -> None:
+    """Destroy ``engine``: its hooks on the model's modules and its optimizer's buffers.
+
+    A DeepSpeed engine is never collected on its own: the hooks it leaves on the model's modules
+    (ZeRO-3's gathering, the gradient hooks) hold it. Its buffers stay mapped with it: at ZeRO-3
+    DeepSpeed's two reduce buckets of 5e8 elements are 2 GB of address space (4 GB in fp32),
+    mostly untouched, so the resident set hardly shows them, yet the kernel counts every private
+    writable page when the process forks: a process that built a dozen engines can no longer
+    fork (ENOMEM) however much memory is free. The learner process builds its engines once and
+    exits with them; a process that builds one after another (tests, a notebook, a sweep)
+    releases each with this (``PolicyTrainer.close``) or all at once (``release_engines``)."""
+    from asyncrl.learner.heap import release_freed_memory
+
+    engine.destroy()
+    _ENGINES.discard(engine)
+    release_freed_memory()
+
+
+def release_engines() -> int:
+    """Release every engine this process built and has not released (``release_engine``); how many."""
+    engines = list(_ENGINES)
+    for engine in engines:
+        release_engine(engine)
+    return len(engines)
 
 
 def set_scheduled_lr(engine, cfg: TrainerConfig, updates: int) -> float:

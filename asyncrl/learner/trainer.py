@@ -391,6 +391,20 @@ class PolicyTrainer:
         """Restore what ``save_state`` wrote (the same config, the same number of ranks)."""
         load_policy_state(self, in_dir)
 
+    def close(self) -> None:
+        """Release the DeepSpeed engines this trainer built (policy, critic, partitioned reference;
+        ``deepspeed_setup.release_engine``) and its reference client: a process that builds
+        trainers one after another would otherwise keep every one. The trainer is unusable after."""
+        from asyncrl.learner.deepspeed_setup import release_engine
+
+        release_engine(self.engine)
+        if self.critic is not None:
+            release_engine(self.critic.engine)
+        if isinstance(self.reference, PartitionedReference):
+            release_engine(self.reference.engine)
+        elif isinstance(self.reference, RemoteReference):
+            self.reference.close()
+
 
 def _pad_id(hf_config) -> int:
     """The id that pads rows: the model's pad token, else its (first) end-of-sequence token, else 0.
