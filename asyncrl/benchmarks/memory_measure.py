@@ -96,20 +96,43 @@ def _groups(setup: LearnerSetup, vocab: int, rank_groups: int) -> list:
 
 
 def trainer_extras(setup: LearnerSetup, scratch: Path) -> dict:
-    """``TrainerConfig`` keys for the options main does not have yet: offload
-    (``learner.trainer.offload``, its NVMe files under ``scratch``) and the attention
-    implementation; set only when asked for, so that on a tree without them the config names the
-    missing key."""
-    extras = {}
+    """``TrainerConfig`` keys for the rest of ``setup``: offload (``learner.trainer.offload``, its
+    NVMe files under ``scratch``), ZeRO-3's gathering (``learner.trainer.zero3``) and the attention
+    implementation."""
+    extras: dict = {}
     if setup.optimizer_offload != "none" or setup.param_offload != "none":
-        extras["offload"] = {"optimizer": setup.optimizer_offload, "params": setup.param_offload}
+        extras["offload"] = {
+            "optimizer": setup.optimizer_offload,
+            "params": setup.param_offload,
+            "sub_group_elements": setup.sub_group_elements,
+            "nvme_buffer_elements": setup.nvme_buffer_elements,
+        }
         if "nvme" in (setup.optimizer_offload, setup.param_offload):
             extras["offload"]["nvme_path"] = str(scratch / "nvme")
+    if setup.zero_stage == 3:
+        extras["zero3"] = {
+            "prefetch_elements": setup.prefetch_elements,
+            "max_live_elements": setup.max_live_parameters,
+            "max_reuse_elements": setup.max_reuse_distance,
+            "persistence_threshold": setup.persistence_threshold,
+        }
     if setup.attention != "sdpa":
         extras["attn_implementation"] = {"flash": "flash_attention_2"}.get(setup.attention, setup.attention)
     if setup.sequence_parallel != 1:
         raise ValueError(f"sequence_parallel ({setup.sequence_parallel}): the measurement runs one rank per sequence")
     return extras
+
+
+def as_trained(setup: LearnerSetup) -> LearnerSetup:
+    """``setup`` with the two terms the trainer decides rather than its config: a ZeRO-3 model
+    is built partitioned (``partitioned_load``), and an fp32 master beside fp32 weights exists
+    only where the optimizer's state is offloaded (``fp32_master.share_fp32_master`` shares it
+    otherwise)."""
+    return replace(
+        setup,
+        partitioned_load=setup.zero_stage == 3,
+        fp32_master_when_fp32=setup.optimizer_offload != "none",
+    )
 
 
 def rank_main(model_dir: Path, setup: LearnerSetup, steps: int, out: Path) -> None:
@@ -192,6 +215,7 @@ def measure(
     from asyncrl.fleet.launcher import learner_rank_env
     from asyncrl.wire.endpoints import free_ports
 
+    setup = as_trained(setup)
     with tempfile.TemporaryDirectory(prefix="memory_measure_") as tmp:
         tmp = Path(tmp)
         model_dir = model_dir or build_model(shape, tmp / "model")

@@ -79,11 +79,12 @@ def deepspeed_config(cfg: TrainerConfig, role: str = "policy") -> dict:
             "allgather_bucket_size": cfg.zero_bucket_elements,
         }
     zero_offload, top_offload = offload_sections(cfg, role)
+    zero3 = cfg.zero3.deepspeed() if cfg.zero_stage == 3 else {}
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": {"stage": cfg.zero_stage, **zero_buckets, **zero_offload},
+        "zero_optimization": {"stage": cfg.zero_stage, **zero_buckets, **zero3, **zero_offload},
         "bf16": {"enabled": cfg.dtype == "bf16"},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from asyncrl.configbase import Config
 from asyncrl.learner.attention import check_attn_implementation
 from asyncrl.learner.offload_config import OffloadConfig, check_offload
+from asyncrl.learner.zero3_config import Zero3Config
 
 
 class TrainerConfig(Config):
@@ -79,6 +80,8 @@ class TrainerConfig(Config):
     """Seed of torch's RNG at start-up (dropout, if the model has any)."""
     offload: OffloadConfig = OffloadConfig()
     """Optimizer state and (ZeRO-3) parameters moved to host memory or NVMe files, and the AdamW that updates them there (``asyncrl.learner.offload``)."""
+    zero3: Zero3Config = Zero3Config()
+    """What ZeRO-3 gathers ahead of use and keeps gathered (DeepSpeed's ``stage3_*``); read only when zero_stage is 3."""
 
     @field_validator("zero_stage")
     @classmethod
