@@ -106,6 +106,7 @@ def trainer_extras(setup: LearnerSetup, scratch: Path) -> dict:
             "params": setup.param_offload,
             "sub_group_elements": setup.sub_group_elements,
             "nvme_buffer_elements": setup.nvme_buffer_elements,
+            "max_in_cpu_params": setup.max_in_cpu_params,
         }
         if "nvme" in (setup.optimizer_offload, setup.param_offload):
             extras["offload"]["nvme_path"] = str(scratch / "nvme")

@@ -60,6 +60,11 @@ tokens of a/P heads: the same bytes); ZeRO still partitions over all N ranks.
 Offload moves the optimizer state (master, moments, fp32 gradients) and, at ZeRO-3, the parameter
 partitions from the device to the host (``cpu``) or to NVMe (``nvme``: the host then holds the swap
 buffers and, for the optimizer, the ``sub_group_size`` elements being updated: 16 bytes each).
+At ZeRO-3 two buffers stay in host memory whatever the offload's target (DeepSpeed 0.19.8's
+``stage3.py``): with the optimizer offloaded, the flat partition every gradient is reduced into
+(bΨ/N, on the optimizer's device); with the parameters on NVMe, a flat host copy of up to
+``offload_param.max_in_cpu`` elements of the partition (1e9 by default: all of it below a
+billion elements per rank, so that NVMe then saves host memory only where the limit is lowered).
 The host also holds, at start-up, the fp32 model each rank loads whole (``PolicyTrainer``:
 ``from_pretrained`` in fp32), and the device the whole model in the training dtype before ZeRO-3
 partitions it, unless ``partitioned_load`` (``zero.Init``, ZeRO-3 only): then
@@ -151,6 +156,9 @@ class LearnerSetup:
     """Elements of one NVMe swap buffer on the host (DeepSpeed's ``buffer_size``, 1e8)."""
     nvme_buffers: int = 5
     """Parameter swap buffers on the host (DeepSpeed's ``offload_param.buffer_count``, 5; the optimizer's are 4)."""
+    max_in_cpu_params: int = 1_000_000_000
+    """param_offload nvme: elements of the partition DeepSpeed also keeps in host memory
+    (``offload_param.max_in_cpu``, 1e9; ``learner.trainer.offload.max_in_cpu_params``)."""
     partitioned_load: bool = False
     """The model built partitioned (``zero.Init``; ZeRO-3 only): a rank never holds the whole model."""
     fp32_master_when_fp32: bool = True
@@ -290,6 +298,10 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
         else:
             nvme["parameters"] = partition
             host["parameter_swap_buffers"] = setup.nvme_buffers * setup.nvme_buffer_elements * b
+            # DeepSpeed keeps up to offload_param.max_in_cpu elements of the partition in a flat
+            # host buffer besides the files (``param_groups_fp16_flat_cpu_memory``, stage3.py):
+            # the default 1e9 holds a whole partition below a billion elements
+            host["parameters_host_copy"] = b * min(psi / n, setup.max_in_cpu_params)
 
     # -- gradients
     if stage == 0:
@@ -311,6 +323,11 @@ def predict(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
         dev["reduce_bucket"] = buffers * b * min(bucket, psi)
         if setup.optimizer_offload == "none":
             dev["gradients"] = b * psi / n
+        elif stage == 3:
+            # ZeRO-3 reduces every gradient into a flat partition buffer on the optimizer's device
+            # (``grad_partitions_flat_buffer``): in host memory when the optimizer is offloaded,
+            # to cpu or to nvme alike
+            host["gradients"] = b * psi / n
 
     # -- optimizer state: fp32 master, AdamW's two moments, the step's fp32 gradient partition
     shards = 1 if stage == 0 and b == 4 else n  # the torch optimizer is not partitioned at ZeRO-0
