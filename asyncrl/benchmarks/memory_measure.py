@@ -308,6 +308,23 @@ def repredict(run: dict) -> dict:
     }
 
 
+def offloaded(setup: dict) -> str:
+    """What a run offloads, for its ZeRO cell: "" when nothing.
+
+    >>> offloaded({"optimizer_offload": "nvme", "param_offload": "nvme"})
+    ', optimizer and parameters on nvme'
+    >>> offloaded({"optimizer_offload": "cpu"})
+    ', optimizer on cpu'
+    """
+    opt, par = setup.get("optimizer_offload", "none"), setup.get("param_offload", "none")
+    if opt == par == "none":
+        return ""
+    if opt == par:
+        return f", optimizer and parameters on {opt}"
+    parts = [f"optimizer on {opt}"] * (opt != "none") + [f"parameters on {par}"] * (par != "none")
+    return ", " + ", ".join(parts)
+
+
 def measured_markdown(runs: list[dict]) -> str:
     """The measured runs as a markdown table: predicted and measured training peaks per rank."""
     mib = 1 << 20
@@ -319,7 +336,7 @@ def measured_markdown(runs: list[dict]) -> str:
         s = r["setup"]
         steps = [t for rank in r["ranks"][:1] for t in rank["step_seconds"]]
         lines.append(
-            f"| {r['shape']} | {r['parameters'] / 1e6:,.0f} M | {s['zero_stage']} | {s['ranks']} | {s['dtype']} "
+            f"| {r['shape']} | {r['parameters'] / 1e6:,.0f} M | {s['zero_stage']}{offloaded(s)} | {s['ranks']} | {s['dtype']} "
             f"| {s['micro_batch']} × {s['seq_len']}{', checkpointed' if s['gradient_checkpointing'] else ''} "
             f"| {r['predicted_train_bytes'] / mib:,.0f} "
             f"| {r['measured_train_bytes'] / mib:,.0f} | **{r['train_ratio']:.3f}** "

@@ -139,16 +139,23 @@ def test_offload_moves_bytes_from_device_to_host_and_nvme():
     moved = ("parameters", "fp32_master", "adam_moments", "fp32_gradient_partition")
     assert all(k not in cpu.device and k in cpu.host for k in moved)
     assert all(k not in nvme.device and k in nvme.nvme for k in moved)
-    # what leaves the device arrives on the host (cpu), less the gradient partition, which
-    # DeepSpeed's offload keeps in fp32 on the host only
+    # what leaves the device arrives on the host (cpu): ZeRO-3 reduces the gradients into a flat
+    # partition on the optimizer's device, the host once the optimizer is offloaded
     left = sum(on_device.device.values()) - sum(cpu.device.values())
-    assert left == pytest.approx(sum(cpu.host.values()) + on_device.device["gradients"])
+    assert left == pytest.approx(sum(cpu.host.values()))
+    assert cpu.host["gradients"] == nvme.host["gradients"] == on_device.device["gradients"]
     # NVMe holds a sub-group of the optimizer in host memory while it is updated: with DeepSpeed's
-    # 1e9 elements that is a 7 B rank's whole partition, with 1e8 a tenth of it
+    # 1e9 elements that is a 7 B rank's whole partition, with 1e8 a tenth of it; and DeepSpeed
+    # keeps up to max_in_cpu elements of the parameters in host memory beside their files (1e9:
+    # all of a 7 B rank's 952 M)
+    partition = SHAPES["qwen2.5-7b"].parameters() / 8
+    assert nvme.host["parameters_host_copy"] == pytest.approx(2 * partition)
     small = predict(
-        SHAPES["qwen2.5-7b"], replace(base, optimizer_offload="nvme", param_offload="nvme", sub_group_elements=10**8)
+        SHAPES["qwen2.5-7b"],
+        replace(base, optimizer_offload="nvme", param_offload="nvme", sub_group_elements=10**8, max_in_cpu_params=10**7),
     )
-    assert sum(small.host.values()) < sum(cpu.host.values()) / 4 < sum(nvme.host.values())
+    assert small.host["parameters_host_copy"] == 2 * 10**7
+    assert sum(small.host.values()) < sum(cpu.host.values()) / 2 < sum(nvme.host.values())
 
 
 def test_partitioned_load_bounds_the_load_peak_by_a_share_and_a_block():
