@@ -332,6 +332,16 @@ class RunConfig(Config):
         return self
 
     @model_validator(mode="after")
+    def _check_weights_dtype(self) -> RunConfig:
+        if self.weights.dtype != "model" and self.weights.dtype != self.engine.dtype:
+            raise ValueError(
+                f"weights.dtype ({self.weights.dtype}) must be model or the engine's dtype (engine.dtype "
+                f"{self.engine.dtype}): the engine would serve weights rounded to {self.weights.dtype} that the "
+                "learner's probe does not expect"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_learner_ranks(self) -> RunConfig:
         if self.learner.ranks > 1 and self.simulation.learner is not None:
             raise ValueError(

@@ -177,13 +177,16 @@ def hidden_scores(
     (B, T'). A sequence-parallel rank calls it on its own positions (``asyncrl.learner.ulysses``),
     with ``chunks``: call the LM head at least that many times, the last ones on no position, so
     that every rank of the group calls it equally often (ZeRO-3 gathers a partitioned head for
-    each call, a collective)."""
+    each call, a collective). Under ZeRO-3 the ranks also agree on the count across data-parallel
+    ranks, whose micro batches score different numbers of positions (``_head_calls_agreed``)."""
     B, T = score_mask.shape
     rows, cols = score_mask.nonzero(as_tuple=True)  # (N,), (N,)
     h = hidden[rows, cols]  # (N, H) the predicting positions
     targets = targets[rows, cols]  # (N,)
     lm_head = _unwrap(model).get_output_embeddings()
     head = _frozen_partitioned_head(lm_head) or lm_head
+    if head is lm_head:
+        chunks = _head_calls_agreed(lm_head, max(chunks, -(-h.shape[0] // chunk_tokens)), h.device)
     grad = torch.is_grad_enabled() and h.requires_grad
     parts = []
     starts = list(range(0, h.shape[0], chunk_tokens))
@@ -264,6 +267,24 @@ def truncation_mask(z: torch.Tensor, dist: TokenDistribution) -> torch.Tensor:
     drop[:, -1] = False  # at least one token
     drop |= torch.isinf(z_sort)  # what top-k removed
     return torch.empty_like(drop).scatter_(-1, index, ~drop)
+
+
+def _head_calls_agreed(lm_head: torch.nn.Module, calls: int, device: torch.device) -> int:
+    """The most LM-head calls any rank needs, where ZeRO-3 gathers a partitioned head for each
+    call (a collective over the ranks that partition it): every rank must call it as often,
+    however many positions it scores, or the ranks' gathers pair up wrongly and the group fails.
+    ``calls`` elsewhere (no ZeRO-3, one rank, a head small enough that DeepSpeed keeps it whole:
+    ``stage3_param_persistence_threshold``). ``device``: the activations' (a partitioned
+    parameter may sit on the host, which NCCL cannot reduce)."""
+    weight = lm_head.weight
+    group = getattr(weight, "ds_process_group", None)
+    if not hasattr(weight, "ds_id") or getattr(weight, "ds_persist", False):
+        return calls
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size(group) == 1:
+        return calls
+    most = torch.tensor([calls], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX, group=group)
+    return int(most.item())
 
 
 def _frozen_partitioned_head(lm_head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:

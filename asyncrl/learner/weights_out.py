@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from asyncrl.observability.metrics import WEIGHT_BROADCAST_SECONDS, WEIGHT_BYTES
 from asyncrl.weights import BroadcastSchedule, make_publisher
+from asyncrl.weights.buckets import cast_buckets
 from asyncrl.weights.probe import Probe
 from asyncrl.weights.timeline import TimedBuckets
 from asyncrl.wire.messages import BroadcastEvent
@@ -92,7 +93,7 @@ def publish_weights(trainer, publisher, wcfg, ctx: LearnerContext, probe: Probe 
     """Publish the trainer's weights bucket by bucket, with ``probe`` (computed since
     ``published_at``); record and report it."""
     probe_s = time.time() - published_at
-    buckets = TimedBuckets(trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))))
+    buckets = TimedBuckets(cast_buckets(trainer.weight_buckets(int(wcfg.bucket_mb * (1 << 20))), wcfg.dtype))
     meta = {"probe": probe.to_wire()} if probe is not None else None
     adapter = getattr(trainer, "adapter_meta", None)  # LoRA: how to load the adapter (asyncrl.models.lora)
     if adapter is not None:

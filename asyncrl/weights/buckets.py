@@ -252,6 +252,25 @@ class Bucket(list):
     transient: bool = False
 
 
+def cast_buckets(buckets: Iterator, dtype: str) -> Iterator:
+    """``buckets`` with their floating-point tensors cast to ``dtype`` (``weights.dtype``), one
+    bucket at a time as the publisher asks for it; ``"model"`` leaves them as they are. A
+    bucket stays ``transient`` if it was: its uncast tensors are still the gather's.
+
+    >>> b = Bucket([("w", torch.ones(2)), ("step", torch.tensor([3]))])
+    >>> [(n, t.dtype) for n, t in next(cast_buckets(iter([b]), "bfloat16"))]
+    [('w', torch.bfloat16), ('step', torch.int64)]
+    """
+    if dtype == "model":
+        yield from buckets
+        return
+    target = getattr(torch, dtype)
+    for bucket in buckets:
+        cast = Bucket((name, t.to(target) if t.is_floating_point() else t) for name, t in bucket)
+        cast.transient = getattr(bucket, "transient", False)
+        yield cast
+
+
 def _full_numel(p: torch.Tensor) -> int:
     return int(getattr(p, "ds_numel", p.numel()))
 

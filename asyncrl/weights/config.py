@@ -1,4 +1,4 @@
-"""Config of weight sync: how (transport), how big (buckets), when (schedule), checked how (probe)."""
+"""Config of weight sync: how (transport), in what dtype, how big (buckets), when (schedule), checked how (probe)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ class WeightSyncConfig(Config):
     recording which versions sampled which tokens (``version_segments``). None: ``in_flight``
     with ``generator.mode: continuous`` (the only mode it allows: requests never stop running),
     ``between_requests`` with ``batch``."""
+    dtype: Literal["model", "bfloat16", "float16"] = "model"
+    """The dtype floating-point weights are published in. ``model``: as the learner holds them (an
+    fp32 learner sends 4 bytes a parameter). ``bfloat16`` / ``float16``: cast on the learner,
+    bucket by bucket, before they leave: half the bytes on the wire, in shared memory and in the
+    generator's buffers, for an engine that serves that dtype anyway (vLLM casts on loading, to
+    the same values); it must then be the engine's ``engine.dtype``."""
     bucket_mb: float = Field(64.0, gt=0)
     """Size cap of one bucket in MiB: under ZeRO-3 the learner gathers, sends and frees one
     bucket at a time, so its extra memory is about two buckets, not the model."""

@@ -5,7 +5,8 @@ reference, per-sequence aggregation, GSPO's sequence-level ratio over several up
 checkpointing, ZeRO-3 with a partitioned LM head) scores a ragged batch of 5 groups (rows of 4 to 17 tokens: odd lengths are padded
 to the shards) and trains two steps on it, once in a group of one process and once in a
 sequence-parallel group of two whose ranks each run half of every row's positions (two of them
-also on four ranks: two data-parallel groups of two). The model has
+also on four ranks: two data-parallel groups of two; the partitioned head also on two
+data-parallel ranks without sequence parallelism). The model has
 4 query heads and 1 KV head, so the KV head is repeated for the two ranks. The scores before
 training, the step's figures and the weights after both steps must agree to float32 rounding, as
 the data-parallel equality tests (``test_ranks.py``) demand: rtol 1e-4 on the values, and on the
@@ -69,6 +70,7 @@ def results(model_dir, tmp_path_factory):
     run_world(1, 1, model_dir, root / "one", sorted(CASES))
     run_world(2, 2, model_dir, root / "two", sorted(CASES))
     run_world(4, 2, model_dir, root / "four", DATA_AND_SEQUENCE)
+    run_world(2, 1, model_dir, root / "data", DATA_ONLY)
     return root
 
 
@@ -76,14 +78,25 @@ DATA_AND_SEQUENCE = ["z2-packed-entropy", "z3-seq-mean-token-mean-kl"]
 """Cases also run on four ranks: two data-parallel ranks of two sequence-parallel ranks each
 (uneven shares of the batch, fillers, the reference's rows summed over both groups)."""
 
+DATA_ONLY = ["z3-partitioned-head"]
+"""Cases also run on two data-parallel ranks without sequence parallelism: each rank's micro
+batches score a different number of positions, so the ranks need different numbers of calls of
+the partitioned LM head, which they must still make equally often."""
+
+WORLDS = {"two": (2, 2), "four": (4, 2), "data": (2, 1)}
+"""World name -> (ranks, sequence_parallel)."""
+
 
 @pytest.mark.parametrize(
-    "case, world", [(case, "two") for case in sorted(CASES)] + [(case, "four") for case in DATA_AND_SEQUENCE]
+    "case, world",
+    [(case, "two") for case in sorted(CASES)]
+    + [(case, "four") for case in DATA_AND_SEQUENCE]
+    + [(case, "data") for case in DATA_ONLY],
 )
 def test_sequence_parallel_trains_as_one_rank(case, world, results):
     one = torch.load(results / "one" / f"{case}.pt", weights_only=False)
     two = torch.load(results / world / f"{case}.pt", weights_only=False)
-    assert (one["world"], two["world"], two["sequence_parallel"]) == (1, {"two": 2, "four": 4}[world], 2)
+    assert (one["world"], two["world"], two["sequence_parallel"]) == (1, *WORLDS[world])
     mask = one["mask"].bool()
     assert mask.sum() > 0
     for name in ("logprobs", "entropy"):

@@ -29,3 +29,10 @@ def test_the_run_config_resolves_it_unless_given():
     from asyncrl.config import RunConfig, dump_config
 
     assert RunConfig(**yaml.safe_load(dump_config(bf16))).weights.probe_atol == 0.15
+
+
+def test_weights_cast_for_publication_must_be_the_engines_dtype():
+    with pytest.raises(ValueError, match=r"weights.dtype \(bfloat16\) must be model or the engine's dtype \(engine.dtype float32\)"):
+        load_config("configs/demo.yaml", ["weights.dtype=bfloat16"])
+    cfg = load_config("configs/demo.yaml", ["weights.dtype=bfloat16", "engine.dtype=bfloat16"])
+    assert cfg.weights.dtype == "bfloat16"

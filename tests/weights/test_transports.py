@@ -410,3 +410,28 @@ def test_zmq_queues_up_to_a_window_of_view_buckets_and_one_packed_bucket(monkeyp
     update.done()
     pub.close()
     sub.close()
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_weights_published_in_bfloat16_arrive_as_the_engine_would_cast_them_in_half_the_bytes(transport):
+    from asyncrl.weights.buckets import cast_buckets
+
+    Pub, Sub = TRANSPORTS[transport]
+    pub = Pub("tcp://127.0.0.1:0")
+    sub = Sub(pub.address, name="g0")
+    if transport == "zmq":
+        stream_subscribed(pub.sock, [sub])
+    sd = {k: v for k, v in _state().items() if v.dtype in (torch.float32, torch.int64)}
+    as_is = pub.publish(state_dict_buckets(sd, 64 << 10), 1)
+    receive_version(sub, pub).done()
+    cast = pub.publish(cast_buckets(state_dict_buckets(sd, 64 << 10), "bfloat16"), 2)
+    update = receive_version(sub, pub, served=1)
+    got = dict(update.tensors)
+    for name, t in sd.items():
+        want = t.to(torch.bfloat16) if t.is_floating_point() else t  # what vLLM's bf16 load makes of t
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+    update.done()
+    floats = sum(t.numel() * 4 for t in sd.values() if t.is_floating_point())
+    assert as_is["bytes"] - cast["bytes"] >= floats / 2 * 0.99  # the floats' bytes halved (alignment aside)
+    pub.close()
+    sub.close()
