@@ -9,7 +9,10 @@ other file of the starting model dir (tokenizer, generation config) copied as is
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
+import struct
 from pathlib import Path
 
 import torch
@@ -17,6 +20,9 @@ import torch
 # Files of a Hugging Face model dir that ``save_pretrained`` writes itself instead of copying.
 _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
 _WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+EXPORT_BUCKET_BYTES = 256 << 20
+"""Bytes of weights gathered and written at a time by ``save_pretrained``."""
 
 
 def full_state_dict(module: torch.nn.Module, zero_stage: int, rank0_only: bool = False) -> dict[str, torch.Tensor]:
@@ -59,17 +65,35 @@ def full_state_dict(module: torch.nn.Module, zero_stage: int, rank0_only: bool =
     return state
 
 
-def save_pretrained(module: torch.nn.Module, zero_stage: int, hf_config, model_dir: Path, out_dir: str | Path) -> Path:
+def save_pretrained(
+    module: torch.nn.Module,
+    zero_stage: int,
+    hf_config,
+    model_dir: Path,
+    out_dir: str | Path,
+    bucket_bytes: int = EXPORT_BUCKET_BYTES,
+) -> Path:
     """Write ``module``'s weights as a Hugging Face model dir ``out_dir``, beside the config
     ``hf_config`` (saved with dtype float32) and the other files of ``model_dir``.
 
+    The weights are streamed into ``model.safetensors`` one bucket of ``bucket_bytes`` at a time
+    (``asyncrl.weights.buckets.iter_buckets``: gathered under ZeRO-3 while rank 0 writes them):
+    the header first, from the parameters' full shapes, then each tensor's fp32 bytes in order,
+    so rank 0 holds one bucket, not the model (a 1.31 B model's fp32 state dict is 5.2 GB).
+
     Collective under ZeRO-3; rank 0 writes; every rank waits for it. Returns ``out_dir``.
     """
-    from safetensors.torch import save_file
+    from asyncrl.weights.buckets import iter_buckets, plan_buckets
 
     out = Path(out_dir)
-    state = full_state_dict(module, zero_stage, rank0_only=True)
-    if torch.distributed.get_rank() == 0:
+    writer = torch.distributed.get_rank() == 0
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    def kept(name: str) -> bool:  # a tied output head is the embedding: HF stores it once and re-ties on load
+        return not (tied and name == "lm_head.weight")
+
+    f = None
+    if writer:
         out.mkdir(parents=True, exist_ok=True)
         for path in model_dir.iterdir():
             if (
@@ -79,20 +103,46 @@ def save_pretrained(module: torch.nn.Module, zero_stage: int, hf_config, model_d
                 and not path.name.endswith(_WEIGHT_FILE_SUFFIXES)
             ):
                 shutil.copy2(path, out / path.name)
-        if getattr(hf_config, "tie_word_embeddings", False):
-            # A tied output head is the embedding: HF stores it once and re-ties on load.
-            state.pop("lm_head.weight", None)
-        # safetensors refuses tensors that share memory; give each key its own.
-        seen: set[int] = set()
-        for key, tensor in list(state.items()):
-            if id(tensor) in seen:
-                state[key] = tensor.clone()
-            seen.add(id(tensor))
-        save_file(
-            {k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
-        )
+        shapes = [
+            (name, tuple(getattr(t, "ds_shape", t.shape)))
+            for plan in plan_buckets(module, bucket_bytes)
+            for name, t in plan
+            if kept(name)
+        ]
+        f = open(out / "model.safetensors", "wb")
+        f.write(safetensors_header(shapes, {"format": "pt"}))
+    try:
+        for bucket in iter_buckets(module, bucket_bytes):  # collective under ZeRO-3: every rank iterates
+            if f is not None:
+                for name, t in bucket:
+                    if kept(name):
+                        f.write(memoryview(t.detach().to("cpu", torch.float32).contiguous().numpy()))
+    finally:
+        if f is not None:
+            f.close()
+    if writer:
         config = hf_config.__class__.from_dict(hf_config.to_dict())
         config.dtype = "float32"
         config.save_pretrained(out)
     torch.distributed.barrier()
     return out
+
+
+def safetensors_header(shapes: list[tuple[str, tuple[int, ...]]], metadata: dict[str, str]) -> bytes:
+    """The safetensors header of fp32 tensors ``shapes`` stored back to back in that order: the
+    header's length (8 bytes, little-endian), then its JSON, padded with spaces to 8 bytes as the
+    safetensors library pads it.
+
+    >>> h = safetensors_header([("a", (2, 3)), ("b", (4,))], {"format": "pt"})
+    >>> import json; json.loads(h[8:])["b"]
+    {'dtype': 'F32', 'shape': [4], 'data_offsets': [24, 40]}
+    """
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, shape in shapes:
+        nbytes = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
