@@ -310,17 +310,38 @@ def iter_buckets(module: torch.nn.Module, bucket_bytes: int) -> Iterator[list[tu
     >>> [[n for n, _ in b] for b in iter_buckets(m, bucket_bytes=32)]
     [['weight'], ['bias']]
     """
-    for plan in plan_buckets(module, bucket_bytes):
-        partitioned = [t for _, t in plan if hasattr(t, "ds_id")]
-        if partitioned:
-            import deepspeed
+    for whole in plan_buckets(module, bucket_bytes):
+        for plan in swap_limited(whole):
+            partitioned = [t for _, t in plan if hasattr(t, "ds_id")]
+            if partitioned:
+                import deepspeed
 
-            with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
-                bucket = Bucket((name, t.detach()) for name, t in plan)
-                bucket.transient = True
-                yield bucket
-        else:
-            yield Bucket((name, t.detach()) for name, t in plan)
+                with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
+                    bucket = Bucket((name, t.detach()) for name, t in plan)
+                    bucket.transient = True
+                    yield bucket
+            else:
+                yield Bucket((name, t.detach()) for name, t in plan)
+
+
+def swap_limited(plan: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
+    """``plan`` cut, in order, into runs that each hold at most as many NVMe-swapped ZeRO-3
+    parameters as DeepSpeed's parameter swapper has buffers (``offload_param.buffer_count``, 5):
+    it reads every such parameter of a gather into a buffer of its own, and fails a gather of more
+    ("Not enough buffers"). Where is a property of the partition, the same on every rank, so the
+    ranks cut alike and their gathers pair up. One run when nothing is on NVMe."""
+    runs: list[list[tuple[str, torch.Tensor]]] = [[]]
+    swapped = 0
+    for name, t in plan:
+        swapper = getattr(t, "nvme_swapper", None)
+        on_nvme = swapper is not None and getattr(getattr(t, "ds_tensor", None), "final_location", None) == "nvme"
+        if on_nvme:
+            if swapped == swapper.param_buffer_count:
+                runs.append([])
+                swapped = 0
+            swapped += 1
+        runs[-1].append((name, t))
+    return runs
 
 
 def state_dict_buckets(state: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

@@ -107,3 +107,30 @@ def test_nvme_offload_trains_like_no_offload_and_resumes_bit_for_bit(tmp_path):
     # engine's, of the original and of the resumed trainer
     folders = list(swap.iterdir())
     assert len(folders) == 4 and all(f.name.startswith("asyncrl-policy-") for f in folders)
+
+
+@pytest.mark.skipif(libaio_dir() is None, reason="no libaio unpacked in .tools/libaio (scripts/setup.sh)")
+def test_nvme_parameters_leave_in_gathers_the_swapper_can_hold(tmp_path):
+    """DeepSpeed reads each NVMe-swapped parameter of a gather into a buffer of its own (5 of
+    them) and fails a larger gather; the weights still leave in buckets of any size (publication,
+    the final export), cut where the buffers run out, and the export equals the trainer's weights."""
+    from safetensors.torch import load_file
+
+    from asyncrl.models.tiny import TinyModelConfig, build_tiny_model
+
+    shape = TinyModelConfig(hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=2, intermediate_size=1024)
+    model_dir = build_tiny_model(shape, tmp_path / "model")
+    # max_in_cpu_params 1: no host copy, every parameter of at least DeepSpeed's 1 MiB block on NVMe
+    cfg = config(3, offload=dict(NVME, nvme_path=str(tmp_path / "nvme"), max_in_cpu_params=1))
+    trainer = PolicyTrainer(model_dir, cfg)
+    swapped = [p for p in trainer.engine.module.parameters() if getattr(p.ds_tensor, "final_location", None) == "nvme"]
+    assert len(swapped) > 5  # more than one gather can hold
+    names = [[name for name, _ in bucket] for bucket in trainer.weight_buckets(1 << 30)]  # one bucket planned
+    assert len(names) > 1 and sum(len(n) for n in names) == len(list(trainer.engine.module.named_parameters()))
+    weights = trainer.full_state_dict()
+    exported = load_file(str(trainer.save_pretrained(tmp_path / "final") / "model.safetensors"))
+    tied = {"lm_head.weight"} if trainer.hf_config.tie_word_embeddings else set()  # stored once
+    assert set(exported) == set(weights) - tied
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, weights[name]), name
+    trainer.close()
