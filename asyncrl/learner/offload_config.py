@@ -53,8 +53,10 @@ class OffloadConfig(Config):
     it has only a fused kernel, so it needs ``fused_adamw: true``. Used only when ``optimizer`` is
     cpu or nvme."""
     max_in_cpu_params: int = Field(1_000_000_000, ge=1)
-    """params: nvme: parameter elements kept in host memory as a cache of the swapped ones
-    (DeepSpeed's ``offload_param.max_in_cpu``)."""
+    """params: nvme: elements of a rank's parameter partition DeepSpeed also keeps in a flat host
+    buffer beside the files (``offload_param.max_in_cpu``). The default (DeepSpeed's 1e9) holds a
+    whole partition below a billion elements, so NVMe then saves no host memory; lower it (1e7 in
+    ``configs/rehearsal_1_5b.yaml``) for the parameters to leave host memory."""
     nvme_buffer_elements: int = Field(100_000_000, ge=1)
     """params: nvme: elements per swap buffer (DeepSpeed's ``offload_param.buffer_size``); the
     largest parameter must fit in one."""
